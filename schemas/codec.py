@@ -1,0 +1,250 @@
+"""Bytes <-> models. Avro single-object encoding for what we write; JSON accepted for commands.
+
+Avro records start with `C3 01` and the 8-byte little-endian CRC-64-AVRO fingerprint of the
+writer schema's parsing canonical form, so each record names the schema that wrote it and is
+read through fastavro's schema resolution into the current schema. A UTF-8 JSON object
+(first non-blank byte `{`) with camelCase names is accepted for commands, so producers in
+other languages need no Avro. Anything else is a typed `DecodeError`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from importlib import resources
+from typing import Any, Final
+
+import fastavro
+from fastavro.schema import to_parsing_canonical_form
+from pydantic import ValidationError
+
+from schemas._avro import command_schema, event_schema
+from schemas._base import Payload
+from schemas.commands import COMMAND_PAYLOADS, Command
+from schemas.errors import (
+    MalformedRecord,
+    OversizedRecord,
+    SchemaViolation,
+    UnknownSchema,
+    UnknownType,
+)
+from schemas.events import EVENT_PAYLOADS, Event
+
+__all__ = [
+    "DEFAULT_MAX_RECORD_BYTES",
+    "MAGIC",
+    "Codec",
+    "crc64_avro",
+    "single_object_header",
+]
+
+MAGIC: Final = b"\xc3\x01"
+#: records larger than this are dead letters (the broker's default message.max.bytes is 1 MiB)
+DEFAULT_MAX_RECORD_BYTES: Final = 900 * 1024
+
+_EMPTY64: Final = 0xC15D213AA4D7A795
+
+
+def _crc_table() -> list[int]:
+    table = []
+    for i in range(256):
+        fp = i
+        for _ in range(8):
+            fp = (fp >> 1) ^ (_EMPTY64 & -(fp & 1))
+        table.append(fp)
+    return table
+
+
+_TABLE: Final = _crc_table()
+
+
+def crc64_avro(data: bytes) -> int:
+    """The Avro spec's CRC-64-AVRO (Rabin) fingerprint."""
+    fp = _EMPTY64
+    for b in data:
+        fp = (fp >> 8) ^ _TABLE[(fp ^ b) & 0xFF]
+    return fp
+
+
+def single_object_header(schema: dict[str, Any]) -> bytes:
+    """`C3 01` + fingerprint (little-endian) of the schema's parsing canonical form."""
+    canonical = to_parsing_canonical_form(schema)
+    return MAGIC + crc64_avro(canonical.encode()).to_bytes(8, "little")
+
+
+class _Kind:
+    """One envelope kind (commands or events): its current schema and known writers."""
+
+    def __init__(self, name: str, current: dict[str, Any], registry: dict[str, type[Payload]]):
+        self.name = name
+        self.registry = registry
+        self.schema = fastavro.parse_schema(current)
+        self.header = single_object_header(current)
+        self.writers: dict[bytes, Any] = {self.header[2:]: self.schema}
+        self.payload_names: dict[type[Payload], str] = {}
+        ns = f"sessionstream.{current['name'].lower()}"
+        for model in registry.values():
+            self.payload_names[model] = f"{ns}.{model.__name__}"
+
+    def add_writer(self, schema: dict[str, Any]) -> bytes:
+        header = single_object_header(schema)
+        self.writers[header[2:]] = fastavro.parse_schema(schema)
+        return header
+
+
+def _history(prefix: str) -> list[dict[str, Any]]:
+    """Older writer schemas kept under avro/history/ so their records stay readable."""
+    out = []
+    root = resources.files("schemas") / "avro" / "history"
+    if root.is_dir():
+        for entry in sorted(root.iterdir(), key=lambda e: e.name):
+            if entry.name.startswith(prefix) and entry.name.endswith(".avsc"):
+                out.append(json.loads(entry.read_text()))
+    return out
+
+
+def _kinds() -> tuple[_Kind, _Kind]:
+    cmd = _Kind("command", command_schema(), COMMAND_PAYLOADS)
+    evt = _Kind("event", event_schema(), EVENT_PAYLOADS)
+    for old in _history("command"):
+        cmd.add_writer(old)
+    for old in _history("event"):
+        evt.add_writer(old)
+    return cmd, evt
+
+
+def _violation(kind: str, err: ValidationError, size: int) -> SchemaViolation:
+    parts = []
+    for e in err.errors()[:5]:
+        loc = ".".join(str(x) for x in e["loc"]) or kind
+        parts.append(f"{loc}: {e['msg']}")
+    return SchemaViolation(f"{kind} violates its schema: " + "; ".join(parts), size=size)
+
+
+class Codec:
+    """Encode and decode commands and events. Thread-safe; holds no I/O."""
+
+    def __init__(self, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> None:
+        self.max_record_bytes = max_record_bytes
+        # each codec owns its writer registry, so registering a schema stays local
+        self._cmd, self._evt = _kinds()
+
+    # -- encoding ---------------------------------------------------------------------------
+    def _encode(self, kind: _Kind, model: Command | Event) -> bytes:
+        record = model.model_dump(by_alias=True)
+        record["payload"] = (kind.payload_names[type(model.payload)], record["payload"])
+        buf = io.BytesIO()
+        buf.write(kind.header)
+        fastavro.schemaless_writer(buf, kind.schema, record)
+        return buf.getvalue()
+
+    def encode_command(self, command: Command) -> bytes:
+        """Avro single-object encoding of a command."""
+        return self._encode(self._cmd, command)
+
+    def encode_event(self, event: Event) -> bytes:
+        """Avro single-object encoding of an event (deterministic: same event, same bytes)."""
+        return self._encode(self._evt, event)
+
+    @staticmethod
+    def command_to_json(command: Command) -> bytes:
+        """The JSON form of a command, as a producer in another language would write it."""
+        return command.model_dump_json(by_alias=True).encode()
+
+    @staticmethod
+    def event_to_json(event: Event) -> dict[str, Any]:
+        """The seed's JSON event format (camelCase)."""
+        return event.model_dump(by_alias=True, mode="json")
+
+    # -- decoding ---------------------------------------------------------------------------
+    def _decode(self, kind: _Kind, data: bytes, allow_json: bool) -> Any:
+        size = len(data)
+        if size > self.max_record_bytes:
+            raise OversizedRecord(
+                f"{kind.name} record of {size} bytes exceeds the maximum of "
+                f"{self.max_record_bytes} bytes",
+                size=size,
+            )
+        if data[:2] == MAGIC:
+            record = self._read_avro(kind, data)
+        elif allow_json and data.lstrip()[:1] == b"{":
+            record = self._read_json(kind, data)
+        else:
+            what = "Avro single-object (C3 01)" + (" nor a JSON object" if allow_json else "")
+            raise MalformedRecord(
+                f"{kind.name} record is neither {what}; first bytes: {data[:8].hex() or 'empty'}",
+                size=size,
+            )
+        type_name = record.get("type")
+        if not isinstance(type_name, str) or type_name not in kind.registry:
+            raise UnknownType(
+                f"unknown {kind.name} type {type_name!r}", type_name=str(type_name), size=size
+            )
+        return record
+
+    def _read_avro(self, kind: _Kind, data: bytes) -> dict[str, Any]:
+        size = len(data)
+        if size < 10:
+            raise MalformedRecord(f"truncated Avro header ({size} bytes)", size=size)
+        fingerprint = data[2:10]
+        writer = kind.writers.get(fingerprint)
+        if writer is None:
+            raise UnknownSchema(
+                f"unknown {kind.name} writer schema, fingerprint {fingerprint.hex()}",
+                fingerprint=fingerprint,
+                size=size,
+            )
+        buf = io.BytesIO(data)
+        buf.seek(10)
+        try:
+            reader = None if writer is kind.schema else kind.schema
+            record = fastavro.schemaless_reader(buf, writer, reader, return_record_name=True)
+        except Exception as e:  # fastavro raises EOFError, ValueError, IndexError, ...
+            raise MalformedRecord(
+                f"corrupt or truncated Avro {kind.name}: {type(e).__name__}: {e}", size=size
+            ) from e
+        if buf.tell() != size:
+            raise MalformedRecord(
+                f"{size - buf.tell()} trailing bytes after the Avro {kind.name}", size=size
+            )
+        if not isinstance(record, dict):
+            raise MalformedRecord(f"Avro {kind.name} is not a record", size=size)
+        payload = record.get("payload")
+        if isinstance(payload, tuple):
+            record["payload"] = payload[1]
+        return record
+
+    def _read_json(self, kind: _Kind, data: bytes) -> dict[str, Any]:
+        size = len(data)
+        try:
+            record = json.loads(data.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise MalformedRecord(f"JSON {kind.name} is not UTF-8: {e}", size=size) from e
+        except json.JSONDecodeError as e:
+            raise MalformedRecord(f"invalid JSON {kind.name}: {e}", size=size) from e
+        if not isinstance(record, dict):
+            raise MalformedRecord(f"JSON {kind.name} is not an object", size=size)
+        return record
+
+    def decode_command(self, data: bytes) -> Command:
+        """Avro or JSON bytes -> Command, or a typed DecodeError saying what was wrong."""
+        record = self._decode(self._cmd, data, allow_json=True)
+        try:
+            return Command.model_validate(record)
+        except ValidationError as e:
+            raise _violation("command", e, len(data)) from e
+
+    def decode_event(self, data: bytes) -> Event:
+        """Avro bytes -> Event."""
+        record = self._decode(self._evt, data, allow_json=False)
+        try:
+            return Event.model_validate(record)
+        except ValidationError as e:
+            raise _violation("event", e, len(data)) from e
+
+    def add_command_writer_schema(self, schema: dict[str, Any]) -> bytes:
+        """Register another writer schema (e.g. a newer producer's); returns its header."""
+        return self._cmd.add_writer(schema)
+
+    def add_event_writer_schema(self, schema: dict[str, Any]) -> bytes:
+        return self._evt.add_writer(schema)

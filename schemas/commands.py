@@ -1,0 +1,264 @@
+"""Commands: what producers (UI, scheduler, workers, the processor's timers) ask of a session.
+
+A command is an envelope (`commandId`, `sessionId`, `tenantId`, `type`, `ts`, worker fields)
+around a payload whose model is chosen by `type`. `commandId` is the producer's idempotency
+key; `ts` is the producer's clock in epoch milliseconds — the decider never reads a clock.
+"""
+
+from __future__ import annotations
+
+import builtins
+from typing import Any, Final, Literal, TypeVar
+
+from pydantic import Field, SerializeAsAny, model_validator
+
+from schemas._base import Payload, WireModel
+
+__all__ = [
+    "COMMAND_PAYLOADS",
+    "WORKER_COMMAND_TYPES",
+    "AbortPayload",
+    "ActionRequestPayload",
+    "ActionResultPayload",
+    "CancelAckPayload",
+    "Command",
+    "CompactFinishPayload",
+    "CompactStartPayload",
+    "FollowUpPayload",
+    "LeaseAcquirePayload",
+    "LeaseReleasePayload",
+    "LeaseRenewPayload",
+    "PromptPayload",
+    "PromptPolicy",
+    "RunCompletePayload",
+    "RunFailPayload",
+    "RunProgressPayload",
+    "SendPayload",
+    "SteerPayload",
+    "TimerFiredPayload",
+    "TimerKind",
+]
+
+PromptPolicy = Literal["reject", "enqueue", "interrupt"]
+TimerKind = Literal["lease_expiry", "run_deadline", "cancel_deadline"]
+ProgressKind = Literal[
+    "model.request.started",
+    "model.request.finished",
+    "tool.started",
+    "tool.finished",
+    "subtask.started",
+    "subtask.finished",
+]
+
+
+class PromptPayload(Payload):
+    """A new task. `policy` says what happens while a run is active."""
+
+    text: str
+    policy: PromptPolicy = "reject"
+    context_ref: str | None = None
+    timeout_ms: int | None = Field(default=None, gt=0)
+
+
+class SteerPayload(Payload):
+    """Change the current run's reasoning; delivered to its worker at the next step."""
+
+    text: str
+
+
+class FollowUpPayload(Payload):
+    """Extra information: queued for the active run, or starts a run when idle (by policy)."""
+
+    text: str
+    when_idle: Literal["start", "reject"] = "start"
+
+
+class SendPayload(Payload):
+    """The single 'send' button: the runtime picks prompt / follow-up / queue by state."""
+
+    text: str
+    context_ref: str | None = None
+    timeout_ms: int | None = Field(default=None, gt=0)
+
+
+class AbortPayload(Payload):
+    """Cancel the active run."""
+
+    reason: str = "user"
+
+
+class CompactStartPayload(Payload):
+    """The lease holder starts compacting the run's context."""
+
+
+class CompactFinishPayload(Payload):
+    """Compaction done; the checkpoint lives elsewhere, only its pointer travels."""
+
+    checkpoint_uri: str
+    tokens: int | None = None
+
+
+class LeaseAcquirePayload(Payload):
+    """A worker asks to execute the run."""
+
+    lease_ms: int = Field(default=30_000, gt=0)
+
+
+class LeaseRenewPayload(Payload):
+    """Heartbeat of the lease holder."""
+
+    lease_ms: int = Field(default=30_000, gt=0)
+
+
+class LeaseReleasePayload(Payload):
+    """The holder gives the run up (another worker may take it)."""
+
+
+class RunProgressPayload(Payload):
+    """Model / tool / sub-task progress, reported by the lease holder."""
+
+    kind: ProgressKind
+    name: str | None = None
+    call_id: str | None = None
+    detail: str | None = None
+
+
+class ActionRequestPayload(Payload):
+    """Ask the gate for permission to perform an external action (email, write, ...)."""
+
+    idempotency_key: str = Field(min_length=1)
+    kind: str
+    detail: str | None = None
+
+
+class ActionResultPayload(Payload):
+    """Outcome of an approved external action."""
+
+    idempotency_key: str = Field(min_length=1)
+    ok: bool = True
+    result: str | None = None
+
+
+class CancelAckPayload(Payload):
+    """The holder confirms cancellation and lists what it aborted."""
+
+    model_request_aborted: bool = False
+    tools_aborted: list[str] = Field(default_factory=list)
+    subtasks_cancelled: list[str] = Field(default_factory=list)
+    actions_blocked: list[str] = Field(default_factory=list)
+
+
+class RunCompletePayload(Payload):
+    """The holder finished the run. `consumedFollowUps` names follow-ups it already used."""
+
+    result: str | None = None
+    consumed_follow_ups: list[str] = Field(default_factory=list)
+
+
+class RunFailPayload(Payload):
+    """The holder gives up with an error."""
+
+    error: str
+    retryable: bool = False
+
+
+class TimerFiredPayload(Payload):
+    """Sent by the processor's timer; the decision happens when it is processed in order."""
+
+    kind: TimerKind
+    due_at: int
+
+
+#: type -> payload model; the single source of the command vocabulary
+COMMAND_PAYLOADS: Final[dict[str, type[Payload]]] = {
+    "prompt": PromptPayload,
+    "steer": SteerPayload,
+    "follow_up": FollowUpPayload,
+    "send": SendPayload,
+    "abort": AbortPayload,
+    "compact.start": CompactStartPayload,
+    "compact.finish": CompactFinishPayload,
+    "lease.acquire": LeaseAcquirePayload,
+    "lease.renew": LeaseRenewPayload,
+    "lease.release": LeaseReleasePayload,
+    "run.progress": RunProgressPayload,
+    "action.request": ActionRequestPayload,
+    "action.result": ActionResultPayload,
+    "cancel.ack": CancelAckPayload,
+    "run.complete": RunCompletePayload,
+    "run.fail": RunFailPayload,
+    "timer.fired": TimerFiredPayload,
+}
+
+#: commands written by the worker that holds (or asks for) a run's lease
+WORKER_COMMAND_TYPES: Final[frozenset[str]] = frozenset(
+    {
+        "compact.start",
+        "compact.finish",
+        "lease.acquire",
+        "lease.renew",
+        "lease.release",
+        "run.progress",
+        "action.request",
+        "action.result",
+        "cancel.ack",
+        "run.complete",
+        "run.fail",
+    }
+)
+
+P = TypeVar("P", bound=Payload)
+
+
+def validate_payload(registry: dict[str, type[Payload]], data: Any, kind: str) -> Any:
+    """Shared `mode="before"` validation: pick the payload model from `type`."""
+    if not isinstance(data, dict):
+        return data
+    type_name = data.get("type")
+    model = registry.get(type_name) if isinstance(type_name, str) else None
+    if model is None:
+        raise ValueError(f"unknown {kind} type {type_name!r}")
+    payload = data.get("payload", {})
+    if payload is None:
+        payload = {}
+    if not isinstance(payload, model):
+        if isinstance(payload, Payload):
+            raise ValueError(f"payload {type(payload).__name__} does not fit type {type_name!r}")
+        payload = model.model_validate(payload)
+    return {**data, "payload": payload}
+
+
+class Command(WireModel):
+    """The command envelope. Worker commands also carry `runId`, `workerId`, `generation`."""
+
+    command_id: str = Field(min_length=1, max_length=200)
+    session_id: str = Field(min_length=1, max_length=200)
+    tenant_id: str = Field(min_length=1, max_length=200)
+    type: str
+    ts: int = Field(ge=0)
+    run_id: str | None = None
+    worker_id: str | None = None
+    generation: int | None = None
+    payload: SerializeAsAny[Payload]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _payload_by_type(cls, data: Any) -> Any:
+        return validate_payload(COMMAND_PAYLOADS, data, "command")
+
+    @model_validator(mode="after")
+    def _worker_fields(self) -> Command:
+        if self.type in WORKER_COMMAND_TYPES:
+            if not self.run_id or not self.worker_id:
+                raise ValueError(f"{self.type} needs runId and workerId")
+            if self.type != "lease.acquire" and self.generation is None:
+                raise ValueError(f"{self.type} needs generation")
+        if self.type == "timer.fired" and not self.run_id:
+            raise ValueError("timer.fired needs runId")
+        return self
+
+    def payload_as(self, model: builtins.type[P]) -> P:
+        """The payload, typed; raises TypeError if `type` and payload disagree."""
+        if not isinstance(self.payload, model):
+            raise TypeError(f"{self.type} carries {type(self.payload).__name__}")
+        return self.payload

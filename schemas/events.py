@@ -1,0 +1,266 @@
+"""Events: what the session processor decided, in order, per run.
+
+The envelope is the seed's (`sessionId, runId, seq, type, payload`) plus `generation`,
+`commandId` (the causing command), `ts` (the causing command's time) and `tenantId`.
+Events that belong to no run (rejections, queued prompts) go to the session's own log,
+whose run id is `SESSION_LOG`.
+"""
+
+from __future__ import annotations
+
+import builtins
+from typing import Any, Final, Literal, TypeVar
+
+from pydantic import Field, SerializeAsAny, model_validator
+
+from schemas._base import Payload, WireModel
+from schemas.commands import validate_payload
+
+__all__ = [
+    "ACTIVE_STATUSES",
+    "EVENT_PAYLOADS",
+    "SESSION_LOG",
+    "TERMINAL_STATUSES",
+    "ActionCompleted",
+    "ActionDecision",
+    "ActionDecisionReplayed",
+    "CancelAcknowledged",
+    "CancelRequested",
+    "CommandRejected",
+    "CompactionFinished",
+    "CompactionStarted",
+    "ContextCheckpointed",
+    "Event",
+    "FollowUpDelivered",
+    "FollowUpQueued",
+    "LeaseExpired",
+    "LeaseGranted",
+    "LeaseReleased",
+    "LeaseRenewed",
+    "Progress",
+    "RunFinished",
+    "RunQueued",
+    "RunStarted",
+    "RunStatus",
+    "StaleWriteRecorded",
+    "Steered",
+    "TerminalStatus",
+    "event_key",
+]
+
+#: run id of a session's own log (rejections, queued prompts): not a uuid, so never a run's
+SESSION_LOG: Final = "_session"
+
+RunStatus = Literal[
+    "running", "compacting", "cancelling", "completed", "cancelled", "failed", "timed_out"
+]
+TerminalStatus = Literal["completed", "cancelled", "failed", "timed_out"]
+ACTIVE_STATUSES: Final[frozenset[str]] = frozenset({"running", "compacting", "cancelling"})
+TERMINAL_STATUSES: Final[frozenset[str]] = frozenset(
+    {"completed", "cancelled", "failed", "timed_out"}
+)
+
+
+class RunStarted(Payload):
+    prompt: str
+    origin: Literal["prompt", "follow_up", "send", "queued"]
+    source_command_id: str
+    timeout_at: int
+    context_ref: str | None = None
+
+
+class RunQueued(Payload):
+    """A prompt or follow-up waiting for the session to be free (session log)."""
+
+    source_command_id: str
+    kind: Literal["prompt", "follow_up"]
+    text: str
+    front: bool = False
+    context_ref: str | None = None
+    timeout_ms: int | None = None
+
+
+class LeaseGranted(Payload):
+    worker_id: str
+    lease_expires_at: int
+
+
+class LeaseRenewed(Payload):
+    worker_id: str
+    lease_expires_at: int
+
+
+class LeaseReleased(Payload):
+    worker_id: str
+
+
+class LeaseExpired(Payload):
+    """The holder's lease is gone; the generation was bumped, fencing its writes."""
+
+    worker_id: str
+    reason: Literal["lease_expiry", "cancel_deadline"]
+
+
+class Steered(Payload):
+    text: str
+
+
+class FollowUpQueued(Payload):
+    text: str
+    source_command_id: str
+
+
+class FollowUpDelivered(Payload):
+    text: str
+    source_command_id: str
+
+
+class Progress(Payload):
+    """model.request.* / tool.* / subtask.* as reported by the lease holder."""
+
+    worker_id: str
+    name: str | None = None
+    call_id: str | None = None
+    detail: str | None = None
+
+
+class CompactionStarted(Payload):
+    worker_id: str
+
+
+class ContextCheckpointed(Payload):
+    """A pointer to the checkpoint (object storage URI), never the blob."""
+
+    uri: str
+    tokens: int | None = None
+
+
+class CompactionFinished(Payload):
+    uri: str
+
+
+class ActionDecision(Payload):
+    """action.approved / action.denied."""
+
+    idempotency_key: str
+    kind: str
+    reason: str | None = None
+    detail: str | None = None
+
+
+class ActionDecisionReplayed(Payload):
+    """A repeated idempotency key: the first decision, again — never a second approval."""
+
+    idempotency_key: str
+    kind: str
+    decision: Literal["approved", "denied"]
+
+
+class ActionCompleted(Payload):
+    idempotency_key: str
+    ok: bool
+    result: str | None = None
+
+
+class CancelRequested(Payload):
+    reason: str
+    cancel_deadline_at: int
+
+
+class CancelAcknowledged(Payload):
+    worker_id: str
+    model_request_aborted: bool = False
+    tools_aborted: list[str] = Field(default_factory=list)
+    subtasks_cancelled: list[str] = Field(default_factory=list)
+    actions_blocked: list[str] = Field(default_factory=list)
+
+
+class RunFinished(Payload):
+    terminal_status: TerminalStatus
+    result: str | None = None
+    error: str | None = None
+
+
+class CommandRejected(Payload):
+    """The one visible outcome of a command that was not applied."""
+
+    reason: str
+    command_type: str
+    target_run_id: str | None = None
+    detail: str | None = None
+
+
+class StaleWriteRecorded(Payload):
+    """A write from a fenced (older) generation, kept for diagnosis; never applied."""
+
+    worker_id: str | None
+    command_type: str
+    stale_generation: int | None
+    current_generation: int
+
+
+EVENT_PAYLOADS: Final[dict[str, type[Payload]]] = {
+    "run.started": RunStarted,
+    "run.queued": RunQueued,
+    "run.lease_granted": LeaseGranted,
+    "run.lease_renewed": LeaseRenewed,
+    "run.lease_released": LeaseReleased,
+    "run.lease_expired": LeaseExpired,
+    "run.steered": Steered,
+    "run.follow_up_queued": FollowUpQueued,
+    "run.follow_up_delivered": FollowUpDelivered,
+    "model.request.started": Progress,
+    "model.request.finished": Progress,
+    "tool.started": Progress,
+    "tool.finished": Progress,
+    "subtask.started": Progress,
+    "subtask.finished": Progress,
+    "run.compaction_started": CompactionStarted,
+    "context.checkpointed": ContextCheckpointed,
+    "run.compaction_finished": CompactionFinished,
+    "action.approved": ActionDecision,
+    "action.denied": ActionDecision,
+    "action.decision_replayed": ActionDecisionReplayed,
+    "action.completed": ActionCompleted,
+    "run.cancel_requested": CancelRequested,
+    "run.cancel_acknowledged": CancelAcknowledged,
+    "run.finished": RunFinished,
+    "command.rejected": CommandRejected,
+    "run.stale_write_recorded": StaleWriteRecorded,
+}
+
+P = TypeVar("P", bound=Payload)
+
+
+class Event(WireModel):
+    """The event envelope; `(sessionId, runId, seq)` is unique and `seq` contiguous from 1."""
+
+    session_id: str
+    run_id: str
+    seq: int = Field(ge=1)
+    type: str
+    payload: SerializeAsAny[Payload]
+    generation: int = 0
+    command_id: str
+    ts: int
+    tenant_id: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _payload_by_type(cls, data: Any) -> Any:
+        return validate_payload(EVENT_PAYLOADS, data, "event")
+
+    @property
+    def key(self) -> str:
+        """The compacted topic's key: `{session_id}/{run_id}/{seq:010d}`."""
+        return event_key(self.session_id, self.run_id, self.seq)
+
+    def payload_as(self, model: builtins.type[P]) -> P:
+        if not isinstance(self.payload, model):
+            raise TypeError(f"{self.type} carries {type(self.payload).__name__}")
+        return self.payload
+
+
+def event_key(session_id: str, run_id: str, seq: int) -> str:
+    """Unique per event, so compaction only ever drops byte-identical re-emissions."""
+    return f"{session_id}/{run_id}/{seq:010d}"
