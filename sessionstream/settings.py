@@ -1,0 +1,55 @@
+"""Runtime configuration, read from ``SESSIONSTREAM_*`` environment variables.
+
+The defaults point at the local stack that ``make up`` starts (Kafka on 127.0.0.1:9092,
+PostgreSQL on 127.0.0.1:5432). Nothing else in the code knows those addresses: a user with
+their own Kafka or PostgreSQL sets ``SESSIONSTREAM_KAFKA_BOOTSTRAP`` /
+``SESSIONSTREAM_DATABASE_URL`` and everything follows.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Settings", "get_settings"]
+
+
+class Settings(BaseSettings):
+    """sessionstream's settings; field ``x`` is read from ``SESSIONSTREAM_X``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SESSIONSTREAM_",
+        frozen=True,
+        extra="ignore",
+        # The docstrings below become the fields' descriptions (shown by --help later).
+        use_attribute_docstrings=True,
+    )
+
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    """Kafka bootstrap servers, a comma-separated ``host:port`` list."""
+
+    database_url: str = "postgresql://sessionstream:sessionstream@127.0.0.1:5432/sessionstream"
+    """PostgreSQL connection URL as libpq reads it: ``postgresql://user:pw@host:port/db``."""
+
+    commands_topic: str = "session.commands"
+    """Topic of session commands, keyed by ``session_id`` (one partition per session)."""
+
+    events_topic: str = "session.events"
+    """Compacted topic of session events, keyed ``{session_id}/{run_id}/{seq:010d}``."""
+
+    dlq_topic: str = "session.dlq"
+    """Dead-letter topic for input that cannot be decoded or decided, keyed by the original key."""
+
+    partitions: int = Field(default=4, ge=1)
+    """Partition count of the commands and events topics (the two must be equal)."""
+
+    max_payload_bytes: int = Field(default=262144, ge=1024)
+    """Largest accepted command or event payload in bytes; larger input goes to the DLQ."""
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read from the environment on first use."""
+    return Settings()
