@@ -1,0 +1,184 @@
+"""Readiness probes for Kafka and PostgreSQL, used by ``stack/stack.sh``.
+
+"Answers" means a real protocol exchange, not an open port: Kafka must return cluster
+metadata with at least one broker, PostgreSQL must run ``select 1`` with the configured
+credentials. Run as ``python -m sessionstream._probe``:
+
+    config                        print the effective settings as shell assignments
+    kafka BOOTSTRAP [--wait S] [--pid PID]
+    postgres URL [--wait S] [--pid PID]
+
+Exit status: 0 answers (one descriptive line on stdout); 1 nothing listens; 2 something
+listens but does not answer correctly (the reason on stderr); 3 the watched pid exited.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shlex
+import socket
+import sys
+import time
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+__all__ = ["NotAnswering", "NotListening", "kafka_answers", "postgres_answers"]
+
+LOCAL_KAFKA = "127.0.0.1:9092"
+LOCAL_PG = ("127.0.0.1", 5432)
+_LOOPBACK_NAMES = {"127.0.0.1", "localhost", "::1", ""}
+
+
+class NotListening(Exception):
+    """No process accepts TCP connections on any of the addresses."""
+
+
+class NotAnswering(Exception):
+    """Something accepts connections but does not answer as the expected server."""
+
+
+def _split_hostport(hostport: str, default_port: int) -> tuple[str, int]:
+    host, sep, port = hostport.strip().rpartition(":")
+    if not sep:
+        return hostport.strip(), default_port
+    return host.strip("[]"), int(port)
+
+
+def _any_listening(addresses: list[tuple[str, int]]) -> bool:
+    for host, port in addresses:
+        try:
+            with socket.create_connection((host or "127.0.0.1", port), timeout=1.0):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def kafka_answers(bootstrap: str, timeout: float = 5.0) -> str:
+    """Describe the cluster behind ``bootstrap`` after a metadata request, or raise."""
+    addresses = [_split_hostport(a, 9092) for a in bootstrap.split(",") if a.strip()]
+    if not _any_listening(addresses):
+        raise NotListening(f"nothing listens on {bootstrap}")
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    # librdkafka logs every failed connection to stderr; the caller reports the outcome.
+    quiet = logging.getLogger("sessionstream.probe.librdkafka")
+    quiet.addHandler(logging.NullHandler())
+    quiet.propagate = False
+    admin = AdminClient({"bootstrap.servers": bootstrap}, logger=quiet)
+    try:
+        metadata = admin.list_topics(timeout=timeout)
+    except KafkaException as e:
+        raise NotAnswering(f"no Kafka metadata from {bootstrap}: {e.args[0]}") from e
+    if not metadata.brokers:
+        raise NotAnswering(f"Kafka at {bootstrap} returned metadata without brokers")
+    return f"cluster {metadata.cluster_id}, {len(metadata.brokers)} broker(s)"
+
+
+def postgres_answers(url: str, timeout: float = 5.0) -> str:
+    """Describe the server behind ``url`` after ``select 1``, or raise."""
+    import psycopg
+
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 5432
+    if not host.startswith("/") and not _any_listening([(host, port)]):
+        raise NotListening(f"nothing listens on {host}:{port}")
+    try:
+        with psycopg.connect(url, connect_timeout=max(1, int(timeout))) as conn:
+            one = conn.execute("select 1").fetchone()
+            version = conn.execute("show server_version").fetchone()
+    except psycopg.Error as e:
+        raise NotAnswering(f"PostgreSQL at {host}:{port}: {str(e).strip()}") from e
+    if one != (1,) or version is None:
+        raise NotAnswering(f"PostgreSQL at {host}:{port} answered select 1 with {one!r}")
+    return f"PostgreSQL {version[0]}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _wait(probe: Callable[[], str], wait: float, pid: int | None) -> int:
+    """Retry ``probe`` until it answers, the pid dies, or ``wait`` seconds pass."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            print(probe())
+            return 0
+        except NotListening as e:
+            code, reason = 1, str(e)
+        except NotAnswering as e:
+            code, reason = 2, str(e)
+        if pid is not None and not _pid_alive(pid):
+            print(f"process {pid} exited; last probe: {reason}", file=sys.stderr)
+            return 3
+        if time.monotonic() >= deadline:
+            print(reason, file=sys.stderr)
+            return code
+        time.sleep(0.25)
+
+
+def _is_local_kafka(bootstrap: str) -> bool:
+    addresses = [_split_hostport(a, 9092) for a in bootstrap.split(",") if a.strip()]
+    return all(h in _LOOPBACK_NAMES and p == 9092 for h, p in addresses)
+
+
+def _is_local_pg(url: str) -> bool:
+    parts = urlsplit(url)
+    return (parts.hostname or "") in _LOOPBACK_NAMES and (parts.port or 5432) == LOCAL_PG[1]
+
+
+def _redacted(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return parts._replace(netloc=netloc).geturl()
+
+
+def _print_config() -> int:
+    from sessionstream.settings import Settings
+
+    s = Settings()
+    values = {
+        "CFG_KAFKA_BOOTSTRAP": s.kafka_bootstrap,
+        "CFG_KAFKA_LOCAL": "1" if _is_local_kafka(s.kafka_bootstrap) else "0",
+        "CFG_DATABASE_URL": s.database_url,
+        "CFG_DATABASE_URL_SHOWN": _redacted(s.database_url),
+        "CFG_PG_LOCAL": "1" if _is_local_pg(s.database_url) else "0",
+    }
+    for key, value in values.items():
+        print(f"{key}={shlex.quote(value)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sessionstream._probe")
+    sub = parser.add_subparsers(dest="what", required=True)
+    sub.add_parser("config")
+    for name, target in (("kafka", "bootstrap"), ("postgres", "url")):
+        p = sub.add_parser(name)
+        p.add_argument(target)
+        p.add_argument("--wait", type=float, default=0.0)
+        p.add_argument("--pid", type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.what == "config":
+        return _print_config()
+    if args.what == "kafka":
+        bootstrap: str = args.bootstrap
+        return _wait(lambda: kafka_answers(bootstrap, timeout=5.0), args.wait, args.pid)
+    url: str = args.url
+    return _wait(lambda: postgres_answers(url, timeout=5.0), args.wait, args.pid)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,502 @@
+#!/usr/bin/env bash
+# sessionstream's local stack without Docker: one Apache Kafka (KRaft, broker+controller)
+# on 127.0.0.1:9092 and one PostgreSQL cluster of our own on 127.0.0.1:5432.
+#
+#   stack/stack.sh up       start what is not running; return when both answer
+#   stack/stack.sh down     stop what this script started (nothing else)
+#   stack/stack.sh status   say what runs
+#   stack/stack.sh reset    down, then delete the state (data, logs); keeps the jar cache
+#
+# Needs the project's virtualenv (make install) for the readiness probes. A user with their
+# own Kafka/PostgreSQL sets SESSIONSTREAM_KAFKA_BOOTSTRAP / SESSIONSTREAM_DATABASE_URL; when
+# those point elsewhere this script only checks that they answer. See docs/local-stack.md.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+STACK="$REPO/stack"
+PYTHON="${PYTHON:-$REPO/.venv/bin/python}"
+TIMEOUT="${SESSIONSTREAM_STACK_TIMEOUT:-90}"
+STATE_DIR="${SESSIONSTREAM_STATE_DIR:-${XDG_STATE_HOME:-$HOME/.local/state}/sessionstream}"
+KAFKA_LIBS="${SESSIONSTREAM_KAFKA_LIBS:-${XDG_CACHE_HOME:-$HOME/.cache}/sessionstream/kafka-libs}"
+KAFKA_HEAP="${SESSIONSTREAM_KAFKA_HEAP:-512m}"
+# Extra arguments for `kafka-storage format`, e.g. "--feature transaction.version=0"
+# (only read when the storage is formatted, i.e. on the first `up` or after `reset`).
+KAFKA_FORMAT_ARGS="${SESSIONSTREAM_KAFKA_FORMAT_ARGS:-}"
+
+KAFKA_DIR="$STATE_DIR/kafka"
+KAFKA_DATA="$KAFKA_DIR/data"
+KAFKA_LOGS="$KAFKA_DIR/logs"
+KAFKA_PROPS="$KAFKA_DIR/server.properties"
+KAFKA_PIDFILE="$KAFKA_DIR/kafka.pid"
+
+IS_ROOT=0
+[[ "$(id -u)" == 0 ]] && IS_ROOT=1
+# PostgreSQL refuses to run as root, so as root it runs as the `postgres` OS user, which
+# cannot enter root's private home: its cluster then lives under /var/lib instead.
+if [[ $IS_ROOT == 1 ]]; then
+    PG_DIR="${SESSIONSTREAM_PG_DIR:-/var/lib/sessionstream/postgres}"
+else
+    PG_DIR="${SESSIONSTREAM_PG_DIR:-$STATE_DIR/postgres}"
+fi
+PG_DATA="$PG_DIR/data"
+PG_SOCK="$PG_DIR/run"
+PG_LOG="$PG_DIR/postgres.log"
+PG_PORT=5432
+PG_ROLE=sessionstream
+PG_PASSWORD=sessionstream
+PG_DB=sessionstream
+
+say() { printf '%s\n' "$*"; }
+warn() { printf '%s\n' "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+show_tail() { # file [lines]
+    local file="$1" n="${2:-40}"
+    if [[ -s "$file" ]]; then
+        warn "---- last $n lines of $file ----"
+        tail -n "$n" "$file" >&2
+        warn "----"
+    fi
+}
+
+listening() { # host port -> 0 when something accepts TCP connections
+    timeout 2 bash -c "exec 3<>/dev/tcp/$1/$2" 2>/dev/null
+}
+
+who_listens() { # port -> one line about the listening process, if ss can tell
+    ss -ltnpH "sport = :$1" 2>/dev/null | head -n 1 || true
+}
+
+have_apt_as_root() { [[ $IS_ROOT == 1 ]] && command -v apt-get >/dev/null; }
+
+APT_UPDATED=0
+apt_install() {
+    if [[ $APT_UPDATED == 0 ]]; then
+        say "apt: apt-get update"
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        APT_UPDATED=1
+    fi
+    say "apt: apt-get install -y $*"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+load_config() {
+    [[ -x "$PYTHON" ]] || die "no Python at $PYTHON: run 'make install' first (or set PYTHON)"
+    local out
+    out="$("$PYTHON" -m sessionstream._probe config)" || die "could not read sessionstream settings"
+    eval "$out"
+}
+
+# --------------------------------------------------------------------------- Kafka
+
+kafka_pid() { # prints the pid of the broker this script started, if it still runs
+    [[ -f "$KAFKA_PIDFILE" ]] || return 1
+    local pid
+    pid="$(cat "$KAFKA_PIDFILE" 2>/dev/null || true)"
+    [[ "$pid" =~ ^[0-9]+$ ]] || return 1
+    [[ -r "/proc/$pid/cmdline" ]] || return 1
+    # A pid can be reused after a crash: it is ours only if it runs kafka.Kafka on our config.
+    tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q -- "kafka.Kafka $KAFKA_PROPS" || return 1
+    printf '%s\n' "$pid"
+}
+
+drop_stale_kafka_pidfile() {
+    if [[ -f "$KAFKA_PIDFILE" ]] && ! kafka_pid >/dev/null; then
+        say "kafka: removing stale pid file (pid $(cat "$KAFKA_PIDFILE" 2>/dev/null) is no longer our broker)"
+        rm -f "$KAFKA_PIDFILE"
+    fi
+}
+
+java_major() {
+    java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n 1
+}
+
+ensure_java_and_maven() {
+    if ! command -v java >/dev/null || ! command -v mvn >/dev/null; then
+        have_apt_as_root || die "Kafka needs Java 17+ and Maven (java, mvn) on PATH"
+        apt_install default-jre-headless maven
+    fi
+    local major
+    major="$(java_major)"
+    [[ -n "$major" && "$major" -ge 17 ]] || die "Kafka 4 needs Java 17+, found: $(java -version 2>&1 | head -n 1)"
+}
+
+ensure_kafka_libs() {
+    # The cache is keyed by the pom's hash: a version bump in the pom re-resolves once,
+    # every other `up` uses the cached jars without touching the network.
+    local want have=""
+    want="$(sha256sum "$STACK/kafka/pom.xml" | cut -d' ' -f1)"
+    [[ -f "$KAFKA_LIBS/.pom.sha256" ]] && have="$(cat "$KAFKA_LIBS/.pom.sha256")"
+    [[ "$want" == "$have" ]] && return 0
+    say "kafka: resolving the broker's jars from Maven Central into $KAFKA_LIBS"
+    local tmp="$KAFKA_LIBS.tmp.$$"
+    rm -rf "$tmp"
+    mkdir -p "$(dirname "$KAFKA_LIBS")"
+    if ! mvn -q -B -f "$STACK/kafka/pom.xml" dependency:copy-dependencies \
+        -DincludeScope=runtime -DoutputDirectory="$tmp" >"$tmp.log" 2>&1; then
+        show_tail "$tmp.log" 60
+        rm -rf "$tmp"
+        die "kafka: mvn could not resolve the broker's jars (log above)"
+    fi
+    rm -f "$tmp.log"
+    printf '%s\n' "$want" >"$tmp/.pom.sha256"
+    rm -rf "$KAFKA_LIBS"
+    mv "$tmp" "$KAFKA_LIBS"
+}
+
+kafka_java() { # runs a Kafka main class with our logging config
+    java -Dlog4j2.configurationFile="$STACK/kafka/log4j2.yaml" -Dkafka.logs.dir="$KAFKA_LOGS" \
+        -cp "$KAFKA_LIBS/*" "$@"
+}
+
+kafka_version() {
+    local jar
+    jar="$(ls "$KAFKA_LIBS"/kafka_2.13-*.jar 2>/dev/null | head -n 1)"
+    jar="${jar##*/kafka_2.13-}"
+    printf '%s\n' "${jar%.jar}"
+}
+
+kafka_prepare() {
+    mkdir -p "$KAFKA_DATA" "$KAFKA_LOGS"
+    sed -e "s#@LOG_DIRS@#$KAFKA_DATA#" "$STACK/kafka/server.properties.in" >"$KAFKA_PROPS"
+    if [[ ! -f "$KAFKA_DATA/meta.properties" ]]; then
+        local cluster_id
+        cluster_id="$(kafka_java kafka.tools.StorageTool random-uuid)"
+        say "kafka: formatting storage in $KAFKA_DATA (cluster id $cluster_id${KAFKA_FORMAT_ARGS:+, $KAFKA_FORMAT_ARGS})"
+        # shellcheck disable=SC2086  # KAFKA_FORMAT_ARGS is a list of words on purpose
+        kafka_java kafka.tools.StorageTool format --standalone --cluster-id "$cluster_id" \
+            --config "$KAFKA_PROPS" $KAFKA_FORMAT_ARGS >>"$KAFKA_LOGS/format.log" 2>&1 \
+            || { show_tail "$KAFKA_LOGS/format.log"; die "kafka: formatting the storage failed"; }
+    fi
+}
+
+kafka_start() {
+    rm -f "$KAFKA_PIDFILE"
+    : >"$KAFKA_LOGS/kafka.out"
+    # setsid: the broker outlives this script and is not hit by signals sent to make's
+    # process group. The inner shell writes its own pid, which `exec` hands to java.
+    setsid bash -c 'echo $$ >"$1"; shift; exec "$@"' _ "$KAFKA_PIDFILE" \
+        java "-Xmx$KAFKA_HEAP" "-Xms$KAFKA_HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+        -Djava.awt.headless=true \
+        -Dlog4j2.configurationFile="$STACK/kafka/log4j2.yaml" -Dkafka.logs.dir="$KAFKA_LOGS" \
+        -cp "$KAFKA_LIBS/*" kafka.Kafka "$KAFKA_PROPS" \
+        </dev/null >>"$KAFKA_LOGS/kafka.out" 2>&1 &
+    local i
+    for i in $(seq 1 50); do
+        [[ -s "$KAFKA_PIDFILE" ]] && break
+        sleep 0.1
+    done
+    cat "$KAFKA_PIDFILE"
+}
+
+kafka_fail() { # message
+    warn "error: $1"
+    show_tail "$KAFKA_LOGS/kafka.out" 20
+    show_tail "$KAFKA_LOGS/server.log" 40
+    exit 1
+}
+
+kafka_up() {
+    if [[ "$CFG_KAFKA_LOCAL" != 1 ]]; then
+        local desc
+        desc="$("$PYTHON" -m sessionstream._probe kafka "$CFG_KAFKA_BOOTSTRAP" --wait 15)" \
+            || die "kafka: SESSIONSTREAM_KAFKA_BOOTSTRAP=$CFG_KAFKA_BOOTSTRAP does not answer (see above); not starting a local broker for an external address"
+        say "kafka: external $CFG_KAFKA_BOOTSTRAP answers ($desc); not starting a local broker"
+        return 0
+    fi
+    local pid desc rc=0
+    if pid="$(kafka_pid)"; then
+        desc="$("$PYTHON" -m sessionstream._probe kafka 127.0.0.1:9092 --wait "$TIMEOUT" --pid "$pid")" \
+            || kafka_fail "kafka: our broker (pid $pid) runs but does not answer on 127.0.0.1:9092"
+        say "kafka: already running (pid $pid, 127.0.0.1:9092, $desc) - nothing to do"
+        return 0
+    fi
+    drop_stale_kafka_pidfile
+    if listening 127.0.0.1 9092; then
+        desc="$("$PYTHON" -m sessionstream._probe kafka 127.0.0.1:9092 --wait 10)" \
+            || die "kafka: 127.0.0.1:9092 is taken by a process that does not answer as Kafka: $(who_listens 9092)"
+        say "kafka: 127.0.0.1:9092 already answers and was not started by sessionstream ($desc) - using it"
+        return 0
+    fi
+    listening 127.0.0.1 9093 && die "kafka: the controller port 127.0.0.1:9093 is taken: $(who_listens 9093)"
+
+    ensure_java_and_maven
+    ensure_kafka_libs
+    kafka_prepare
+    pid="$(kafka_start)"
+    say "kafka: started Apache Kafka $(kafka_version) (pid $pid), waiting up to ${TIMEOUT}s for it to answer"
+    desc="$("$PYTHON" -m sessionstream._probe kafka 127.0.0.1:9092 --wait "$TIMEOUT" --pid "$pid")" || rc=$?
+    case $rc in
+        0) say "kafka: ready on 127.0.0.1:9092 ($desc)" ;;
+        3) rm -f "$KAFKA_PIDFILE"; kafka_fail "kafka: the broker exited during startup" ;;
+        *) kill -KILL "$pid" 2>/dev/null || true
+           rm -f "$KAFKA_PIDFILE"
+           kafka_fail "kafka: no answer on 127.0.0.1:9092 within ${TIMEOUT}s; killed pid $pid" ;;
+    esac
+}
+
+kafka_down() {
+    local pid i
+    if pid="$(kafka_pid)"; then
+        kill -TERM "$pid"
+        for i in $(seq 1 600); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        if kill -0 "$pid" 2>/dev/null; then
+            kill -KILL "$pid" 2>/dev/null || true
+            say "kafka: pid $pid did not stop within 60s; killed it"
+        fi
+        rm -f "$KAFKA_PIDFILE"
+        say "kafka: stopped (pid $pid)"
+        return 0
+    fi
+    drop_stale_kafka_pidfile
+    if listening 127.0.0.1 9092; then
+        say "kafka: 127.0.0.1:9092 was not started by sessionstream - left alone"
+    else
+        say "kafka: not running"
+    fi
+}
+
+kafka_status() {
+    local pid desc
+    if [[ "$CFG_KAFKA_LOCAL" != 1 ]]; then
+        if desc="$("$PYTHON" -m sessionstream._probe kafka "$CFG_KAFKA_BOOTSTRAP" 2>&1)"; then
+            say "kafka: external $CFG_KAFKA_BOOTSTRAP answers ($desc)"
+        else
+            say "kafka: external $CFG_KAFKA_BOOTSTRAP does not answer ($desc)"
+        fi
+    elif pid="$(kafka_pid)"; then
+        if desc="$("$PYTHON" -m sessionstream._probe kafka 127.0.0.1:9092 2>&1)"; then
+            say "kafka: running (pid $pid, Apache Kafka $(kafka_version), 127.0.0.1:9092, $desc; state $KAFKA_DIR)"
+        else
+            say "kafka: running (pid $pid) but not answering yet ($desc)"
+        fi
+    elif desc="$("$PYTHON" -m sessionstream._probe kafka 127.0.0.1:9092 2>&1)"; then
+        say "kafka: 127.0.0.1:9092 answers but was not started by sessionstream ($desc)"
+    elif [[ -f "$KAFKA_PIDFILE" ]]; then
+        say "kafka: not running (stale pid file $KAFKA_PIDFILE; 'up' removes it)"
+    else
+        say "kafka: not running"
+    fi
+}
+
+# ---------------------------------------------------------------------- PostgreSQL
+
+as_pg() { # run a PostgreSQL binary as the user that owns our cluster
+    if [[ $IS_ROOT == 1 ]]; then
+        runuser -u postgres -- "$@"
+    else
+        "$@"
+    fi
+}
+
+PG_BIN=""
+find_pg_bin() { # sets PG_BIN; prefers the major version the data directory was made with
+    local want="" dir
+    [[ -f "$PG_DATA/PG_VERSION" ]] && want="$(cat "$PG_DATA/PG_VERSION")"
+    if [[ -n "$want" && -x "/usr/lib/postgresql/$want/bin/postgres" ]]; then
+        PG_BIN="/usr/lib/postgresql/$want/bin"
+        return 0
+    fi
+    for dir in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -t/ -k5 -n -r); do
+        if [[ -x "$dir/postgres" && -x "$dir/initdb" ]]; then
+            PG_BIN="$dir"
+            break
+        fi
+    done
+    if [[ -z "$PG_BIN" ]] && command -v initdb >/dev/null && command -v pg_ctl >/dev/null; then
+        PG_BIN="$(dirname "$(command -v initdb)")"
+    fi
+    [[ -n "$PG_BIN" ]] || return 1
+    if [[ -n "$want" && "$(cat "$PG_DATA/PG_VERSION")" != "$("$PG_BIN/postgres" -V | sed 's/[^0-9]*\([0-9]*\).*/\1/')" ]]; then
+        die "postgres: $PG_DATA was made by PostgreSQL $want, which is not installed; install it or run 'stack/stack.sh reset'"
+    fi
+}
+
+ensure_postgres_installed() {
+    find_pg_bin && return 0
+    have_apt_as_root || die "postgres: PostgreSQL server binaries (initdb, postgres) not found; install PostgreSQL (Debian: apt-get install postgresql)"
+    apt_install postgresql
+    find_pg_bin || die "postgres: installed the postgresql package but found no server binaries"
+    # On machines where services start on install, Debian's own cluster would take port
+    # 5432; it is not ours to use (other credentials), so stop the one we just caused.
+    if command -v pg_lsclusters >/dev/null; then
+        pg_lsclusters -h 2>/dev/null | while read -r ver name port status _; do
+            if [[ "$port" == "$PG_PORT" && "$status" == online* ]]; then
+                say "postgres: stopping Debian's cluster $ver/$name that the install started on port $PG_PORT"
+                pg_ctlcluster "$ver" "$name" stop || true
+            fi
+        done
+    fi
+}
+
+pg_running() { [[ -f "$PG_DATA/PG_VERSION" ]] && as_pg "$PG_BIN/pg_ctl" status -D "$PG_DATA" >/dev/null 2>&1; }
+
+pg_pid() { head -n 1 "$PG_DATA/postmaster.pid" 2>/dev/null; }
+
+drop_stale_postmaster_pid() {
+    # After a kill -9 the lock file stays. PostgreSQL usually sees through it, but not when
+    # the pid was reused by another user's process, so drop it once we know it is stale.
+    [[ -f "$PG_DATA/postmaster.pid" ]] || return 0
+    local pid
+    pid="$(pg_pid)"
+    if [[ -n "$pid" && -r "/proc/$pid/cmdline" ]] && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q postgres; then
+        return 0
+    fi
+    say "postgres: removing stale postmaster.pid (pid ${pid:-?} is not running)"
+    rm -f "$PG_DATA/postmaster.pid"
+}
+
+pg_init() {
+    mkdir -p "$PG_DIR"
+    if [[ $IS_ROOT == 1 ]]; then
+        chown postgres:postgres "$PG_DIR"
+        runuser -u postgres -- test -x "$PG_DIR" \
+            || die "postgres: the postgres OS user cannot reach $PG_DIR (a parent directory is private); set SESSIONSTREAM_PG_DIR"
+    fi
+    chmod 700 "$PG_DIR"
+    as_pg mkdir -p "$PG_SOCK"
+    if [[ ! -f "$PG_DATA/PG_VERSION" ]]; then
+        say "postgres: initdb $PG_DATA ($("$PG_BIN/postgres" -V))"
+        # Local socket connections (our private socket dir) are trusted for the bootstrap
+        # superuser; TCP always needs a password.
+        as_pg "$PG_BIN/initdb" -D "$PG_DATA" -U postgres --auth-local=trust \
+            --auth-host=scram-sha-256 --encoding=UTF8 --no-locale >"$PG_DIR/initdb.log" 2>&1 \
+            || { show_tail "$PG_DIR/initdb.log"; die "postgres: initdb failed"; }
+        as_pg sh -c "printf '%s\n' \"include_if_exists = 'sessionstream.conf'\" >>'$PG_DATA/postgresql.conf'"
+    fi
+    # Rewritten on every start so edits here take effect without a reset.
+    as_pg sh -c "cat >'$PG_DATA/sessionstream.conf'" <<EOF
+# Written by stack/stack.sh on every start; edit the script, not this file.
+listen_addresses = '127.0.0.1'
+port = $PG_PORT
+unix_socket_directories = '$PG_SOCK'
+EOF
+}
+
+pg_bootstrap() { # role and database, idempotent
+    as_pg "$PG_BIN/psql" -X -q -h "$PG_SOCK" -p "$PG_PORT" -U postgres -d postgres \
+        -v ON_ERROR_STOP=1 >/dev/null <<SQL
+DO \$\$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$PG_ROLE') THEN
+    CREATE ROLE $PG_ROLE LOGIN CREATEDB PASSWORD '$PG_PASSWORD';
+  END IF;
+END \$\$;
+SELECT 'CREATE DATABASE $PG_DB OWNER $PG_ROLE' WHERE NOT EXISTS
+  (SELECT FROM pg_database WHERE datname = '$PG_DB')\gexec
+SQL
+}
+
+pg_fail() {
+    warn "error: $1"
+    show_tail "$PG_LOG" 40
+    exit 1
+}
+
+pg_up() {
+    local desc
+    if [[ "$CFG_PG_LOCAL" != 1 ]]; then
+        desc="$("$PYTHON" -m sessionstream._probe postgres "$CFG_DATABASE_URL" --wait 15)" \
+            || die "postgres: SESSIONSTREAM_DATABASE_URL=$CFG_DATABASE_URL_SHOWN does not answer (see above); not starting a local cluster for an external address"
+        say "postgres: external $CFG_DATABASE_URL_SHOWN answers ($desc); not starting a local cluster"
+        return 0
+    fi
+    ensure_postgres_installed
+    if pg_running; then
+        desc="$("$PYTHON" -m sessionstream._probe postgres "$CFG_DATABASE_URL" --wait "$TIMEOUT")" \
+            || pg_fail "postgres: our cluster (pid $(pg_pid)) runs but $CFG_DATABASE_URL_SHOWN does not answer"
+        say "postgres: already running (pid $(pg_pid), 127.0.0.1:$PG_PORT, $desc) - nothing to do"
+        return 0
+    fi
+    if listening 127.0.0.1 "$PG_PORT"; then
+        if desc="$("$PYTHON" -m sessionstream._probe postgres "$CFG_DATABASE_URL" --wait 10)"; then
+            say "postgres: 127.0.0.1:$PG_PORT already answers and was not started by sessionstream ($desc) - using it"
+            return 0
+        fi
+        local hint=""
+        command -v pg_lsclusters >/dev/null && hint=" Debian clusters: $(pg_lsclusters -h 2>/dev/null | tr '\n' ';')"
+        die "postgres: 127.0.0.1:$PG_PORT is taken by a server that does not accept $CFG_DATABASE_URL_SHOWN: $(who_listens "$PG_PORT").$hint Stop it, create the role and database there, or set SESSIONSTREAM_DATABASE_URL."
+    fi
+    pg_init
+    drop_stale_postmaster_pid
+    say "postgres: starting $("$PG_BIN/postgres" -V) from $PG_DATA, waiting up to ${TIMEOUT}s"
+    as_pg "$PG_BIN/pg_ctl" start -D "$PG_DATA" -l "$PG_LOG" -w -t "$TIMEOUT" -s \
+        || pg_fail "postgres: the server did not start within ${TIMEOUT}s"
+    pg_bootstrap || pg_fail "postgres: could not create role/database $PG_ROLE/$PG_DB"
+    desc="$("$PYTHON" -m sessionstream._probe postgres "$CFG_DATABASE_URL" --wait 15)" \
+        || pg_fail "postgres: started, but $CFG_DATABASE_URL_SHOWN does not answer select 1"
+    say "postgres: ready on 127.0.0.1:$PG_PORT (pid $(pg_pid), $desc; role/password/db $PG_ROLE/$PG_PASSWORD/$PG_DB)"
+}
+
+pg_down() {
+    if ! find_pg_bin || [[ ! -f "$PG_DATA/PG_VERSION" ]]; then
+        say "postgres: not running (no local cluster)"
+        return 0
+    fi
+    if pg_running; then
+        local pid
+        pid="$(pg_pid)"
+        as_pg "$PG_BIN/pg_ctl" stop -D "$PG_DATA" -m fast -w -t 60 -s \
+            || die "postgres: pg_ctl stop failed"
+        say "postgres: stopped (pid $pid)"
+        return 0
+    fi
+    drop_stale_postmaster_pid
+    if listening 127.0.0.1 "$PG_PORT"; then
+        say "postgres: 127.0.0.1:$PG_PORT was not started by sessionstream - left alone"
+    else
+        say "postgres: not running"
+    fi
+}
+
+pg_status() {
+    local desc
+    if [[ "$CFG_PG_LOCAL" != 1 ]]; then
+        if desc="$("$PYTHON" -m sessionstream._probe postgres "$CFG_DATABASE_URL" 2>&1)"; then
+            say "postgres: external $CFG_DATABASE_URL_SHOWN answers ($desc)"
+        else
+            say "postgres: external $CFG_DATABASE_URL_SHOWN does not answer ($desc)"
+        fi
+    elif find_pg_bin && pg_running; then
+        if desc="$("$PYTHON" -m sessionstream._probe postgres "$CFG_DATABASE_URL" 2>&1)"; then
+            say "postgres: running (pid $(pg_pid), 127.0.0.1:$PG_PORT, $desc; data $PG_DATA)"
+        else
+            say "postgres: running (pid $(pg_pid)) but not answering ($desc)"
+        fi
+    elif desc="$("$PYTHON" -m sessionstream._probe postgres "$CFG_DATABASE_URL" 2>&1)"; then
+        say "postgres: 127.0.0.1:$PG_PORT answers but was not started by sessionstream ($desc)"
+    else
+        say "postgres: not running"
+    fi
+}
+
+# --------------------------------------------------------------------------- main
+
+cmd="${1:-}"
+case "$cmd" in
+    up)
+        load_config
+        kafka_up
+        pg_up
+        ;;
+    down)
+        kafka_down
+        pg_down
+        ;;
+    status)
+        load_config
+        kafka_status
+        pg_status
+        ;;
+    reset)
+        kafka_down
+        pg_down
+        say "removing $KAFKA_DIR and $PG_DIR (the jar cache $KAFKA_LIBS stays)"
+        rm -rf "$KAFKA_DIR" "$PG_DIR"
+        ;;
+    *)
+        die "usage: $0 up|down|status|reset"
+        ;;
+esac
