@@ -1,0 +1,77 @@
+# sessionstream — developer entry points. `make demo` runs the main job, `make test` the tests.
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: help install up down status test lint demo bench clean
+
+help:
+	@echo "make install  virtualenv in $(VENV) with sessionstream and its dev tools"
+	@echo "make up       start the local Kafka + PostgreSQL (no Docker), wait until they answer"
+	@echo "make down     stop what 'make up' started"
+	@echo "make status   say what runs"
+	@echo "make test     install, up, run all tests"
+	@echo "make lint     ruff + mypy"
+	@echo "make demo     install, up, run the demo"
+	@echo "make bench    install, up, run the benchmarks"
+	@echo "make clean    remove the virtualenv and caches (not the stack's data)"
+
+install: $(STAMP)
+
+# The stamp makes a repeated `make install` a no-op until pyproject.toml changes.
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+		|| { echo "error: sessionstream needs Python 3.11+ ($(PYTHON) is $$($(PYTHON) -V 2>&1)); set PYTHON=" >&2; exit 1; }
+	@if [ ! -x $(PY) ]; then \
+		$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
+			if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+				echo "apt: installing python3-venv"; \
+				DEBIAN_FRONTEND=noninteractive apt-get update -qq; \
+				DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null; \
+				rm -rf $(VENV); $(PYTHON) -m venv $(VENV); \
+			else echo "error: '$(PYTHON) -m venv' failed (Debian: apt-get install python3-venv)" >&2; exit 1; fi; }; \
+	fi
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]' hdrhistogram prometheus-client
+	@touch $@
+
+up: install
+	@stack/stack.sh up
+
+down:
+	@stack/stack.sh down
+
+status: install
+	@stack/stack.sh status
+
+# pytest exits 5 when it collected no tests: that is a failure here, not a pass.
+test: install up
+	@rc=0; $(PY) -m pytest $(PYTEST_ARGS) || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; \
+	exit $$rc
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+# Until the real demo lands this is the smoke round trip through Kafka and PostgreSQL.
+demo: install up
+	$(VENV)/bin/sessionstream smoke
+
+bench: install up
+	@if [ -x bench/run_all.sh ]; then \
+		PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bench/run_all.sh; \
+	else \
+		shopt -s nullglob; scripts=(bench/*.py); \
+		if [ $${#scripts[@]} -eq 0 ]; then echo "bench: no bench/*.py scripts yet" >&2; exit 1; fi; \
+		for f in "$${scripts[@]}"; do echo "== $$f"; $(PY) "$$f"; done; \
+	fi
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist *.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
