@@ -24,7 +24,14 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-__all__ = ["NotAnswering", "NotListening", "kafka_answers", "postgres_answers"]
+__all__ = [
+    "NotAnswering",
+    "NotListening",
+    "is_local_kafka",
+    "is_local_postgres",
+    "kafka_answers",
+    "postgres_answers",
+]
 
 LOCAL_KAFKA = "127.0.0.1:9092"
 LOCAL_PG = ("127.0.0.1", 5432)
@@ -127,12 +134,14 @@ def _wait(probe: Callable[[], str], wait: float, pid: int | None) -> int:
         time.sleep(0.25)
 
 
-def _is_local_kafka(bootstrap: str) -> bool:
+def is_local_kafka(bootstrap: str) -> bool:
+    """Whether ``bootstrap`` is the address the local stack's broker listens on."""
     addresses = [_split_hostport(a, 9092) for a in bootstrap.split(",") if a.strip()]
     return all(h in _LOOPBACK_NAMES and p == 9092 for h, p in addresses)
 
 
-def _is_local_pg(url: str) -> bool:
+def is_local_postgres(url: str) -> bool:
+    """Whether ``url`` points at the port the local stack's PostgreSQL listens on."""
     parts = urlsplit(url)
     return (parts.hostname or "") in _LOOPBACK_NAMES and (parts.port or 5432) == LOCAL_PG[1]
 
@@ -151,10 +160,10 @@ def _print_config() -> int:
     s = Settings()
     values = {
         "CFG_KAFKA_BOOTSTRAP": s.kafka_bootstrap,
-        "CFG_KAFKA_LOCAL": "1" if _is_local_kafka(s.kafka_bootstrap) else "0",
+        "CFG_KAFKA_LOCAL": "1" if is_local_kafka(s.kafka_bootstrap) else "0",
         "CFG_DATABASE_URL": s.database_url,
         "CFG_DATABASE_URL_SHOWN": _redacted(s.database_url),
-        "CFG_PG_LOCAL": "1" if _is_local_pg(s.database_url) else "0",
+        "CFG_PG_LOCAL": "1" if is_local_postgres(s.database_url) else "0",
     }
     for key, value in values.items():
         print(f"{key}={shlex.quote(value)}")
