@@ -37,7 +37,9 @@ $(STAMP): pyproject.toml
 				rm -rf $(VENV); $(PYTHON) -m venv $(VENV); \
 			else echo "error: '$(PYTHON) -m venv' failed (Debian: apt-get install python3-venv)" >&2; exit 1; fi; }; \
 	fi
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]' hdrhistogram prometheus-client
+	@echo "install: pip install -e '.[dev]' hdrhistogram prometheus-client (log: $(VENV)/install.log)"
+	@$(PY) -m pip install --disable-pip-version-check -e '.[dev]' hdrhistogram prometheus-client \
+		>$(VENV)/install.log 2>&1 || { tail -n 40 $(VENV)/install.log >&2; exit 1; }
 	@touch $@
 
 up: install
