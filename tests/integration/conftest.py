@@ -1,0 +1,96 @@
+"""Fixtures for tests against the real broker and database.
+
+Everything connects through :class:`sessionstream.settings.Settings`, so the same tests run
+against the local stack (``make up``) or a user's own Kafka/PostgreSQL named by
+``SESSIONSTREAM_KAFKA_BOOTSTRAP`` / ``SESSIONSTREAM_DATABASE_URL``. An unreachable server
+fails the run with that hint; it is never a skip.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable, Iterator
+
+import psycopg
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from sessionstream._probe import NotAnswering, NotListening, kafka_answers, postgres_answers
+from sessionstream.settings import Settings
+from tests.integration.helpers import wait_until
+
+TopicFactory = Callable[..., str]
+
+
+@pytest.fixture(scope="session")
+def settings() -> Settings:
+    return Settings()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(settings: Settings) -> str:
+    try:
+        kafka_answers(settings.kafka_bootstrap, timeout=15.0)
+    except (NotListening, NotAnswering) as e:
+        pytest.fail(
+            f"Kafka at {settings.kafka_bootstrap} does not answer ({e}); "
+            "run 'make up' or set SESSIONSTREAM_KAFKA_BOOTSTRAP",
+            pytrace=False,
+        )
+    return settings.kafka_bootstrap
+
+
+@pytest.fixture(scope="session")
+def database_url(settings: Settings) -> str:
+    try:
+        postgres_answers(settings.database_url, timeout=15.0)
+    except (NotListening, NotAnswering) as e:
+        pytest.fail(
+            f"PostgreSQL does not answer ({e}); run 'make up' or set SESSIONSTREAM_DATABASE_URL",
+            pytrace=False,
+        )
+    return settings.database_url
+
+
+@pytest.fixture(scope="session")
+def kafka_admin(kafka_bootstrap: str) -> AdminClient:
+    return AdminClient({"bootstrap.servers": kafka_bootstrap})
+
+
+@pytest.fixture
+def topic_factory(
+    request: pytest.FixtureRequest, kafka_admin: AdminClient
+) -> Iterator[TopicFactory]:
+    """Create uniquely named topics (reruns never collide); delete them after the test."""
+    created: list[str] = []
+    base = re.sub(r"[^a-zA-Z0-9._-]", "-", request.node.name)[:40]
+
+    def create(partitions: int = 1, config: dict[str, str] | None = None) -> str:
+        name = f"it-{base}-{uuid.uuid4().hex[:10]}"
+        new = NewTopic(name, num_partitions=partitions, replication_factor=1, config=config or {})
+        kafka_admin.create_topics([new])[name].result(timeout=30)
+        created.append(name)
+
+        def has_leaders() -> bool:
+            topic = kafka_admin.list_topics(topic=name, timeout=5).topics.get(name)
+            return (
+                topic is not None
+                and topic.error is None
+                and len(topic.partitions) == partitions
+                and all(p.leader >= 0 for p in topic.partitions.values())
+            )
+
+        wait_until(has_leaders, timeout=30, what=f"topic {name} to have leaders")
+        return name
+
+    yield create
+    if created:
+        for future in kafka_admin.delete_topics(created).values():
+            future.result(timeout=30)
+
+
+@pytest.fixture
+def pg_conn(database_url: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
+    with psycopg.connect(database_url, connect_timeout=10) as conn:
+        yield conn

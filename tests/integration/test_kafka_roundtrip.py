@@ -1,0 +1,114 @@
+"""Round trips through the real broker with both Python clients the project uses."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource
+
+from tests.integration.conftest import TopicFactory
+
+pytestmark = pytest.mark.integration
+
+KEYS = [f"session-{i:03d}".encode() for i in range(64)]
+
+
+def test_compacted_topic_is_created_with_its_config(
+    kafka_admin: AdminClient, topic_factory: TopicFactory
+) -> None:
+    topic = topic_factory(partitions=4, config={"cleanup.policy": "compact"})
+
+    metadata = kafka_admin.list_topics(topic=topic, timeout=10)
+    assert len(metadata.topics[topic].partitions) == 4
+
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    configs = kafka_admin.describe_configs([resource])[resource].result(timeout=10)
+    assert configs["cleanup.policy"].value == "compact"
+    assert not configs["cleanup.policy"].is_default
+
+
+def _produce_with_confluent(bootstrap: str, topic: str, partitioner: str) -> dict[bytes, int]:
+    placed: dict[bytes, int] = {}
+
+    def on_delivery(err: KafkaError | None, msg: Message) -> None:
+        assert err is None, err
+        key, partition = msg.key(), msg.partition()
+        assert isinstance(key, bytes) and partition is not None
+        placed[key] = partition
+
+    producer = Producer({"bootstrap.servers": bootstrap, "partitioner": partitioner})
+    for key in KEYS:
+        producer.produce(
+            topic, key=key, value=b"confluent:" + partitioner.encode(), on_delivery=on_delivery
+        )
+    assert producer.flush(30) == 0
+    assert len(placed) == len(KEYS)
+    return placed
+
+
+async def _produce_with_aiokafka(bootstrap: str, topic: str) -> dict[bytes, int]:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)  # Java-compatible murmur2
+    await producer.start()
+    try:
+        placed = {}
+        for key in KEYS:
+            meta = await producer.send_and_wait(topic, key=key, value=b"aiokafka")
+            placed[key] = meta.partition
+        return placed
+    finally:
+        await producer.stop()
+
+
+def _read_partitions(bootstrap: str, topic: str, partitions: int, count: int) -> list[Message]:
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"{topic}-reader", "enable.auto.commit": False}
+    )
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    seen: list[Message] = []
+    deadline = time.monotonic() + 30
+    try:
+        while len(seen) < count and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None:
+                assert msg.error() is None, msg.error()
+                seen.append(msg)
+    finally:
+        consumer.close()
+    assert len(seen) == count, f"read {len(seen)} of {count} records back from {topic}"
+    return seen
+
+
+async def test_same_key_same_partition_from_confluent_and_aiokafka(
+    kafka_bootstrap: str, topic_factory: TopicFactory
+) -> None:
+    topic = topic_factory(partitions=4, config={"cleanup.policy": "compact"})
+
+    by_confluent = _produce_with_confluent(kafka_bootstrap, topic, "murmur2_random")
+    by_aiokafka = await _produce_with_aiokafka(kafka_bootstrap, topic)
+
+    assert by_confluent == by_aiokafka
+    assert len(set(by_confluent.values())) == 4, "64 keys should spread over all 4 partitions"
+
+    # What the broker stored agrees with what the producers reported: one partition per key.
+    partitions_of_key: dict[bytes, set[int]] = defaultdict(set)
+    for msg in _read_partitions(kafka_bootstrap, topic, 4, count=2 * len(KEYS)):
+        key, partition = msg.key(), msg.partition()
+        assert isinstance(key, bytes) and partition is not None
+        partitions_of_key[key].add(partition)
+    assert {k: v for k, v in partitions_of_key.items() if len(v) != 1} == {}
+
+
+def test_librdkafka_default_partitioner_would_split_a_session(
+    kafka_bootstrap: str, topic_factory: TopicFactory
+) -> None:
+    """Why every confluent-kafka producer must set murmur2_random (see DESIGN.md, topics)."""
+    topic = topic_factory(partitions=4)
+
+    default = _produce_with_confluent(kafka_bootstrap, topic, "consistent_random")
+    murmur2 = _produce_with_confluent(kafka_bootstrap, topic, "murmur2_random")
+
+    assert any(default[k] != murmur2[k] for k in KEYS)

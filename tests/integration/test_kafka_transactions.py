@@ -1,0 +1,206 @@
+"""Transactions against the real broker, with confluent-kafka and with aiokafka.
+
+A committed transaction is visible to a read_committed consumer, an aborted one is not (but
+is in the log, which a read_uncommitted consumer shows), and a second producer with the
+same transactional.id fences the first: the zombie gets the specific fencing error.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import ProducerFenced
+from aiokafka.structs import TopicPartition as AioTopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from tests.integration.conftest import TopicFactory
+
+pytestmark = pytest.mark.integration
+
+END = b"end"
+
+
+def _values_until_end(bootstrap: str, topic: str, isolation: str) -> list[bytes]:
+    """Values of partition 0 up to the END marker (the last committed record of each test)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"{topic}-{isolation}",
+            "enable.auto.commit": False,
+            "isolation.level": isolation,
+        }
+    )
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    values: list[bytes] = []
+    deadline = time.monotonic() + 30
+    try:
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            assert msg.error() is None, msg.error()
+            value = msg.value()
+            assert isinstance(value, bytes)
+            if value == END:
+                return values
+            values.append(value)
+    finally:
+        consumer.close()
+    raise AssertionError(f"no END marker in {topic} within 30s ({isolation}); got {values}")
+
+
+def _transactional(bootstrap: str, transactional_id: str) -> Producer:
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "transactional.id": transactional_id,
+            "partitioner": "murmur2_random",
+        }
+    )
+    producer.init_transactions(30)
+    return producer
+
+
+def _in_transaction(producer: Producer, topic: str, value: bytes, *, commit: bool) -> None:
+    producer.begin_transaction()
+    producer.produce(topic, key=b"k", value=value, partition=0)
+    if commit:
+        producer.commit_transaction(30)
+    else:
+        producer.flush(30)  # the record really reaches the log before the abort
+        producer.abort_transaction(30)
+
+
+def test_confluent_committed_visible_aborted_not(
+    kafka_bootstrap: str, topic_factory: TopicFactory
+) -> None:
+    topic = topic_factory(partitions=1)
+    producer = _transactional(kafka_bootstrap, f"it-tx-{uuid.uuid4()}")
+
+    _in_transaction(producer, topic, b"committed-1", commit=True)
+    _in_transaction(producer, topic, b"aborted", commit=False)
+    _in_transaction(producer, topic, b"committed-2", commit=True)
+    _in_transaction(producer, topic, END, commit=True)
+
+    assert _values_until_end(kafka_bootstrap, topic, "read_committed") == [
+        b"committed-1",
+        b"committed-2",
+    ]
+    assert _values_until_end(kafka_bootstrap, topic, "read_uncommitted") == [
+        b"committed-1",
+        b"aborted",
+        b"committed-2",
+    ]
+
+
+def test_confluent_zombie_is_fenced(kafka_bootstrap: str, topic_factory: TopicFactory) -> None:
+    topic = topic_factory(partitions=1)
+    transactional_id = f"it-tx-{uuid.uuid4()}"
+    zombie = _transactional(kafka_bootstrap, transactional_id)
+    zombie.begin_transaction()
+    zombie.produce(topic, value=b"zombie-open", partition=0)
+    zombie.flush(30)
+
+    # A newer instance with the same id bumps the epoch and aborts the zombie's open transaction.
+    successor = _transactional(kafka_bootstrap, transactional_id)
+
+    with pytest.raises(KafkaException) as caught:
+        zombie.produce(topic, value=b"zombie-late", partition=0)
+        zombie.flush(30)
+        zombie.commit_transaction(30)
+    error = caught.value.args[0]
+    assert error.code() == KafkaError._FENCED, error
+    assert error.fatal()
+
+    _in_transaction(successor, topic, b"successor", commit=True)
+    _in_transaction(successor, topic, END, commit=True)
+    assert _values_until_end(kafka_bootstrap, topic, "read_committed") == [b"successor"]
+
+
+async def _aio_values_until_end(bootstrap: str, topic: str, isolation: str) -> list[bytes]:
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        isolation_level=isolation,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )
+    await consumer.start()
+    try:
+        consumer.assign([AioTopicPartition(topic, 0)])
+        values: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            batches = await consumer.getmany(timeout_ms=500)
+            for records in batches.values():
+                for record in records:
+                    if record.value == END:
+                        return values
+                    values.append(record.value)
+        raise AssertionError(f"no END marker in {topic} within 30s ({isolation}); got {values}")
+    finally:
+        await consumer.stop()
+
+
+async def _aio_transactional(bootstrap: str, transactional_id: str) -> AIOKafkaProducer:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=transactional_id)
+    await producer.start()
+    return producer
+
+
+async def test_aiokafka_committed_visible_aborted_not(
+    kafka_bootstrap: str, topic_factory: TopicFactory
+) -> None:
+    topic = topic_factory(partitions=1)
+    producer = await _aio_transactional(kafka_bootstrap, f"it-tx-{uuid.uuid4()}")
+    try:
+        async with producer.transaction():
+            await producer.send_and_wait(topic, b"committed-1", key=b"k", partition=0)
+        await producer.begin_transaction()
+        await producer.send_and_wait(topic, b"aborted", key=b"k", partition=0)
+        await producer.abort_transaction()
+        async with producer.transaction():
+            await producer.send_and_wait(topic, b"committed-2", key=b"k", partition=0)
+        async with producer.transaction():
+            await producer.send_and_wait(topic, END, key=b"k", partition=0)
+    finally:
+        await producer.stop()
+
+    assert await _aio_values_until_end(kafka_bootstrap, topic, "read_committed") == [
+        b"committed-1",
+        b"committed-2",
+    ]
+    assert await _aio_values_until_end(kafka_bootstrap, topic, "read_uncommitted") == [
+        b"committed-1",
+        b"aborted",
+        b"committed-2",
+    ]
+
+
+async def test_aiokafka_zombie_is_fenced(kafka_bootstrap: str, topic_factory: TopicFactory) -> None:
+    topic = topic_factory(partitions=1)
+    transactional_id = f"it-tx-{uuid.uuid4()}"
+    zombie = await _aio_transactional(kafka_bootstrap, transactional_id)
+    successor: AIOKafkaProducer | None = None
+    try:
+        await zombie.begin_transaction()
+        await zombie.send_and_wait(topic, b"zombie-open", partition=0)
+
+        successor = await _aio_transactional(kafka_bootstrap, transactional_id)
+
+        with pytest.raises(ProducerFenced):
+            await zombie.send_and_wait(topic, b"zombie-late", partition=0)
+            await zombie.commit_transaction()
+
+        async with successor.transaction():
+            await successor.send_and_wait(topic, b"successor", partition=0)
+        async with successor.transaction():
+            await successor.send_and_wait(topic, END, partition=0)
+    finally:
+        await zombie.stop()
+        if successor is not None:
+            await successor.stop()
+
+    assert await _aio_values_until_end(kafka_bootstrap, topic, "read_committed") == [b"successor"]
