@@ -42,6 +42,23 @@ class Settings(BaseSettings):
     dlq_topic: str = "session.dlq"
     """Dead-letter topic for input that cannot be decoded or decided, keyed by the original key."""
 
+    state_topic: str = "session.state"
+    """Compacted changelog of the processor's per-session state, keyed by ``session_id``."""
+
+    processor_group: str = "sessionstream-processor"
+    """Consumer group of the session processors (also the prefix of their transactional ids)."""
+
+    processor_instance: str | None = None
+    """This processor's stable instance id (default: the host name). Two processors on one
+    host need distinct ids; a restarted one must keep its id so it fences its predecessor."""
+
+    transaction_timeout_ms: int = Field(default=10_000, ge=1000)
+    """How long a dead processor's open transaction may block readers before the broker aborts
+    it (a restarted instance aborts it at once)."""
+
+    replication_factor: int = Field(default=1, ge=1)
+    """Replication factor of the topics sessionstream creates (1 on the local single broker)."""
+
     partitions: int = Field(default=4, ge=1)
     """Partition count of the commands and events topics (the two must be equal)."""
 

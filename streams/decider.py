@@ -71,6 +71,7 @@ __all__ = [
     "REJECTION_REASONS",
     "RUN_ID_NAMESPACE",
     "DeciderConfig",
+    "apply",
     "decide",
     "evolve",
     "fold",
@@ -308,15 +309,22 @@ def decide(
     state: SessionState | None, command: Command, config: DeciderConfig = DEFAULT_CONFIG
 ) -> list[Event]:
     """The events `command` causes in `state` (empty for a duplicate `commandId`)."""
+    return apply(state, command, config)[0]
+
+
+def apply(
+    state: SessionState | None, command: Command, config: DeciderConfig = DEFAULT_CONFIG
+) -> tuple[list[Event], SessionState]:
+    """`decide` and the state after folding its events, in one pass."""
     if state is None:
         state = SessionState.initial(command.session_id)
     if state.session_id != command.session_id:
         raise ValueError(f"command for {command.session_id} given state of {state.session_id}")
     if command_hash(command.command_id) in state.recent_commands:
-        return []
+        return [], state
     em = _Emitter(state, command, config)
     _route(em, command)
-    return em.events
+    return em.events, em.state
 
 
 def _route(em: _Emitter, cmd: Command) -> None:

@@ -1,0 +1,378 @@
+"""`SessionClient`: the producer side of the protocol, on confluent-kafka.
+
+Commands are keyed by session id and placed with `murmur2_random` — the partitioner Java and
+aiokafka use — so every producer puts a session on the same partition and the session has
+one writer. The producer is idempotent (acks=all), so its own retries never duplicate.
+
+`wait()` returns a command's outcome: the events it caused (accepted, with its run id), its
+`command.rejected` (with the reason), or `duplicate` — a command id the processor had
+already applied, recognised because the processor's committed offset on the command's
+partition moved past the command while no event of it appeared.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from schemas.codec import Codec
+from schemas.commands import (
+    AbortPayload,
+    Command,
+    FollowUpPayload,
+    PromptPayload,
+    PromptPolicy,
+    SendPayload,
+    SteerPayload,
+)
+from schemas.events import SESSION_LOG, CommandRejected, Event
+from sessionstream.errors import CommandTimeout, KafkaUnavailable
+from sessionstream.settings import Settings, get_settings
+from streams.partitioning import partition_for
+
+__all__ = ["CommandHandle", "Outcome", "SessionClient", "producer_config"]
+
+
+def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
+    """The settings every command producer must use (the partitioner above all)."""
+    conf: dict[str, Any] = {
+        "bootstrap.servers": settings.kafka_bootstrap,
+        "partitioner": "murmur2_random",
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 2,
+        "message.max.bytes": 2 * 1024 * 1024,
+    }
+    conf.update(overrides)
+    return conf
+
+
+@dataclass
+class CommandHandle:
+    """A command on its way; `partition`/`offset` are known once the broker acknowledged it."""
+
+    command: Command
+    events_from: dict[int, int] | None = None
+    partition: int | None = None
+    offset: int | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The one visible outcome of a command."""
+
+    status: Literal["accepted", "rejected", "duplicate"]
+    command_id: str
+    run_id: str | None = None
+    reason: str | None = None
+    events: list[Event] = field(default_factory=list)
+
+
+class SessionClient:
+    """Send commands to sessions and, when asked, wait for their outcomes."""
+
+    def __init__(
+        self,
+        tenant_id: str,
+        settings: Settings | None = None,
+        *,
+        codec: Codec | None = None,
+        producer_overrides: dict[str, Any] | None = None,
+        clock: Any = time.time,
+    ) -> None:
+        self.tenant_id = tenant_id
+        self.settings = settings or get_settings()
+        self.codec = codec or Codec()
+        self._clock = clock
+        self._producer_conf = producer_config(self.settings, **(producer_overrides or {}))
+        self._producer: Producer | None = None
+        self._events: Consumer | None = None
+        self._offsets: Consumer | None = None
+        self._meta: Consumer | None = None
+        self._tailing: dict[int, int] = {}
+        self._pending: dict[str, list[Event]] = {}
+        self._partitions: int | None = None
+
+    # -- producing --------------------------------------------------------------------------
+    @property
+    def producer(self) -> Producer:
+        if self._producer is None:
+            self._producer = Producer(self._producer_conf)
+        return self._producer
+
+    def now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    def command(self, session_id: str, type_: str, payload: Any, **fields: Any) -> Command:
+        """Build a command stamped with this client's tenant, a fresh id and the time."""
+        return Command(
+            command_id=fields.pop("command_id", None) or str(uuid.uuid4()),
+            session_id=session_id,
+            tenant_id=fields.pop("tenant_id", None) or self.tenant_id,
+            type=type_,
+            ts=fields.pop("ts", None) or self.now_ms(),
+            payload=payload,
+            **fields,
+        )
+
+    def submit(self, command: Command, *, track: bool = True) -> CommandHandle:
+        """Produce `command`. With `track`, remember where its outcome will appear."""
+        handle = CommandHandle(command)
+        if track:
+            handle.events_from = self._events_high_watermarks(command.session_id)
+            self._track(handle)
+
+        def delivered(err: KafkaError | None, msg: Any) -> None:
+            if err is not None:
+                handle.error = str(err)
+            else:
+                handle.partition, handle.offset = msg.partition(), msg.offset()
+
+        try:
+            self.producer.produce(
+                self.settings.commands_topic,
+                key=command.session_id.encode(),
+                value=self.codec.encode_command(command),
+                on_delivery=delivered,
+            )
+        except BufferError:
+            self.producer.poll(0.5)
+            self.producer.produce(
+                self.settings.commands_topic,
+                key=command.session_id.encode(),
+                value=self.codec.encode_command(command),
+                on_delivery=delivered,
+            )
+        self.producer.poll(0)
+        return handle
+
+    def prompt(
+        self,
+        session_id: str,
+        text: str,
+        *,
+        policy: PromptPolicy = "reject",
+        context_ref: str | None = None,
+        timeout_ms: int | None = None,
+        **fields: Any,
+    ) -> CommandHandle:
+        payload = PromptPayload(
+            text=text, policy=policy, context_ref=context_ref, timeout_ms=timeout_ms
+        )
+        return self.submit(self.command(session_id, "prompt", payload, **fields))
+
+    def steer(self, session_id: str, text: str, **fields: Any) -> CommandHandle:
+        return self.submit(self.command(session_id, "steer", SteerPayload(text=text), **fields))
+
+    def follow_up(
+        self,
+        session_id: str,
+        text: str,
+        *,
+        when_idle: Literal["start", "reject"] = "start",
+        **fields: Any,
+    ) -> CommandHandle:
+        payload = FollowUpPayload(text=text, when_idle=when_idle)
+        return self.submit(self.command(session_id, "follow_up", payload, **fields))
+
+    def send(
+        self,
+        session_id: str,
+        text: str,
+        *,
+        context_ref: str | None = None,
+        timeout_ms: int | None = None,
+        **fields: Any,
+    ) -> CommandHandle:
+        payload = SendPayload(text=text, context_ref=context_ref, timeout_ms=timeout_ms)
+        return self.submit(self.command(session_id, "send", payload, **fields))
+
+    def abort(self, session_id: str, reason: str = "user", **fields: Any) -> CommandHandle:
+        return self.submit(self.command(session_id, "abort", AbortPayload(reason=reason), **fields))
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Wait until every produced command is acknowledged by the broker."""
+        if self._producer is not None:
+            left = self._producer.flush(timeout)
+            if left:
+                raise KafkaUnavailable(
+                    f"{left} commands not acknowledged within {timeout}s by "
+                    f"{self.settings.kafka_bootstrap}",
+                    bootstrap=self.settings.kafka_bootstrap,
+                )
+
+    # -- outcomes ---------------------------------------------------------------------------
+    def _consumer(self, **extra: Any) -> Consumer:
+        return Consumer(
+            {
+                "bootstrap.servers": self.settings.kafka_bootstrap,
+                "group.id": f"sessionstream-client-{uuid.uuid4()}",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "enable.partition.eof": True,
+                **extra,
+            }
+        )
+
+    def _partition_count(self) -> int:
+        if self._partitions is None:
+            meta = self._meta_consumer().list_topics(self.settings.events_topic, timeout=10)
+            topic = meta.topics.get(self.settings.events_topic)
+            if topic is None or topic.error is not None:
+                raise KafkaUnavailable(
+                    f"events topic {self.settings.events_topic!r} unavailable: "
+                    f"{topic.error if topic else 'missing'}",
+                    bootstrap=self.settings.kafka_bootstrap,
+                )
+            self._partitions = len(topic.partitions)
+        return self._partitions
+
+    def _meta_consumer(self) -> Consumer:
+        # never assigned: its requests do not queue behind a long-polling fetch
+        if self._meta is None:
+            self._meta = self._consumer()
+        return self._meta
+
+    def _events_high_watermarks(self, session_id: str) -> dict[int, int]:
+        """Where the session's events partition ends now: its outcome can only come after."""
+        p = partition_for(session_id.encode(), self._partition_count())
+        tp = TopicPartition(self.settings.events_topic, p)
+        _low, high = self._meta_consumer().get_watermark_offsets(tp, timeout=10, cached=False)
+        return {p: high}
+
+    def _processor_position(self, partition: int) -> int:
+        """The processor group's committed offset on a commands partition (-1: none)."""
+        if self._offsets is None:
+            self._offsets = Consumer(
+                {
+                    "bootstrap.servers": self.settings.kafka_bootstrap,
+                    "group.id": self.settings.processor_group,
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_committed",
+                }
+            )
+        tp = self._offsets.committed(
+            [TopicPartition(self.settings.commands_topic, partition)], timeout=10
+        )[0]
+        return int(tp.offset)
+
+    def _track(self, handle: CommandHandle) -> None:
+        """Make sure the tail consumer reads the handle's events partition from its start."""
+        assert handle.events_from is not None
+        if self._events is None:
+            self._events = self._consumer()
+        for p, offset in handle.events_from.items():
+            if p not in self._tailing:
+                # the tail only ever moves forward from a high watermark read before the
+                # command was produced, so every tracked command's events are still ahead
+                tp = TopicPartition(self.settings.events_topic, p, offset)
+                self._events.incremental_assign([tp])
+                self._tailing[p] = offset
+        self._pending[handle.command.command_id] = []
+
+    def _drain(self, timeout: float) -> None:
+        """Read what the tail has; keep the events of tracked commands."""
+        assert self._events is not None
+        msg = self._events.poll(timeout)
+        while msg is not None:
+            err = msg.error()
+            if err is None:
+                event = self.codec.decode_event(msg.value() or b"")
+                bucket = self._pending.get(event.command_id)
+                if bucket is not None:
+                    bucket.append(event)
+            elif err.code() != KafkaError._PARTITION_EOF:
+                raise KafkaException(err)
+            msg = self._events.poll(0)
+
+    def _tail_position(self, partition: int) -> int:
+        assert self._events is not None
+        tp = TopicPartition(self.settings.events_topic, partition)
+        position = int(self._events.position([tp])[0].offset)
+        # nothing consumed yet: the tail stands where it was assigned
+        return position if position >= 0 else self._tailing[partition]
+
+    def wait(self, handle: CommandHandle, timeout: float = 30.0) -> Outcome:
+        """Block until the command's outcome is visible, or raise `CommandTimeout`.
+
+        The processor commits its input offsets in the transaction of the events, so once
+        its committed offset is past the command, all of the command's events are below the
+        events partition's high watermark read then; a tail at that watermark with no event
+        of the command means the processor applied nothing: a duplicate command id.
+        """
+        deadline = time.monotonic() + timeout
+        cid = handle.command.command_id
+        if handle.events_from is None:
+            raise ValueError("command was submitted with track=False")
+        if cid not in self._pending:
+            self._track(handle)
+        while handle.offset is None and handle.error is None:
+            self.producer.poll(0.01)
+            self._drain(0)
+            if time.monotonic() > deadline:
+                raise CommandTimeout(cid, "not acknowledged by the broker")
+        if handle.error is not None:
+            raise KafkaUnavailable(
+                f"command not delivered: {handle.error}", bootstrap=self.settings.kafka_bootstrap
+            )
+        assert handle.partition is not None and handle.offset is not None
+        p = handle.partition
+        settle_at: int | None = None
+        next_check = 0.0
+        try:
+            while True:
+                self._drain(0.02)
+                mine = self._pending[cid]
+                # a command's events are one transaction: once the tail is past the
+                # first of them it has them all (they are committed together)
+                if mine:
+                    if settle_at is None:
+                        settle_at = self._hwm(p)
+                    if self._tail_position(p) >= settle_at:
+                        return _outcome(cid, mine)
+                elif not mine and time.monotonic() >= next_check:
+                    next_check = time.monotonic() + 0.1
+                    if settle_at is None and self._processor_position(p) > handle.offset:
+                        settle_at = self._hwm(p)
+                    if settle_at is not None and self._tail_position(p) >= settle_at:
+                        return Outcome("duplicate", cid)
+                if time.monotonic() > deadline:
+                    raise CommandTimeout(cid, f"no outcome within {timeout}s")
+        finally:
+            self._pending.pop(cid, None)
+
+    def _hwm(self, partition: int) -> int:
+        tp = TopicPartition(self.settings.events_topic, partition)
+        return int(self._meta_consumer().get_watermark_offsets(tp, timeout=10, cached=False)[1])
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.flush(10)
+        for c in (self._events, self._offsets, self._meta):
+            if c is not None:
+                c.close()
+        self._producer = self._events = self._offsets = self._meta = None
+        self._tailing.clear()
+        self._pending.clear()
+
+    def __enter__(self) -> SessionClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _outcome(command_id: str, events: list[Event]) -> Outcome:
+    for e in events:
+        if e.type == "command.rejected":
+            r = e.payload_as(CommandRejected)
+            return Outcome(
+                "rejected", command_id, run_id=r.target_run_id, reason=r.reason, events=events
+            )
+    run_id = next((e.run_id for e in events if e.run_id != SESSION_LOG), None)
+    return Outcome("accepted", command_id, run_id=run_id, events=events)

@@ -1,0 +1,68 @@
+"""sessionstream's exceptions: one root, typed subclasses carrying what a caller needs.
+
+Driver errors (confluent-kafka, psycopg) are translated into these at the adapter boundary
+(`raise ... from e`), so callers never need to import a driver to handle a failure.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CommandTimeout",
+    "ConfigurationError",
+    "DatabaseUnavailable",
+    "KafkaUnavailable",
+    "SessionstreamError",
+    "SingleWriterViolation",
+    "TopicMisconfigured",
+]
+
+
+class SessionstreamError(Exception):
+    """Root of every error sessionstream raises on purpose."""
+
+
+class ConfigurationError(SessionstreamError):
+    """A setting is missing or inconsistent."""
+
+
+class KafkaUnavailable(SessionstreamError):
+    """The broker did not answer; `bootstrap` says where we looked."""
+
+    def __init__(self, message: str, *, bootstrap: str) -> None:
+        super().__init__(
+            f"{message}\n  Kafka bootstrap: {bootstrap} (SESSIONSTREAM_KAFKA_BOOTSTRAP); "
+            "start the local stack with `make up`."
+        )
+        self.bootstrap = bootstrap
+
+
+class DatabaseUnavailable(SessionstreamError):
+    """PostgreSQL did not answer; `url` (without password) says where we looked."""
+
+    def __init__(self, message: str, *, url: str) -> None:
+        super().__init__(
+            f"{message}\n  database: {url} (SESSIONSTREAM_DATABASE_URL); "
+            "start the local stack with `make up`."
+        )
+        self.url = url
+
+
+class TopicMisconfigured(ConfigurationError):
+    """A topic exists with settings that would break the protocol (e.g. not compacted)."""
+
+    def __init__(self, topic: str, problem: str) -> None:
+        super().__init__(f"topic {topic!r}: {problem}")
+        self.topic = topic
+        self.problem = problem
+
+
+class CommandTimeout(SessionstreamError):
+    """A command's outcome did not appear in time."""
+
+    def __init__(self, command_id: str, detail: str) -> None:
+        super().__init__(f"command {command_id}: {detail}")
+        self.command_id = command_id
+
+
+class SingleWriterViolation(SessionstreamError):
+    """Two active runs for one session: the protocol's invariant is broken."""

@@ -1,0 +1,146 @@
+"""The topics of the protocol: their settings, creation, and the checks made at startup.
+
+| topic            | key                         | cleanup | why                                   |
+|------------------|-----------------------------|---------|---------------------------------------|
+| session.commands | session_id                  | delete  | input; long retention                 |
+| session.events   | session/run/seq (unique)    | compact | the log: compaction only drops copies |
+| session.state    | session_id                  | compact | the processor's state changelog       |
+| session.dlq      | the original key            | delete  | dead letters with their bytes         |
+
+Commands, events and state must have the same partition count: a session's events and
+state live on the partition number of its commands.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+from sessionstream.errors import KafkaUnavailable, TopicMisconfigured
+from sessionstream.settings import Settings
+
+__all__ = ["TopicReport", "TopicSpec", "check_topics", "ensure_topics", "topic_specs"]
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    config: dict[str, str]
+    #: must have the same partition count as the commands topic
+    co_partitioned: bool = True
+
+
+def topic_specs(settings: Settings) -> list[TopicSpec]:
+    n = settings.partitions
+    return [
+        TopicSpec(
+            settings.commands_topic,
+            n,
+            {
+                "cleanup.policy": "delete",
+                "retention.ms": str(7 * 24 * 3600 * 1000),
+                "max.message.bytes": str(2 * 1024 * 1024),
+            },
+        ),
+        TopicSpec(
+            settings.events_topic,
+            n,
+            {
+                "cleanup.policy": "compact",
+                "min.compaction.lag.ms": "60000",
+            },
+        ),
+        TopicSpec(settings.state_topic, n, {"cleanup.policy": "compact"}),
+        TopicSpec(
+            settings.dlq_topic,
+            1,
+            {
+                "cleanup.policy": "delete",
+                "retention.ms": str(30 * 24 * 3600 * 1000),
+                "max.message.bytes": str(4 * 1024 * 1024),
+            },
+            co_partitioned=False,
+        ),
+    ]
+
+
+def _admin(settings: Settings) -> AdminClient:
+    return AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+
+
+def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
+    """Create the missing topics; returns the names created. Existing ones are not altered."""
+    admin = _admin(settings)
+    try:
+        existing = set(admin.list_topics(timeout=timeout).topics)
+    except KafkaException as e:
+        raise KafkaUnavailable(
+            f"cannot list topics: {e}", bootstrap=settings.kafka_bootstrap
+        ) from e
+    new = [
+        NewTopic(s.name, s.partitions, settings.replication_factor, config=s.config)
+        for s in topic_specs(settings)
+        if s.name not in existing
+    ]
+    created = []
+    if new:
+        for name, fut in admin.create_topics(new, operation_timeout=timeout).items():
+            try:
+                fut.result()
+                created.append(name)
+            except KafkaException as e:
+                if e.args[0].code() != 36:  # TOPIC_ALREADY_EXISTS: another process won the race
+                    raise
+    return created
+
+
+@dataclass(frozen=True)
+class TopicReport:
+    """What `check_topics` found: partition counts and effective configs per topic."""
+
+    partitions: dict[str, int]
+    configs: dict[str, dict[str, str]]
+
+
+def check_topics(settings: Settings, timeout: float = 30.0) -> TopicReport:
+    """Verify the protocol's invariants; raise `TopicMisconfigured` naming the problem."""
+    admin = _admin(settings)
+    try:
+        meta = admin.list_topics(timeout=timeout)
+    except KafkaException as e:
+        raise KafkaUnavailable(
+            f"cannot list topics: {e}", bootstrap=settings.kafka_bootstrap
+        ) from e
+    specs = topic_specs(settings)
+    for s in specs:
+        if s.name not in meta.topics:
+            raise TopicMisconfigured(s.name, "missing (run `sessionstream topics create`)")
+    counts = {s.name: len(meta.topics[s.name].partitions) for s in specs if s.co_partitioned}
+    if len(set(counts.values())) != 1:
+        raise TopicMisconfigured(
+            settings.events_topic,
+            "partition counts differ: "
+            + ", ".join(f"{k}={v}" for k, v in counts.items())
+            + " — a session's events and state must sit on its commands' partition number",
+        )
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, s.name) for s in specs]
+    configs: dict[str, dict[str, str]] = {}
+    for res, fut in admin.describe_configs(resources).items():
+        configs[res.name] = {k: v.value for k, v in fut.result().items()}
+    policy = configs[settings.events_topic].get("cleanup.policy", "")
+    if policy != "compact":
+        raise TopicMisconfigured(
+            settings.events_topic,
+            f"cleanup.policy is {policy!r}, must be 'compact' (events are keyed uniquely; "
+            "'delete' would lose history)",
+        )
+    state_policy = configs[settings.state_topic].get("cleanup.policy", "")
+    if state_policy != "compact":
+        raise TopicMisconfigured(
+            settings.state_topic, f"cleanup.policy is {state_policy!r}, must be 'compact'"
+        )
+    partitions = {s.name: len(meta.topics[s.name].partitions) for s in specs}
+    return TopicReport(partitions=partitions, configs=configs)

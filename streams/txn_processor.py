@@ -1,0 +1,394 @@
+"""The session processor as a confluent-kafka consume-decide-produce loop, exactly once.
+
+Each batch of commands is one Kafka transaction holding the events (on the command's
+partition number), the new session states (changelog `session.state`), dead letters, fired
+timers and the input offsets (`send_offsets_to_transaction` with the group metadata,
+KIP-447). Either all of it is visible to `read_committed` readers or none of it is.
+
+Zombies: the transactional id is stable per instance (`{group}-{instance}`), so a restarted
+instance aborts its predecessor's open transaction at `init_transactions`; a processor that
+lost its partitions is fenced by the group generation when it sends offsets.
+
+Restore: on assignment, committed offsets are fetched first (read_committed asks the broker
+for stable offsets, so a predecessor's pending transaction is resolved before we go on),
+then the state partition is read to its end. State and offsets come from one transaction,
+so they agree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+
+from schemas.codec import Codec
+from sessionstream.errors import KafkaUnavailable
+from sessionstream.settings import Settings
+from sessionstream.topics import check_topics, ensure_topics
+from streams.core import CommandStep, Outcome, decode_state, encode_state
+from streams.decider import DeciderConfig
+from streams.state import SessionState
+from streams.timers import due_timers, timer_command
+
+__all__ = ["ProcessorStats", "TransactionalProcessor", "default_instance_id"]
+
+log = logging.getLogger("sessionstream.processor")
+
+#: a fired timer is fired again only if its command has not been decided after this long
+REFIRE_MS = 5_000
+
+
+def default_instance_id() -> str:
+    """Stable across restarts on one host, so a restart fences its own predecessor."""
+    return socket.gethostname()
+
+
+@dataclass
+class ProcessorStats:
+    commands: int = 0
+    events: int = 0
+    dead_letters: int = 0
+    duplicates: int = 0
+    rejections: int = 0
+    timers_fired: int = 0
+    transactions: int = 0
+    aborts: int = 0
+    rejections_by_reason: dict[str, int] = field(default_factory=dict)
+    dead_letters_by_reason: dict[str, int] = field(default_factory=dict)
+
+
+class _Partition:
+    """What one assigned partition holds: its sessions' states and pending timers."""
+
+    def __init__(self) -> None:
+        self.states: dict[str, SessionState] = {}
+        self.timers: list[tuple[int, str]] = []  # heap of (due_at, session_id)
+        self.fired: dict[str, int] = {}  # timer command id -> when fired
+
+    def schedule(self, state: SessionState) -> None:
+        for t in due_timers(state):
+            heapq.heappush(self.timers, (t.due_at, state.session_id))
+
+
+class TransactionalProcessor:
+    """Runs the decider over `session.commands`; one instance per process."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        instance_id: str | None = None,
+        config: DeciderConfig | None = None,
+        batch_size: int = 500,
+        clock: Any = time.time,
+    ) -> None:
+        self.settings = settings
+        self.instance_id = instance_id or settings.processor_instance or default_instance_id()
+        self.codec = Codec()
+        self.config = config or DeciderConfig(max_payload_bytes=settings.max_payload_bytes)
+        self.batch_size = batch_size
+        self.clock = clock
+        self.stats = ProcessorStats()
+        self.partitions: dict[int, _Partition] = {}
+        self.ready = threading.Event()
+        self._step: CommandStep | None = None
+        self._producer: Producer | None = None
+        self._consumer: Consumer | None = None
+
+    # -- setup ------------------------------------------------------------------------------
+    def _now(self) -> int:
+        return int(self.clock() * 1000)
+
+    def start(self) -> None:
+        """Create/verify topics, fence predecessors, join the group. Raises on bad topics."""
+        s = self.settings
+        ensure_topics(s)
+        counts = check_topics(s).partitions
+        self._step = CommandStep(self.codec, self.config, partitions=counts[s.commands_topic])
+        self._producer = Producer(
+            {
+                "bootstrap.servers": s.kafka_bootstrap,
+                "transactional.id": f"{s.processor_group}-{self.instance_id}",
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 1,
+                "transaction.timeout.ms": s.transaction_timeout_ms,
+                "message.max.bytes": 4 * 1024 * 1024,
+            }
+        )
+        try:
+            self._producer.init_transactions(60)
+        except KafkaException as e:
+            raise KafkaUnavailable(
+                f"init_transactions failed: {e}", bootstrap=s.kafka_bootstrap
+            ) from e
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": s.kafka_bootstrap,
+                "group.id": s.processor_group,
+                "client.id": f"processor-{self.instance_id}",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                "isolation.level": "read_committed",
+                "session.timeout.ms": 6000,
+                "heartbeat.interval.ms": 1000,
+                "max.poll.interval.ms": 60000,
+                "fetch.wait.max.ms": 10,
+                "partition.assignment.strategy": "range",
+            }
+        )
+        self._consumer.subscribe(
+            [s.commands_topic],
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_revoke,
+        )
+
+    # -- rebalance --------------------------------------------------------------------------
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Step 1: committed offsets (stable: waits out a predecessor's pending transaction)
+        committed = consumer.committed(partitions, timeout=60)
+        # Step 2: state of each partition, read to its end
+        for tp in partitions:
+            self.partitions[tp.partition] = self._restore(tp.partition)
+        # Step 3: consume from the committed offsets (or the beginning)
+        start = [
+            TopicPartition(
+                tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+            )
+            for tp in committed
+        ]
+        consumer.assign(start)
+        log.info("assigned %s", sorted(tp.partition for tp in partitions))
+        self.ready.set()
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # no transaction is open here: every batch commits before the next poll
+        for tp in partitions:
+            self.partitions.pop(tp.partition, None)
+        log.info("revoked %s", sorted(tp.partition for tp in partitions))
+
+    def _restore(self, partition: int) -> _Partition:
+        s = self.settings
+        part = _Partition()
+        reader = Consumer(
+            {
+                "bootstrap.servers": s.kafka_bootstrap,
+                "group.id": f"{s.processor_group}-restore",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "enable.partition.eof": True,
+                "fetch.wait.max.ms": 10,
+            }
+        )
+        try:
+            reader.assign([TopicPartition(s.state_topic, partition, OFFSET_BEGINNING)])
+            while True:
+                msg = reader.poll(1.0)
+                if msg is None:
+                    continue
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        break
+                    raise KafkaException(err)
+                value = msg.value()
+                if value is None:
+                    part.states.pop((msg.key() or b"").decode(), None)
+                else:
+                    state = decode_state(value)
+                    part.states[state.session_id] = state
+        finally:
+            reader.close()
+        for state in part.states.values():
+            part.schedule(state)
+        return part
+
+    # -- the loop ---------------------------------------------------------------------------
+    def run(self, stop: threading.Event | None = None) -> None:
+        """Process until `stop` is set (or forever)."""
+        if self._consumer is None:
+            self.start()
+        assert self._consumer is not None
+        stop = stop or threading.Event()
+        try:
+            while not stop.is_set():
+                first = self._consumer.poll(0.05)
+                batch: list[Message] = [first] if first is not None else []
+                if first is not None:
+                    batch += self._consumer.consume(self.batch_size - 1, timeout=0)
+                timers = self._due_timer_commands()
+                if batch or timers:
+                    self._transact(batch, timers)
+        finally:
+            self.close()
+
+    def _due_timer_commands(self) -> list[tuple[int, str, bytes, bytes]]:
+        now = self._now()
+        out = []
+        for p, part in self.partitions.items():
+            if len(part.fired) > 10_000:
+                part.fired = {k: v for k, v in part.fired.items() if now - v < REFIRE_MS}
+            while part.timers and part.timers[0][0] <= now:
+                _due, sid = heapq.heappop(part.timers)
+                state = part.states.get(sid)
+                if state is None:
+                    continue
+                for t in due_timers(state):
+                    if t.due_at > now:
+                        heapq.heappush(part.timers, (t.due_at, sid))
+                        continue
+                    cmd = timer_command(state, t, now)
+                    fired = part.fired.get(cmd.command_id)
+                    if fired is not None and now - fired < REFIRE_MS:
+                        heapq.heappush(part.timers, (fired + REFIRE_MS, sid))
+                        continue
+                    part.fired[cmd.command_id] = now
+                    out.append((p, cmd.command_id, sid.encode(), self.codec.encode_command(cmd)))
+        return out
+
+    def _transact(self, batch: list[Message], timers: list[tuple[int, str, bytes, bytes]]) -> None:
+        assert self._producer is not None and self._consumer is not None and self._step is not None
+        s = self.settings
+        producer = self._producer
+        staged: dict[tuple[int, str], SessionState] = {}
+        offsets: dict[tuple[str, int], int] = {}
+        outcomes: list[Outcome] = []
+        # Step 1: open the transaction
+        producer.begin_transaction()
+        try:
+            # Step 2: decide each command in partition order, producing its records
+            for msg in batch:
+                if msg.error() is not None:
+                    raise KafkaException(msg.error())
+                topic, p, offset = _coords(msg)
+                if p not in self.partitions:
+                    continue  # revoked mid-batch: the new owner re-reads it
+                part = self.partitions[p]
+
+                def state_of(sid: str, p: int = p, part: _Partition = part) -> SessionState | None:
+                    return staged.get((p, sid)) or part.states.get(sid)
+
+                outcome = self._step(msg.key(), msg.value(), p, state_of)
+                outcomes.append(outcome)
+                for key, value in outcome.records:
+                    producer.produce(s.events_topic, key=key, value=value, partition=p)
+                if outcome.events and outcome.state is not None:
+                    staged[(p, outcome.state.session_id)] = outcome.state
+                if outcome.dead_letter is not None:
+                    self._dead_letter(msg, outcome)
+                offsets[(topic, p)] = offset + 1
+            for (p, sid), state in staged.items():
+                producer.produce(
+                    s.state_topic, key=sid.encode(), value=encode_state(state), partition=p
+                )
+            # Step 3: timers become commands on the session's own partition
+            for p, _cid, key, value in timers:
+                producer.produce(s.commands_topic, key=key, value=value, partition=p)
+            # Step 4: the input offsets join the transaction
+            if offsets:
+                producer.send_offsets_to_transaction(
+                    [TopicPartition(t, p, o) for (t, p), o in offsets.items()],
+                    self._consumer.consumer_group_metadata(),
+                )
+            # Step 5: commit — events, state, dead letters, timers and offsets at once
+            producer.commit_transaction()
+        except KafkaException as e:
+            self._abort(e, batch)
+            return
+        # Step 6: only now does the in-memory state move on
+        for (p, sid), state in staged.items():
+            owner = self.partitions.get(p)
+            if owner is not None:
+                owner.states[sid] = state
+                owner.schedule(state)
+        self._count(outcomes, len(timers))
+
+    def _dead_letter(self, msg: Message, outcome: Outcome) -> None:
+        assert self._producer is not None and outcome.dead_letter is not None
+        d = outcome.dead_letter
+        topic, partition, offset = _coords(msg)
+        self._producer.produce(
+            self.settings.dlq_topic,
+            key=msg.key(),
+            value=msg.value(),
+            headers=[
+                ("source.topic", topic.encode()),
+                ("source.partition", str(partition).encode()),
+                ("source.offset", str(offset).encode()),
+                ("error.reason", d.reason.encode()),
+                ("error.message", d.error.encode()[:4000]),
+            ],
+        )
+        log.warning("dead letter %s/%s@%s: %s", topic, partition, offset, d.error)
+
+    def _abort(self, error: KafkaException, batch: list[Message]) -> None:
+        assert self._producer is not None and self._consumer is not None
+        kerr = error.args[0]
+        if not kerr.txn_requires_abort():
+            # fenced or fatal: another instance owns our id or our partitions
+            raise KafkaUnavailable(
+                f"processor transaction failed fatally: {kerr}",
+                bootstrap=self.settings.kafka_bootstrap,
+            ) from error
+        log.warning("aborting transaction: %s", kerr)
+        self.stats.aborts += 1
+        self._producer.abort_transaction(30)
+        # rewind to the first offset of the batch per partition: nothing of it happened
+        first: dict[tuple[str, int], int] = {}
+        for msg in batch:
+            topic, p, offset = _coords(msg)
+            first.setdefault((topic, p), offset)
+        for (t, p), o in first.items():
+            if p in self.partitions:
+                self._consumer.seek(TopicPartition(t, p, o))
+
+    def _count(self, outcomes: list[Outcome], timers: int) -> None:
+        st = self.stats
+        st.transactions += 1
+        st.timers_fired += timers
+        for o in outcomes:
+            st.commands += 1
+            st.events += len(o.events)
+            if o.dead_letter is not None:
+                st.dead_letters += 1
+                r = o.dead_letter.reason
+                st.dead_letters_by_reason[r] = st.dead_letters_by_reason.get(r, 0) + 1
+            elif o.duplicate:
+                st.duplicates += 1
+            for e in o.events:
+                if e.type == "command.rejected":
+                    st.rejections += 1
+                    reason = str(getattr(e.payload, "reason", "?"))
+                    st.rejections_by_reason[reason] = st.rejections_by_reason.get(reason, 0) + 1
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            with contextlib.suppress(KafkaException, RuntimeError):
+                self._consumer.close()
+            self._consumer = None
+        if self._producer is not None:
+            self._producer.flush(5)
+            self._producer = None
+
+
+def _coords(msg: Message) -> tuple[str, int, int]:
+    """(topic, partition, offset) of a consumed record (never None for those)."""
+    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+    assert topic is not None and partition is not None and offset is not None
+    return topic, partition, offset
