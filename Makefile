@@ -57,9 +57,12 @@ test: install up
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
 
+# Both run even when the first fails, so one pass shows every problem.
 lint: install
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy
+	@rc=0; \
+	echo "ruff check ."; $(VENV)/bin/ruff check . || rc=1; \
+	echo "mypy"; $(VENV)/bin/mypy || rc=1; \
+	exit $$rc
 
 # Until the real demo lands this is the smoke round trip through Kafka and PostgreSQL.
 demo: install up
