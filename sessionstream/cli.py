@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated, NoReturn
+
 import typer
 
 __all__ = ["app", "main"]
@@ -33,6 +35,72 @@ def smoke() -> None:
     except SmokeError as e:
         typer.echo(f"smoke: FAILED: {e}", err=True)
         raise typer.Exit(code=1) from e
+
+
+topics_app = typer.Typer(help="Create or check the protocol's topics.", no_args_is_help=True)
+app.add_typer(topics_app, name="topics")
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code=code)
+
+
+@topics_app.command("create")
+def topics_create() -> None:
+    """Create the missing topics (commands, events, state, dlq) with their settings."""
+    from sessionstream.errors import SessionstreamError
+    from sessionstream.settings import get_settings
+    from sessionstream.topics import check_topics, ensure_topics
+
+    try:
+        created = ensure_topics(get_settings())
+        check_topics(get_settings())
+    except SessionstreamError as e:
+        _fail(str(e))
+    typer.echo(f"created: {', '.join(created) or 'nothing (all exist)'}; checks passed")
+
+
+@topics_app.command("check")
+def topics_check() -> None:
+    """Verify partition counts and cleanup policies; non-zero exit on a problem."""
+    from sessionstream.errors import SessionstreamError
+    from sessionstream.settings import get_settings
+    from sessionstream.topics import check_topics
+
+    try:
+        report = check_topics(get_settings())
+    except SessionstreamError as e:
+        _fail(str(e))
+    for name, count in report.partitions.items():
+        policy = report.configs.get(name, {}).get("cleanup.policy", "?")
+        typer.echo(f"{name}: {count} partitions, cleanup.policy={policy}")
+
+
+@app.command()
+def processor(
+    engine: Annotated[
+        str,
+        typer.Option(help="txn: confluent-kafka transactions (default); faust: faust-streaming"),
+    ] = "txn",
+    instance: Annotated[
+        str | None,
+        typer.Option(help="stable instance id (default SESSIONSTREAM_PROCESSOR_INSTANCE or host)"),
+    ] = None,
+    json_logs: Annotated[
+        bool, typer.Option("--json-logs", help="one JSON object per log line")
+    ] = False,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "INFO",
+) -> None:
+    """Run the session processor: commands -> decider -> events, exactly once."""
+    from sessionstream._logging import setup_logging
+    from sessionstream._run import run_processor
+
+    setup_logging(log_level, json_logs)
+    if engine not in ("txn", "faust"):
+        _fail(f"unknown engine {engine!r} (txn or faust)")
+    code = run_processor(engine, instance)
+    raise typer.Exit(code=code)
 
 
 def main() -> None:

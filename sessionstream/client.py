@@ -30,6 +30,7 @@ from schemas.commands import (
     SteerPayload,
 )
 from schemas.events import SESSION_LOG, CommandRejected, Event
+from sessionstream._kafka import client_config
 from sessionstream.errors import CommandTimeout, KafkaUnavailable
 from sessionstream.settings import Settings, get_settings
 from streams.partitioning import partition_for
@@ -39,14 +40,16 @@ __all__ = ["CommandHandle", "Outcome", "SessionClient", "producer_config"]
 
 def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
     """The settings every command producer must use (the partitioner above all)."""
-    conf: dict[str, Any] = {
-        "bootstrap.servers": settings.kafka_bootstrap,
-        "partitioner": "murmur2_random",
-        "enable.idempotence": True,
-        "acks": "all",
-        "linger.ms": 2,
-        "message.max.bytes": 2 * 1024 * 1024,
-    }
+    conf: dict[str, Any] = client_config(
+        settings,
+        **{
+            "partitioner": "murmur2_random",
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 2,
+            "message.max.bytes": 2 * 1024 * 1024,
+        },
+    )
     conf.update(overrides)
     return conf
 
@@ -209,14 +212,16 @@ class SessionClient:
     # -- outcomes ---------------------------------------------------------------------------
     def _consumer(self, **extra: Any) -> Consumer:
         return Consumer(
-            {
-                "bootstrap.servers": self.settings.kafka_bootstrap,
-                "group.id": f"sessionstream-client-{uuid.uuid4()}",
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-                "enable.partition.eof": True,
-                **extra,
-            }
+            client_config(
+                self.settings,
+                **{
+                    "group.id": f"sessionstream-client-{uuid.uuid4()}",
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_committed",
+                    "enable.partition.eof": True,
+                    **extra,
+                },
+            )
         )
 
     def _partition_count(self) -> int:
@@ -241,24 +246,27 @@ class SessionClient:
     def _events_high_watermarks(self, session_id: str) -> dict[int, int]:
         """Where the session's events partition ends now: its outcome can only come after."""
         p = partition_for(session_id.encode(), self._partition_count())
-        tp = TopicPartition(self.settings.events_topic, p)
-        _low, high = self._meta_consumer().get_watermark_offsets(tp, timeout=10, cached=False)
-        return {p: high}
+        return {p: self._hwm(p)}
 
     def _processor_position(self, partition: int) -> int:
         """The processor group's committed offset on a commands partition (-1: none)."""
         if self._offsets is None:
             self._offsets = Consumer(
-                {
-                    "bootstrap.servers": self.settings.kafka_bootstrap,
-                    "group.id": self.settings.processor_group,
-                    "enable.auto.commit": False,
-                    "isolation.level": "read_committed",
-                }
+                client_config(
+                    self.settings,
+                    **{
+                        "group.id": self.settings.processor_group,
+                        "enable.auto.commit": False,
+                        "isolation.level": "read_committed",
+                    },
+                )
             )
-        tp = self._offsets.committed(
-            [TopicPartition(self.settings.commands_topic, partition)], timeout=10
-        )[0]
+        try:
+            tp = self._offsets.committed(
+                [TopicPartition(self.settings.commands_topic, partition)], timeout=5
+            )[0]
+        except KafkaException:
+            return -1  # coordinator busy (e.g. rebalancing): ask again on the next round
         return int(tp.offset)
 
     def _track(self, handle: CommandHandle) -> None:
@@ -346,9 +354,25 @@ class SessionClient:
         finally:
             self._pending.pop(cid, None)
 
-    def _hwm(self, partition: int) -> int:
+    def _hwm(self, partition: int, timeout: float = 10.0) -> int:
+        """The events partition's high watermark, retrying while leadership settles."""
         tp = TopicPartition(self.settings.events_topic, partition)
-        return int(self._meta_consumer().get_watermark_offsets(tp, timeout=10, cached=False)[1])
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return int(
+                    self._meta_consumer().get_watermark_offsets(tp, timeout=timeout, cached=False)[
+                        1
+                    ]
+                )
+            except KafkaException as e:
+                # a new topic answers NOT_LEADER (not flagged retriable) for a moment
+                if time.monotonic() > deadline:
+                    raise KafkaUnavailable(
+                        f"cannot read offsets of {tp.topic}[{partition}]: {e}",
+                        bootstrap=self.settings.kafka_bootstrap,
+                    ) from e
+                time.sleep(0.1)
 
     def close(self) -> None:
         if self._producer is not None:

@@ -13,11 +13,13 @@ state live on the partition number of its commands.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
+from sessionstream._kafka import client_config
 from sessionstream.errors import KafkaUnavailable, TopicMisconfigured
 from sessionstream.settings import Settings
 
@@ -68,7 +70,7 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
 
 
 def _admin(settings: Settings) -> AdminClient:
-    return AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    return AdminClient(client_config(settings))
 
 
 def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
@@ -94,7 +96,27 @@ def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
             except KafkaException as e:
                 if e.args[0].code() != 36:  # TOPIC_ALREADY_EXISTS: another process won the race
                     raise
+    if created:
+        _wait_for_leaders(admin, created, timeout)
     return created
+
+
+def _wait_for_leaders(admin: AdminClient, topics: list[str], timeout: float) -> None:
+    """New topics answer requests only once every partition has a leader."""
+    deadline = time.monotonic() + timeout
+    while True:
+        meta = admin.list_topics(timeout=timeout)
+        ready = all(
+            t in meta.topics
+            and meta.topics[t].error is None
+            and all(p.leader >= 0 for p in meta.topics[t].partitions.values())
+            for t in topics
+        )
+        if ready:
+            return
+        if time.monotonic() > deadline:
+            raise KafkaUnavailable(f"topics {topics} have no leader after {timeout}s", bootstrap="")
+        time.sleep(0.1)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from confluent_kafka import (
 )
 
 from schemas.codec import Codec
+from sessionstream._kafka import client_config
 from sessionstream.errors import KafkaUnavailable
 from sessionstream.settings import Settings
 from sessionstream.topics import check_topics, ensure_topics
@@ -121,15 +122,17 @@ class TransactionalProcessor:
         counts = check_topics(s).partitions
         self._step = CommandStep(self.codec, self.config, partitions=counts[s.commands_topic])
         self._producer = Producer(
-            {
-                "bootstrap.servers": s.kafka_bootstrap,
-                "transactional.id": f"{s.processor_group}-{self.instance_id}",
-                "enable.idempotence": True,
-                "acks": "all",
-                "linger.ms": 1,
-                "transaction.timeout.ms": s.transaction_timeout_ms,
-                "message.max.bytes": 4 * 1024 * 1024,
-            }
+            client_config(
+                s,
+                **{
+                    "transactional.id": f"{s.processor_group}-{self.instance_id}",
+                    "enable.idempotence": True,
+                    "acks": "all",
+                    "linger.ms": 1,
+                    "transaction.timeout.ms": s.transaction_timeout_ms,
+                    "message.max.bytes": 4 * 1024 * 1024,
+                },
+            )
         )
         try:
             self._producer.init_transactions(60)
@@ -138,19 +141,21 @@ class TransactionalProcessor:
                 f"init_transactions failed: {e}", bootstrap=s.kafka_bootstrap
             ) from e
         self._consumer = Consumer(
-            {
-                "bootstrap.servers": s.kafka_bootstrap,
-                "group.id": s.processor_group,
-                "client.id": f"processor-{self.instance_id}",
-                "enable.auto.commit": False,
-                "auto.offset.reset": "earliest",
-                "isolation.level": "read_committed",
-                "session.timeout.ms": 6000,
-                "heartbeat.interval.ms": 1000,
-                "max.poll.interval.ms": 60000,
-                "fetch.wait.max.ms": 10,
-                "partition.assignment.strategy": "range",
-            }
+            client_config(
+                s,
+                **{
+                    "group.id": s.processor_group,
+                    "client.id": f"processor-{self.instance_id}",
+                    "enable.auto.commit": False,
+                    "auto.offset.reset": "earliest",
+                    "isolation.level": "read_committed",
+                    "session.timeout.ms": 6000,
+                    "heartbeat.interval.ms": 1000,
+                    "max.poll.interval.ms": 60000,
+                    "fetch.wait.max.ms": 10,
+                    "partition.assignment.strategy": "range",
+                },
+            )
         )
         self._consumer.subscribe(
             [s.commands_topic],
@@ -187,14 +192,16 @@ class TransactionalProcessor:
         s = self.settings
         part = _Partition()
         reader = Consumer(
-            {
-                "bootstrap.servers": s.kafka_bootstrap,
-                "group.id": f"{s.processor_group}-restore",
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-                "enable.partition.eof": True,
-                "fetch.wait.max.ms": 10,
-            }
+            client_config(
+                s,
+                **{
+                    "group.id": f"{s.processor_group}-restore",
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_committed",
+                    "enable.partition.eof": True,
+                    "fetch.wait.max.ms": 10,
+                },
+            )
         )
         try:
             reader.assign([TopicPartition(s.state_topic, partition, OFFSET_BEGINNING)])

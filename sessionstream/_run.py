@@ -1,0 +1,53 @@
+"""Running the long-lived processes until SIGTERM/SIGINT, with clear errors on the way."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from types import FrameType
+
+from sessionstream.errors import SessionstreamError
+from sessionstream.settings import get_settings
+
+__all__ = ["run_processor", "stop_on_signals"]
+
+log = logging.getLogger("sessionstream")
+
+
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGTERM or SIGINT, so loops end between batches."""
+    stop = threading.Event()
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        log.info("signal %s: stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    return stop
+
+
+def run_processor(engine: str, instance: str | None) -> int:
+    settings = get_settings()
+    if engine == "faust":
+        from streams.faust_app import build_app
+
+        app = build_app(settings)
+        sys.argv = [sys.argv[0], "worker", "--loglevel", "info"]
+        app.main()
+        return 0
+    from streams.txn_processor import TransactionalProcessor
+
+    proc = TransactionalProcessor(settings, instance_id=instance)
+    stop = stop_on_signals()
+    try:
+        proc.start()
+        log.info("processor %s consuming %s", proc.instance_id, settings.commands_topic)
+        proc.run(stop)
+    except SessionstreamError as e:
+        log.error("%s", e)
+        return 2
+    log.info("processor stopped: %s", proc.stats)
+    return 0
