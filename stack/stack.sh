@@ -28,6 +28,9 @@ KAFKA_DATA="$KAFKA_DIR/data"
 KAFKA_LOGS="$KAFKA_DIR/logs"
 KAFKA_PROPS="$KAFKA_DIR/server.properties"
 KAFKA_PIDFILE="$KAFKA_DIR/kafka.pid"
+# Copied next to the rendered server.properties, so a running broker never depends on the
+# checkout that started it (CI starts it from a clone that is deleted afterwards).
+KAFKA_LOG4J="$KAFKA_DIR/log4j2.yaml"
 
 IS_ROOT=0
 [[ "$(id -u)" == 0 ]] && IS_ROOT=1
@@ -145,7 +148,7 @@ ensure_kafka_libs() {
 }
 
 kafka_java() { # runs a Kafka main class with our logging config
-    java -Dlog4j2.configurationFile="$STACK/kafka/log4j2.yaml" -Dkafka.logs.dir="$KAFKA_LOGS" \
+    java -Dlog4j2.configurationFile="$KAFKA_LOG4J" -Dkafka.logs.dir="$KAFKA_LOGS" \
         -cp "$KAFKA_LIBS/*" "$@"
 }
 
@@ -159,6 +162,7 @@ kafka_version() {
 kafka_prepare() {
     mkdir -p "$KAFKA_DATA" "$KAFKA_LOGS"
     sed -e "s#@LOG_DIRS@#$KAFKA_DATA#" "$STACK/kafka/server.properties.in" >"$KAFKA_PROPS"
+    cp "$STACK/kafka/log4j2.yaml" "$KAFKA_LOG4J"
     if [[ ! -f "$KAFKA_DATA/meta.properties" ]]; then
         local cluster_id
         cluster_id="$(kafka_java kafka.tools.StorageTool random-uuid)"
@@ -178,11 +182,10 @@ kafka_start() {
     setsid bash -c 'echo $$ >"$1"; shift; exec "$@"' _ "$KAFKA_PIDFILE" \
         java "-Xmx$KAFKA_HEAP" "-Xms$KAFKA_HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
         -Djava.awt.headless=true \
-        -Dlog4j2.configurationFile="$STACK/kafka/log4j2.yaml" -Dkafka.logs.dir="$KAFKA_LOGS" \
+        -Dlog4j2.configurationFile="$KAFKA_LOG4J" -Dkafka.logs.dir="$KAFKA_LOGS" \
         -cp "$KAFKA_LIBS/*" kafka.Kafka "$KAFKA_PROPS" \
         </dev/null >>"$KAFKA_LOGS/kafka.out" 2>&1 &
-    local i
-    for i in $(seq 1 50); do
+    for _ in $(seq 1 50); do
         [[ -s "$KAFKA_PIDFILE" ]] && break
         sleep 0.1
     done
@@ -236,10 +239,10 @@ kafka_up() {
 }
 
 kafka_down() {
-    local pid i
+    local pid
     if pid="$(kafka_pid)"; then
         kill -TERM "$pid"
-        for i in $(seq 1 600); do
+        for _ in $(seq 1 600); do
             kill -0 "$pid" 2>/dev/null || break
             sleep 0.1
         done
