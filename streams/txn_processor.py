@@ -335,6 +335,7 @@ class TransactionalProcessor:
             key=msg.key(),
             value=msg.value(),
             headers=[
+                *(msg.headers() or []),
                 ("source.topic", topic.encode()),
                 ("source.partition", str(partition).encode()),
                 ("source.offset", str(offset).encode()),

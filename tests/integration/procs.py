@@ -1,0 +1,146 @@
+"""Real sessionstream processes for integration tests: isolated topics, start, kill -9, wait."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+from confluent_kafka import Consumer, TopicPartition
+
+from consumers.log_check import read_topic
+from sessionstream.settings import Settings
+from sessionstream.topics import ensure_topics
+from tests.integration.helpers import wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def isolated_settings(base: Settings, tag: str, partitions: int = 4) -> Settings:
+    """Settings with topics and groups of their own, so tests never see each other's data."""
+    suffix = f"{tag}-{uuid.uuid4().hex[:8]}"
+    s = base.model_copy(
+        update={
+            "commands_topic": f"it.commands.{suffix}",
+            "events_topic": f"it.events.{suffix}",
+            "state_topic": f"it.state.{suffix}",
+            "dlq_topic": f"it.dlq.{suffix}",
+            "processor_group": f"it-processor-{suffix}",
+            "partitions": partitions,
+        }
+    )
+    ensure_topics(s)
+    return s
+
+
+def settings_env(s: Settings) -> dict[str, str]:
+    env = dict(os.environ)
+    for name in (
+        "kafka_bootstrap",
+        "database_url",
+        "commands_topic",
+        "events_topic",
+        "state_topic",
+        "dlq_topic",
+        "processor_group",
+        "partitions",
+    ):
+        env[f"SESSIONSTREAM_{name.upper()}"] = str(getattr(s, name))
+    return env
+
+
+class Proc:
+    """One `sessionstream ...` subprocess with its log in a temp file."""
+
+    def __init__(self, settings: Settings, *args: str) -> None:
+        self.settings = settings
+        self.args = list(args)
+        self.log = Path(tempfile.mkstemp(prefix="ss-proc-", suffix=".log")[1])
+        self.popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Proc:
+        exe = Path(sys.executable).with_name("sessionstream")
+        with self.log.open("ab") as out:
+            self.popen = subprocess.Popen(
+                [str(exe), *self.args],
+                env=settings_env(self.settings),
+                cwd=REPO,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        return self
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_log(self, needle: str, timeout: float = 60.0, after: int = 0) -> None:
+        def found() -> bool:
+            self.assert_alive()
+            return needle in self.log_text()[after:]
+
+        wait_until(found, timeout=timeout, what=f"{needle!r} in {self.log}")
+
+    def assert_alive(self) -> None:
+        assert self.popen is not None
+        code = self.popen.poll()
+        if code is not None:
+            raise AssertionError(f"{self.args} exited with {code}:\n{self.log_text()[-3000:]}")
+
+    def kill9(self) -> None:
+        assert self.popen is not None
+        self.popen.send_signal(signal.SIGKILL)
+        self.popen.wait(10)
+
+    def stop(self) -> int:
+        if self.popen is None or self.popen.poll() is not None:
+            return self.popen.returncode if self.popen else 0
+        self.popen.send_signal(signal.SIGTERM)
+        try:
+            return self.popen.wait(30)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            return self.popen.wait(10)
+
+
+def processor(settings: Settings, instance: str = "p0", engine: str = "txn") -> Proc:
+    """Start a processor and wait until it owns partitions."""
+    p = Proc(settings, "processor", "--instance", instance, "--engine", engine).start()
+    return p
+
+
+def committed_offsets(settings: Settings) -> dict[int, int]:
+    """The processor group's committed offset per commands partition (-1: none)."""
+    c = Consumer(
+        {
+            "bootstrap.servers": settings.kafka_bootstrap,
+            "group.id": settings.processor_group,
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+    )
+    try:
+        parts = [TopicPartition(settings.commands_topic, p) for p in range(settings.partitions)]
+        return {tp.partition: tp.offset for tp in c.committed(parts, timeout=10)}
+    finally:
+        c.close()
+
+
+def wait_processed(
+    settings: Settings, timeout: float = 120.0, procs: list[Proc] | None = None
+) -> None:
+    """Until the processors committed past every command in the topic (timers included)."""
+
+    def done() -> bool:
+        for p in procs or []:
+            p.assert_alive()
+        last: dict[int, int] = {}
+        for r in read_topic(settings, settings.commands_topic):
+            last[r.partition] = max(last.get(r.partition, -1), r.offset)
+        committed = committed_offsets(settings)
+        return all(committed.get(p, -1) > off for p, off in last.items())
+
+    wait_until(done, timeout=timeout, interval=0.5, what="processor to consume every command")

@@ -1,0 +1,259 @@
+"""The session processor against the real broker: races, kill -9, scale-out, poison pills."""
+
+from __future__ import annotations
+
+import random
+import threading
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka import Producer
+
+from consumers.log_check import check_log, fold_log, read_topic, state_table
+from schemas.codec import Codec
+from schemas.commands import Command
+from sessionstream.client import SessionClient
+from sessionstream.settings import Settings
+from streams.partitioning import partition_for
+from tests.integration.helpers import wait_until
+from tests.integration.procs import (
+    Proc,
+    committed_offsets,
+    isolated_settings,
+    processor,
+    wait_processed,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def iso(request: pytest.FixtureRequest, settings: Settings, kafka_bootstrap: str) -> Settings:
+    return isolated_settings(settings, request.node.name[:20].replace("_", "-"))
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Proc]]:
+    started: list[Proc] = []
+    yield started
+    for p in started:
+        p.stop()
+
+
+def _assert_log(s: Settings, sent: set[str]) -> None:
+    events = read_topic(s, s.events_topic)
+    report = check_log(events)
+    assert report.ok, report.violations
+    missing = sent - set(report.outcomes)
+    assert not missing, f"{len(missing)} commands without an outcome, e.g. {sorted(missing)[:3]}"
+    table = state_table(read_topic(s, s.state_topic))
+    folded = fold_log(events)
+    assert table == folded, "state table differs from the fold of the event log"
+
+
+def test_eight_producers_race_on_one_session(iso: Settings, procs: list[Proc]) -> None:
+    procs.append(processor(iso))
+    sid = f"race-{uuid.uuid4().hex[:6]}"
+    sent: set[str] = set()
+    lock = threading.Lock()
+
+    def producer(n: int) -> None:
+        rnd = random.Random(n)
+        with SessionClient("tenant-a", iso) as c:
+            for i in range(130):
+                kind = rnd.choice(["prompt", "prompt", "steer", "follow_up", "send", "abort"])
+                fields = {"command_id": f"p{n}-{i}"}
+                if kind == "prompt":
+                    policy = rnd.choice(["reject", "enqueue", "interrupt"])
+                    cmd = c.command(
+                        sid, "prompt", {"text": f"task {n}/{i}", "policy": policy}, **fields
+                    )
+                elif kind == "abort":
+                    cmd = c.command(sid, "abort", {}, **fields)
+                else:
+                    cmd = c.command(sid, kind, {"text": f"{kind} {n}/{i}"}, **fields)
+                c.submit(cmd, track=False)
+                if i % 10 == 0:  # retries: the same command id again
+                    c.submit(cmd, track=False)
+                with lock:
+                    sent.add(cmd.command_id)
+            c.flush()
+
+    threads = [threading.Thread(target=producer, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(sent) == 8 * 130
+    wait_processed(iso, procs=procs)
+    _assert_log(iso, sent)
+    report = check_log(read_topic(iso, iso.events_topic))
+    assert report.runs > 1  # the race really started, cancelled and queued runs
+
+
+def _load(
+    s: Settings, sessions: int, commands: int, sent: list[str], stop: threading.Event
+) -> None:
+    """Numbered commands across many sessions; `sent` grows as the broker acknowledges."""
+    rnd = random.Random(7)
+    with SessionClient("tenant-a", s) as c:
+        for i in range(commands):
+            if stop.is_set():
+                break
+            sid = f"load-{i % sessions}"
+            kind = rnd.choice(["prompt", "steer", "follow_up", "abort", "send"])
+            payload = {} if kind == "abort" else {"text": f"{kind} #{i}"}
+            if kind == "prompt":
+                payload["policy"] = rnd.choice(["reject", "enqueue"])
+            cmd = c.command(sid, kind, payload, command_id=f"load-{i}")
+            c.submit(cmd, track=False)
+            sent.append(cmd.command_id)
+            if i % 200 == 0:
+                c.flush()
+        c.flush()
+
+
+def test_kill9_processor_three_times_under_load(iso: Settings, procs: list[Proc]) -> None:
+    p = processor(iso, "crashy")
+    procs.append(p)
+    sent: list[str] = []
+    total = 3000
+    stop = threading.Event()
+    loader = threading.Thread(target=_load, args=(iso, 60, total, sent, stop))
+    loader.start()
+    try:
+        for round_ in range(3):
+            # each kill after at least 20% more of the load was processed
+            target = (round_ + 1) * total // 4
+
+            def progressed(target: int = target, p: Proc = p) -> bool:
+                p.assert_alive()
+                return sum(max(o, 0) for o in committed_offsets(iso).values()) >= target
+
+            wait_until(progressed, timeout=120, interval=0.2, what=f"{target} commands processed")
+            p.kill9()
+            p = processor(iso, "crashy")  # same instance id: fences the dead one's transaction
+            procs.append(p)
+    finally:
+        loader.join()
+    assert len(sent) == total
+    wait_processed(iso, procs=[p])
+    _assert_log(iso, set(sent))
+
+
+def test_two_processors_then_one_killed(iso: Settings, procs: list[Proc]) -> None:
+    a = processor(iso, "a")
+    b = processor(iso, "b")
+    procs += [a, b]
+    sent: list[str] = []
+    stop = threading.Event()
+    loader = threading.Thread(target=_load, args=(iso, 40, 2000, sent, stop))
+    loader.start()
+    try:
+        wait_until(
+            lambda: "assigned" in a.log_text() and "assigned" in b.log_text(),
+            timeout=60,
+            what="both processors to own partitions",
+        )
+        wait_until(
+            lambda: sum(max(o, 0) for o in committed_offsets(iso).values()) >= 500,
+            timeout=120,
+            what="a quarter of the load processed",
+        )
+        a.kill9()
+        after = len(b.log_text())
+        b.wait_log("assigned", timeout=90, after=after)  # b takes a's partitions over
+    finally:
+        loader.join()
+    wait_processed(iso, procs=[b])
+    _assert_log(iso, set(sent))
+    assert "assigned [0, 1, 2, 3]" in b.log_text()
+
+
+def test_poison_pills_go_to_the_dlq_and_the_stream_goes_on(
+    iso: Settings, procs: list[Proc]
+) -> None:
+    procs.append(processor(iso))
+    codec = Codec()
+    sid = f"poison-{uuid.uuid4().hex[:6]}"
+    part = partition_for(sid.encode(), iso.partitions)
+    good = Command(
+        command_id="good-1",
+        session_id=sid,
+        tenant_id="t",
+        type="prompt",
+        ts=1,
+        payload={"text": "hello"},
+    )
+    avro = codec.encode_command(good)
+    pills = {
+        "random-bytes": (
+            sid.encode(),
+            bytes(random.Random(1).getrandbits(8) for _ in range(64)),
+            "malformed",
+        ),
+        "truncated-avro": (sid.encode(), avro[:-5], "malformed"),
+        "unknown-fingerprint": (
+            sid.encode(),
+            b"\xc3\x01" + b"\x11" * 8 + avro[10:],
+            "unknown_schema",
+        ),
+        "json-wrong-types": (
+            sid.encode(),
+            b'{"commandId": 1, "sessionId": "'
+            + sid.encode()
+            + b'", "tenantId": "t", "type": "prompt", "ts": "x", "payload": {}}',
+            "schema_violation",
+        ),
+        "unknown-type": (
+            sid.encode(),
+            b'{"commandId": "u1", "sessionId": "'
+            + sid.encode()
+            + b'", "tenantId": "t", "type": "launch.missiles", "ts": 1, "payload": {}}',
+            "unknown_type",
+        ),
+        "oversized": (sid.encode(), b"{" + b" " * (950 * 1024) + b"}", "oversized"),
+        "key-mismatch": (b"another-session", avro, "key_mismatch"),
+    }
+    prod = Producer(
+        {"bootstrap.servers": iso.kafka_bootstrap, "message.max.bytes": 2 * 1024 * 1024}
+    )
+    for name, (key, value, _reason) in pills.items():
+        prod.produce(
+            iso.commands_topic,
+            key=key,
+            value=value,
+            partition=part,
+            headers=[("pill", name.encode())],
+        )
+    # a command on a partition its key does not hash to (a producer without murmur2)
+    wrong = (part + 1) % iso.partitions
+    prod.produce(
+        iso.commands_topic,
+        key=sid.encode(),
+        value=avro,
+        partition=wrong,
+        headers=[("pill", b"wrong-partition")],
+    )
+    prod.flush(30)
+    with SessionClient("t", iso) as c:
+        outcome = c.wait(c.submit(good), timeout=60)
+    assert outcome.status == "accepted" and outcome.run_id
+    dlq = read_topic(iso, iso.dlq_topic)
+    by_pill = {r.headers["pill"].decode(): r for r in dlq}
+    for name, (key, value, reason) in pills.items():
+        assert name in by_pill, f"{name}: no dead letter; got {sorted(by_pill)}"
+        r = by_pill[name]
+        assert r.headers["error.reason"].decode() == reason, (
+            f"{name}: {r.headers['error.reason']!r}"
+        )
+        assert r.value == value and r.key == key, f"{name}: original bytes not kept"
+        assert r.headers["source.topic"].decode() == iso.commands_topic
+        assert int(r.headers["source.partition"]) == part
+        assert int(r.headers["source.offset"]) >= 0
+        assert r.headers["error.message"]
+    assert by_pill["wrong-partition"].headers["error.reason"] == b"wrong_partition"
+    assert int(by_pill["wrong-partition"].headers["source.partition"]) == wrong
+    assert len(dlq) == len(pills) + 1
+    procs[0].assert_alive()
