@@ -6,6 +6,7 @@
 #   stack/stack.sh down     stop what this script started (nothing else)
 #   stack/stack.sh status   say what runs
 #   stack/stack.sh reset    down, then delete the state (data, logs); keeps the jar cache
+#   stack/stack.sh restart-postgres|restart-kafka   stop and start one server (fault tests)
 #
 # Needs the project's virtualenv (make install) for the readiness probes. A user with their
 # own Kafka/PostgreSQL sets SESSIONSTREAM_KAFKA_BOOTSTRAP / SESSIONSTREAM_DATABASE_URL; when
@@ -493,6 +494,11 @@ case "$cmd" in
         kafka_status
         pg_status
         ;;
+    restart-postgres|restart-kafka)
+        # for fault tests: stop and start one server of ours, waiting until it answers
+        load_config
+        if [[ $cmd == restart-postgres ]]; then pg_down; pg_up; else kafka_down; kafka_up; fi
+        ;;
     reset)
         kafka_down
         pg_down
@@ -500,6 +506,6 @@ case "$cmd" in
         rm -rf "$KAFKA_DIR" "$PG_DIR"
         ;;
     *)
-        die "usage: $0 up|down|status|reset"
+        die "usage: $0 up|down|status|reset|restart-postgres|restart-kafka"
         ;;
 esac
