@@ -33,6 +33,9 @@ class Settings(BaseSettings):
     database_url: str = "postgresql://sessionstream:sessionstream@127.0.0.1:5432/sessionstream"
     """PostgreSQL connection URL as libpq reads it: ``postgresql://user:pw@host:port/db``."""
 
+    database_schema: str | None = None
+    """PostgreSQL schema of sessionstream's tables (default: the search path's, ``public``)."""
+
     commands_topic: str = "session.commands"
     """Topic of session commands, keyed by ``session_id`` (one partition per session)."""
 
@@ -64,6 +67,12 @@ class Settings(BaseSettings):
 
     max_payload_bytes: int = Field(default=262144, ge=1024)
     """Largest accepted command or event payload in bytes; larger input goes to the DLQ."""
+
+    worker_group: str = "sessionstream-workers"
+    """Consumer group of the run workers on the events topic."""
+
+    worker_lease_ms: int = Field(default=30_000, ge=500)
+    """Lease a worker asks for; it renews (heartbeats) every third of it."""
 
 
 @lru_cache(maxsize=1)
