@@ -103,6 +103,37 @@ def processor(
     raise typer.Exit(code=code)
 
 
+@app.command()
+def worker(
+    agent: Annotated[
+        str, typer.Option(help="'reference' or 'package.module:function' (async def run(ctx))")
+    ] = "reference",
+    worker_id: Annotated[
+        str | None, typer.Option(help="this worker's id (default: host-pid)")
+    ] = None,
+    lease_ms: Annotated[
+        int | None, typer.Option(help="lease length (default SESSIONSTREAM_WORKER_LEASE_MS)")
+    ] = None,
+    group: Annotated[
+        str | None, typer.Option(help="consumer group (default SESSIONSTREAM_WORKER_GROUP)")
+    ] = None,
+    json_logs: Annotated[
+        bool, typer.Option("--json-logs", help="one JSON object per log line")
+    ] = False,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "INFO",
+) -> None:
+    """Run a run worker: acquire leases, execute runs, propagate cancels (docs/workers.md)."""
+    from consumers.worker._main import run_worker
+    from sessionstream._logging import setup_logging
+    from sessionstream.settings import get_settings
+
+    setup_logging(log_level, json_logs)
+    settings = get_settings()
+    if group:
+        settings = settings.model_copy(update={"worker_group": group})
+    raise typer.Exit(code=run_worker(settings, agent, worker_id, lease_ms))
+
+
 def main() -> None:
     """Console-script entry point."""
     app()
