@@ -1,0 +1,31 @@
+"""Run workers: lease + generation, heartbeats, a cancel that reaches model, tools, actions.
+
+An agent author writes `async def run(ctx: RunContext) -> str | None` and starts
+`Worker(settings, run, worker_id).run()` (or `sessionstream worker --agent module:run`).
+See docs/workers.md.
+"""
+
+from consumers.worker._signal import AbortSignal, RunAborted, RunCancelled, RunFenced
+from consumers.worker.context import ActionDenied, CancelReport, FollowUp, ModelCall, RunContext
+from consumers.worker.executor import ActionExecutor, ActionFn, ActionRun
+from consumers.worker.model import FakeModel, Model
+from consumers.worker.runtime import Worker, default_worker_id
+
+__all__ = [
+    "AbortSignal",
+    "ActionDenied",
+    "ActionExecutor",
+    "ActionFn",
+    "ActionRun",
+    "CancelReport",
+    "FakeModel",
+    "FollowUp",
+    "Model",
+    "ModelCall",
+    "RunAborted",
+    "RunCancelled",
+    "RunContext",
+    "RunFenced",
+    "Worker",
+    "default_worker_id",
+]

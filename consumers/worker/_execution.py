@@ -1,0 +1,321 @@
+"""One run on one worker: acquire, execute rounds, heartbeat, cancel, fence, finish."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from consumers.worker._signal import RunAborted
+from consumers.worker.context import FollowUp, RunContext
+from schemas.commands import Command
+from schemas.events import (
+    SESSION_LOG,
+    ActionDecision,
+    ActionDecisionReplayed,
+    CancelRequested,
+    CommandRejected,
+    Event,
+    FollowUpDelivered,
+    LeaseExpired,
+    LeaseGranted,
+    RunFinished,
+    StaleWriteRecorded,
+    Steered,
+)
+
+if TYPE_CHECKING:
+    from consumers.worker.runtime import Worker
+
+__all__ = ["Execution", "Handler", "RunSpec"]
+
+log = logging.getLogger("sessionstream.worker")
+
+Handler = Callable[[RunContext], Coroutine[Any, Any, str | None]]
+
+#: rejections of our own writes that mean "this generation may not write any more"
+FENCING_REASONS = frozenset({"stale_generation", "not_lease_holder", "run_finished", "unknown_run"})
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    session_id: str
+    tenant_id: str
+    run_id: str
+    partition: int
+    prompt: str
+    context_ref: str | None
+
+
+class Execution:
+    """Implements RunIO for the run's context; receives the run's events from the worker."""
+
+    def __init__(self, worker: Worker, spec: RunSpec) -> None:
+        self.w = worker
+        self.spec = spec
+        self.run_id = spec.run_id
+        self.generation: int | None = None
+        self.ctx: RunContext | None = None
+        self.done = asyncio.Event()
+        self.fenced: str | None = None
+        self.cancelling = False
+        self._my_cmds: dict[str, str] = {}  # command id -> type
+        self._granted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._gate: dict[str, asyncio.Future[tuple[str, str | None]]] = {}
+        self._handler: asyncio.Task[str | None] | None = None
+        self._complete_cmd: str | None = None
+        self._round_end: asyncio.Future[str] | None = None
+        self._early_steers: list[str] = []
+        self._cancelling_task: asyncio.Task[None] | None = None
+        self._early_follow_ups: list[FollowUp] = []
+
+    # -- RunIO ------------------------------------------------------------------------------------
+    def send(self, type_: str, payload: dict[str, Any]) -> str:
+        """Produce a worker command stamped with our generation; dropped once fenced."""
+        if self.fenced is not None or self.done.is_set():
+            return ""
+        s = self.spec
+        cmd = Command(
+            command_id=str(uuid.uuid4()),
+            session_id=s.session_id,
+            tenant_id=s.tenant_id,
+            type=type_,
+            ts=int(time.time() * 1000),
+            run_id=s.run_id,
+            worker_id=self.w.worker_id,
+            generation=self.generation,
+            payload=payload,
+        )
+        self._my_cmds[cmd.command_id] = type_
+        self.w.produce(cmd)
+        return cmd.command_id
+
+    async def ask_gate(self, kind: str, key: str, detail: str | None) -> tuple[str, str | None]:
+        fut = self._gate.get(key)
+        if fut is None or fut.done():
+            fut = asyncio.get_running_loop().create_future()
+            self._gate[key] = fut
+            self.send("action.request", {"idempotencyKey": key, "kind": kind, "detail": detail})
+        return await fut
+
+    # -- lifecycle ----------
+    async def main(self) -> None:
+        try:
+            await self._main()
+        except Exception:
+            log.exception("run %s: execution failed", self.run_id)
+        finally:
+            self._finish_local()
+
+    async def _main(self) -> None:
+        await self.w.control.watch(self.spec.partition)
+        self.send("lease.acquire", {"leaseMs": self.w.lease_ms})
+        try:
+            self.generation = await asyncio.wait_for(self._granted, self.w.acquire_timeout_s)
+        except (TimeoutError, RunAborted) as e:
+            log.info("run %s: not acquired (%s)", self.run_id, e or "timeout")
+            return
+        log.info(
+            "run %s: lease granted to %s, generation %s",
+            self.run_id,
+            self.w.worker_id,
+            self.generation,
+        )
+        s = self.spec
+        ctx = RunContext(
+            session_id=s.session_id,
+            run_id=s.run_id,
+            generation=self.generation,
+            worker_id=self.w.worker_id,
+            prompt=s.prompt,
+            context_ref=s.context_ref,
+            model=self.w.model,
+            io=self,
+            executor=self.w.executor,
+        )
+        for text in self._early_steers:
+            ctx._deliver_steer(text)
+        for f in self._early_follow_ups:
+            ctx._deliver_follow_up(f)
+        self.ctx = ctx
+        heartbeat = asyncio.create_task(self._heartbeat())
+        try:
+            await self._rounds(ctx)
+            await self.done.wait()
+        finally:
+            heartbeat.cancel()
+
+    async def _rounds(self, ctx: RunContext) -> None:
+        while not self.done.is_set():
+            self._handler = asyncio.create_task(self.w.handler(ctx))
+            try:
+                result = await self._handler
+            except (asyncio.CancelledError, RunAborted):
+                return  # cancel / fence / finish paths own the rest
+            except Exception as e:
+                if not ctx.aborted and not self.cancelling:
+                    log.warning("run %s: handler failed: %r", self.run_id, e)
+                    self.send("run.fail", {"error": repr(e)[:2000]})
+                return
+            if ctx.aborted or self.cancelling:
+                return
+            self._round_end = asyncio.get_running_loop().create_future()
+            self._complete_cmd = self.send(
+                "run.complete",
+                {"result": result, "consumedFollowUps": list(ctx.consumed_follow_ups)},
+            )
+            if await self._round_end != "follow_ups":
+                return
+            ctx.round += 1
+            log.info("run %s: follow-ups delivered, round %s", self.run_id, ctx.round)
+
+    async def _heartbeat(self) -> None:
+        interval = self.w.lease_ms / 3000
+        while not self.done.is_set():
+            await asyncio.sleep(interval)
+            self.send("lease.renew", {"leaseMs": self.w.lease_ms})
+
+    async def _cancel(self, reason: str) -> None:
+        """Model, tools, sub-tasks, actions — then acknowledge."""
+        ctx = self.ctx
+        assert ctx is not None
+        report = ctx._abort(reason)
+        task = self._handler
+        if task is not None and not task.done():
+            # let the handler unwind (tools report tool.finished), then force it
+            await asyncio.wait({task}, timeout=self.w.cancel_grace_s)
+            if not task.done():
+                task.cancel()
+                await asyncio.wait({task}, timeout=1.0)
+        for key, fut in self._gate.items():
+            if not fut.done():
+                fut.set_result(("denied", "cancelling"))
+                report.actions_blocked.append(key)
+        if self._round_end is not None and not self._round_end.done():
+            self._round_end.set_result("cancelled")
+        self.send(
+            "cancel.ack",
+            {
+                "modelRequestAborted": report.model_request_aborted,
+                "toolsAborted": report.tools_aborted,
+                "subtasksCancelled": report.subtasks_cancelled,
+                "actionsBlocked": sorted(set(report.actions_blocked)),
+            },
+        )
+        log.info("run %s: cancel acknowledged %s", self.run_id, report)
+
+    def _stop(self, reason: str, *, fenced: bool) -> None:
+        """Stop locally without further writes (fenced, or finished elsewhere)."""
+        if self.done.is_set():
+            return
+        if fenced:
+            self.fenced = reason
+        log.info("run %s: stopped locally: %s", self.run_id, reason)
+        if not self._granted.done():
+            self._granted.set_exception(RunAborted(reason))
+        if self.ctx is not None:
+            self.ctx._abort(reason)
+        if self._handler is not None and not self._handler.done():
+            self._handler.cancel()
+        for fut in self._gate.values():
+            if not fut.done():
+                fut.set_result(("denied", reason))
+        if self._round_end is not None and not self._round_end.done():
+            self._round_end.set_result("stopped")
+        self.done.set()
+
+    def _finish_local(self) -> None:
+        self.done.set()
+        if self._handler is not None and not self._handler.done():
+            self._handler.cancel()
+        self.w.forget(self)
+
+    def release(self, reason: str) -> None:
+        """Give the run up on shutdown: another worker may acquire it at once."""
+        if self.generation is None or self.done.is_set():
+            return
+        if self.cancelling:
+            return
+        self.send("lease.release", {})
+        self._stop(reason, fenced=False)
+
+    # -- events ----------
+    def on_event(self, e: Event) -> None:
+        if e.run_id == SESSION_LOG:
+            self._on_session_log(e)
+        else:
+            self._on_run_event(e)
+
+    def _on_session_log(self, e: Event) -> None:
+        if e.type == "command.rejected" and e.command_id in self._my_cmds:
+            r = e.payload_as(CommandRejected)
+            kind = self._my_cmds[e.command_id]
+            if kind == "lease.acquire":
+                self._stop(f"acquire rejected: {r.reason}", fenced=False)
+            elif r.reason in FENCING_REASONS:
+                log.warning("run %s: %s rejected %s", self.run_id, kind, r.reason)
+                self._stop(f"{kind} rejected: {r.reason}", fenced=True)
+        elif e.type == "action.denied":
+            d = e.payload_as(ActionDecision)
+            fut = self._gate.get(d.idempotency_key)
+            if fut is not None and not fut.done():
+                fut.set_result(("denied", d.reason))
+
+    def _on_run_event(self, e: Event) -> None:
+        t, me = e.type, self.w.worker_id
+        if t == "run.lease_granted":
+            owner = e.payload_as(LeaseGranted).worker_id
+            if owner == me and not self._granted.done():
+                self._granted.set_result(e.generation)
+            elif owner != me and self.generation is None:
+                self._stop(f"lease granted to {owner}", fenced=False)
+        elif t == "run.lease_expired" and e.payload_as(LeaseExpired).worker_id == me:
+            self._stop(f"lease expired (generation now {e.generation})", fenced=True)
+        elif t == "run.stale_write_recorded":
+            sw = e.payload_as(StaleWriteRecorded)
+            if sw.worker_id == me and sw.stale_generation == self.generation:
+                self._stop(f"stale generation {sw.stale_generation}", fenced=True)
+        elif t == "run.steered":
+            text = e.payload_as(Steered).text
+            if self.ctx is not None:
+                self.ctx._deliver_steer(text)
+            else:
+                self._early_steers.append(text)
+        elif t == "run.follow_up_delivered":
+            p = e.payload_as(FollowUpDelivered)
+            f = FollowUp(p.text, p.source_command_id)
+            if self.ctx is None:
+                self._early_follow_ups.append(f)
+                return
+            self.ctx._deliver_follow_up(f)
+            if (
+                e.command_id == self._complete_cmd
+                and p.source_command_id not in self.ctx.consumed_follow_ups
+                and self._round_end is not None
+                and not self._round_end.done()
+            ):
+                self._round_end.set_result("follow_ups")
+        elif t in ("action.approved", "action.denied"):
+            d = e.payload_as(ActionDecision)
+            self._decide(d.idempotency_key, t.removeprefix("action."), d.reason)
+        elif t == "action.decision_replayed":
+            r = e.payload_as(ActionDecisionReplayed)
+            self._decide(r.idempotency_key, r.decision, "replayed")
+        elif t == "run.cancel_requested" and self.ctx is not None and not self.cancelling:
+            self.cancelling = True
+            reason = e.payload_as(CancelRequested).reason
+            self._cancelling_task = asyncio.create_task(self._cancel(reason))
+        elif t == "run.finished":
+            status = e.payload_as(RunFinished).terminal_status
+            if self._round_end is not None and not self._round_end.done():
+                self._round_end.set_result("finished")
+            self._stop(f"run finished: {status}", fenced=False)
+
+    def _decide(self, key: str, decision: str, reason: str | None) -> None:
+        fut = self._gate.get(key)
+        if fut is not None and not fut.done():
+            fut.set_result((decision, reason))

@@ -1,0 +1,52 @@
+"""`sessionstream worker`: run a Worker until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import signal
+
+from consumers.worker._execution import Handler
+from consumers.worker.runtime import Worker
+from sessionstream.errors import ConfigurationError, SessionstreamError
+from sessionstream.settings import Settings
+
+__all__ = ["load_handler", "run_worker"]
+
+log = logging.getLogger("sessionstream.worker")
+
+
+def load_handler(agent: str) -> Handler:
+    """`reference`, or `package.module:function` naming an `async def run(ctx)`."""
+    if agent == "reference":
+        from consumers.worker.reference_agent import reference_agent
+
+        return reference_agent
+    module, _, name = agent.partition(":")
+    if not name:
+        raise ConfigurationError(f"agent {agent!r}: expected 'reference' or 'module:function'")
+    handler: Handler = getattr(importlib.import_module(module), name)
+    return handler
+
+
+def run_worker(settings: Settings, agent: str, worker_id: str | None, lease_ms: int | None) -> int:
+    try:
+        handler = load_handler(agent)
+    except (ConfigurationError, ImportError, AttributeError) as e:
+        log.error("%s", e)
+        return 2
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await Worker(settings, handler, worker_id, lease_ms=lease_ms).run(stop)
+
+    try:
+        asyncio.run(main())
+    except SessionstreamError as e:
+        log.error("%s", e)
+        return 2
+    return 0

@@ -1,0 +1,271 @@
+"""What an agent author writes against: `async def run(ctx: RunContext) -> str | None`.
+
+Every write the context makes (progress, action requests and results, compaction) is
+stamped by the runtime with the run id, this worker's id and the lease's generation. A
+cancel reaches, in order: the model call (its task is cancelled), the tools (their abort
+signal is set), the sub-tasks (cancelled), and new actions (refused locally).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from consumers.worker._signal import AbortSignal, RunCancelled
+from consumers.worker.executor import ActionExecutor, ActionFn
+from consumers.worker.model import Model
+
+__all__ = ["ActionDenied", "CancelReport", "FollowUp", "ModelCall", "RunContext", "RunIO"]
+
+T = TypeVar("T")
+
+
+class ActionDenied(Exception):
+    """The processor's gate denied the action (e.g. the run is cancelling)."""
+
+    def __init__(self, idempotency_key: str, reason: str | None) -> None:
+        super().__init__(f"action {idempotency_key!r} denied: {reason}")
+        self.idempotency_key = idempotency_key
+        self.reason = reason
+
+
+class RunIO(Protocol):
+    """The runtime side of a context: stamped writes and the gate."""
+
+    def send(self, type_: str, payload: dict[str, Any]) -> str: ...
+
+    async def ask_gate(self, kind: str, key: str, detail: str | None) -> tuple[str, str | None]:
+        """(decision, reason) — decision is "approved" or "denied"."""
+        ...
+
+
+@dataclass(frozen=True)
+class FollowUp:
+    text: str
+    command_id: str
+
+
+@dataclass
+class CancelReport:
+    """What a cancel reached; becomes the `cancel.ack` payload."""
+
+    model_request_aborted: bool = False
+    tools_aborted: list[str] = field(default_factory=list)
+    subtasks_cancelled: list[str] = field(default_factory=list)
+    actions_blocked: list[str] = field(default_factory=list)
+
+
+class ModelCall:
+    """One model request; `complete` is aborted (RunCancelled) when the run is cancelled."""
+
+    def __init__(self, model: Model, signal: AbortSignal) -> None:
+        self.model = model
+        self.signal = signal
+
+    async def complete(self, prompt: str) -> str:
+        task = asyncio.ensure_future(self.model.complete(prompt, signal=self.signal))
+        waiter = asyncio.ensure_future(self.signal.wait())
+        try:
+            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if not task.done():
+            task.cancel()  # the request itself is torn down, not just ignored
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+            raise RunCancelled(self.signal.reason or "aborted")
+        return task.result()
+
+
+class RunContext:
+    """The run as its handler sees it."""
+
+    def __init__(
+        self,
+        *,
+        session_id: str,
+        run_id: str,
+        generation: int,
+        worker_id: str,
+        prompt: str,
+        context_ref: str | None,
+        model: Model,
+        io: RunIO,
+        executor: ActionExecutor | None,
+    ) -> None:
+        self.session_id = session_id
+        self.run_id = run_id
+        self.generation = generation
+        self.worker_id = worker_id
+        self.prompt = prompt
+        self.context_ref = context_ref
+        self.default_model = model
+        #: 0 on the first call of the handler; +1 each time follow-ups re-open the run
+        self.round = 0
+        self._io = io
+        self._executor = executor
+        self._ids = itertools.count(1)
+        self._steers: list[str] = []
+        self._follow_ups: list[FollowUp] = []
+        self.consumed_follow_ups: list[str] = []
+        self._models: dict[str, AbortSignal] = {}
+        self._tools: dict[str, tuple[str, AbortSignal]] = {}
+        self._subtasks: dict[str, asyncio.Task[Any]] = {}
+        self._report = CancelReport()
+        self.abort_reason: str | None = None
+
+    # -- messages delivered to the run ----------
+    def steering(self) -> list[str]:
+        """Steering texts delivered since the last call (check before each step)."""
+        out, self._steers = self._steers, []
+        return out
+
+    def follow_ups(self) -> list[FollowUp]:
+        """Follow-ups delivered to this run and not yet taken; taking them consumes them."""
+        out, self._follow_ups = self._follow_ups, []
+        self.consumed_follow_ups += [f.command_id for f in out]
+        return out
+
+    def _deliver_steer(self, text: str) -> None:
+        self._steers.append(text)
+
+    def _deliver_follow_up(self, f: FollowUp) -> None:
+        if f.command_id not in self.consumed_follow_ups and f not in self._follow_ups:
+            self._follow_ups.append(f)
+
+    # -- model, tools, sub-tasks ------------------------------------------------------------------
+    @property
+    def aborted(self) -> bool:
+        return self.abort_reason is not None
+
+    def _check(self) -> None:
+        if self.abort_reason is not None:
+            raise RunCancelled(self.abort_reason)
+
+    def _progress(self, kind: str, name: str | None, call_id: str, detail: str | None) -> None:
+        payload = {"kind": kind, "name": name, "callId": call_id, "detail": detail}
+        self._io.send("run.progress", payload)
+
+    @contextlib.asynccontextmanager
+    async def model(
+        self, model: Model | None = None, *, detail: str | None = None
+    ) -> AsyncIterator[ModelCall]:
+        """A model request: model.request.started/finished around it; aborted on cancel."""
+        self._check()
+        m = model or self.default_model
+        call_id = f"m{next(self._ids)}"
+        signal = AbortSignal()
+        self._models[call_id] = signal
+        self._progress("model.request.started", m.name, call_id, (detail or "")[:500] or None)
+        outcome = "ok"
+        try:
+            yield ModelCall(m, signal)
+        except BaseException as e:
+            outcome = f"aborted: {signal.reason}" if signal.aborted else f"error: {e!r}"[:200]
+            raise
+        finally:
+            del self._models[call_id]
+            self._progress("model.request.finished", m.name, call_id, outcome)
+
+    @contextlib.asynccontextmanager
+    async def tool(self, name: str, call_id: str | None = None) -> AsyncIterator[AbortSignal]:
+        """A tool call: tool.started/finished around it; the tool gets the abort signal."""
+        self._check()
+        call_id = call_id or f"t{next(self._ids)}"
+        signal = AbortSignal()
+        self._tools[call_id] = (name, signal)
+        self._progress("tool.started", name, call_id, None)
+        outcome = "ok"
+        try:
+            yield signal
+            if signal.aborted:
+                outcome = f"aborted: {signal.reason}"
+        except BaseException as e:
+            outcome = f"aborted: {signal.reason}" if signal.aborted else f"error: {e!r}"[:200]
+            raise
+        finally:
+            del self._tools[call_id]
+            self._progress("tool.finished", name, call_id, outcome)
+
+    def subtask(self, coro: Coroutine[Any, Any, T], name: str | None = None) -> asyncio.Task[T]:
+        """Run `coro` alongside; it is cancelled with the run."""
+        self._check()
+        sub_id = name or f"s{next(self._ids)}"
+        task = asyncio.ensure_future(coro)
+        self._subtasks[sub_id] = task
+        self._progress("subtask.started", sub_id, sub_id, None)
+
+        def done(t: asyncio.Task[T]) -> None:
+            self._subtasks.pop(sub_id, None)
+            if not self.aborted:
+                state = "cancelled" if t.cancelled() else "ok"
+                self._progress("subtask.finished", sub_id, sub_id, state)
+
+        task.add_done_callback(done)
+        return task
+
+    # -- external actions ----------
+    async def action(
+        self,
+        kind: str,
+        idempotency_key: str,
+        fn: ActionFn,
+        *,
+        detail: str | None = None,
+        transactional: bool = True,
+    ) -> str | None:
+        """Ask the gate; only after approval run `fn` once per key (see executor.py)."""
+        if self.aborted:
+            self._report.actions_blocked.append(idempotency_key)
+            raise RunCancelled(self.abort_reason or "aborted")
+        decision, reason = await self._io.ask_gate(kind, idempotency_key, detail)
+        if decision != "approved":
+            self._report.actions_blocked.append(idempotency_key)
+            raise ActionDenied(idempotency_key, reason)
+        if self.aborted:  # cancel arrived after the approval: refuse locally
+            self._report.actions_blocked.append(idempotency_key)
+            raise RunCancelled(self.abort_reason or "aborted")
+        if self._executor is None:
+            raise RuntimeError("no action executor configured (database_url)")
+        ok, result = await self._executor.execute(
+            self, kind, idempotency_key, fn, transactional=transactional
+        )
+        self._io.send(
+            "action.result", {"idempotencyKey": idempotency_key, "ok": ok, "result": result}
+        )
+        return result
+
+    # -- compaction ----------
+    async def compact(
+        self, checkpoint: str | Callable[[], Awaitable[str]], tokens: int | None = None
+    ) -> str:
+        """compact.start, produce the checkpoint (a pointer), compact.finish with its URI."""
+        self._check()
+        self._io.send("compact.start", {})
+        uri = checkpoint if isinstance(checkpoint, str) else await checkpoint()
+        self._io.send("compact.finish", {"checkpointUri": uri, "tokens": tokens})
+        return uri
+
+    # -- called by the runtime ----------
+    def _abort(self, reason: str) -> CancelReport:
+        """Reach everything running, in the protocol's order; idempotent."""
+        if self.abort_reason is None:
+            self.abort_reason = reason
+        r = self._report
+        for signal in self._models.values():
+            if not signal.aborted:
+                signal.abort(reason)
+                r.model_request_aborted = True
+        for call_id, (name, signal) in self._tools.items():
+            if not signal.aborted:
+                signal.abort(reason)
+                r.tools_aborted.append(f"{name}:{call_id}")
+        for sub_id, task in list(self._subtasks.items()):
+            if not task.done():
+                task.cancel()
+                r.subtasks_cancelled.append(sub_id)
+        return r

@@ -1,0 +1,130 @@
+"""Runs approved external actions once per idempotency key, with PostgreSQL as the record.
+
+Two modes, and what each guarantees:
+
+* transactional (default): `fn` gets the open transaction. The key's row
+  (`agent_actions`, unique key) and everything `fn` writes through that connection commit
+  together. A crash before commit leaves no trace, so a retry runs `fn` again; after the
+  commit the key is `done` and any retry (same or another worker, any generation) gets the
+  recorded result without calling `fn`. Two executors racing on one key serialise on the
+  unique index: the second waits for the first's commit and then reads its result.
+  **Exactly once** — for effects that live in this database (the reference agent's outbox).
+
+* external (`transactional=False`), for effects outside the database (an HTTP call): the
+  key is claimed and committed as `executing` first, then `fn` runs, then the row becomes
+  `done`. A crash between claim and record leaves `executing`: a retry does **not** run
+  `fn` again (at most once) and returns `(False, "in_doubt: ...")`. `fn` receives the key,
+  so a system that deduplicates by key (most payment/email APIs) closes the gap to exactly
+  once by retrying with it — that step is the action's author's, and only they can know
+  whether the far side supports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from sessionstream.errors import DatabaseUnavailable
+
+if TYPE_CHECKING:
+    from consumers.worker.context import RunContext
+
+__all__ = ["ActionExecutor", "ActionFn", "ActionRun"]
+
+
+@dataclass(frozen=True)
+class ActionRun:
+    """What an action function gets: its key, its run, and (transactional) the connection."""
+
+    idempotency_key: str
+    kind: str
+    session_id: str
+    run_id: str
+    generation: int
+    conn: psycopg.AsyncConnection[Any] | None
+
+
+ActionFn = Callable[[ActionRun], Awaitable[str | None]]
+
+_CLAIM = """
+insert into agent_actions
+    (idempotency_key, kind, session_id, run_id, generation, worker_id, status)
+values (%s, %s, %s, %s, %s, %s, 'executing')
+on conflict (idempotency_key) do nothing
+"""
+_RECORD = """
+update agent_actions set status = %s, result = %s, finished_at = now()
+where idempotency_key = %s
+"""
+
+
+class ActionExecutor:
+    """Executes actions against `agent_actions`; one pool per worker process."""
+
+    def __init__(self, database_url: str) -> None:
+        self.database_url = database_url
+        self._pool: AsyncConnectionPool | None = None
+
+    async def open(self) -> None:
+        self._pool = AsyncConnectionPool(self.database_url, min_size=1, max_size=4, open=False)
+        try:
+            await self._pool.open(wait=True, timeout=15)
+        except psycopg.Error as e:
+            raise DatabaseUnavailable(str(e), url=self.database_url.split("@")[-1]) from e
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+
+    async def execute(
+        self, ctx: RunContext, kind: str, key: str, fn: ActionFn, *, transactional: bool
+    ) -> tuple[bool, str | None]:
+        """(ok, result) — from `fn`, or the key's recorded outcome when it already ran."""
+        assert self._pool is not None, "executor not opened"
+        claim = (key, kind, ctx.session_id, ctx.run_id, ctx.generation, ctx.worker_id)
+        async with self._pool.connection() as conn:
+            if transactional:
+                async with conn.transaction():
+                    # Step 1: claim the key; a concurrent claim waits here for our commit
+                    cur = await conn.execute(_CLAIM, claim)
+                    if cur.rowcount == 0:
+                        return await _recorded(conn, key)
+                    # Step 2: the effect, in the same transaction as the key
+                    run = ActionRun(key, kind, ctx.session_id, ctx.run_id, ctx.generation, conn)
+                    result = await fn(run)
+                    # Step 3: record; the commit makes key, effect and result visible at once
+                    await conn.execute(_RECORD, ("done", result, key))
+                return True, result
+            # external: Step 1 claim and commit, Step 2 effect, Step 3 record
+            async with conn.transaction():
+                cur = await conn.execute(_CLAIM, claim)
+                if cur.rowcount == 0:
+                    return await _recorded(conn, key)
+            run = ActionRun(key, kind, ctx.session_id, ctx.run_id, ctx.generation, None)
+            try:
+                result = await fn(run)
+            except Exception as e:
+                async with conn.transaction():
+                    await conn.execute(_RECORD, ("failed", repr(e)[:1000], key))
+                return False, repr(e)[:1000]
+            async with conn.transaction():
+                await conn.execute(_RECORD, ("done", result, key))
+            return True, result
+
+
+async def _recorded(conn: psycopg.AsyncConnection[Any], key: str) -> tuple[bool, str | None]:
+    cur = await conn.execute(
+        "select status, result from agent_actions where idempotency_key = %s", (key,)
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    status, result = row
+    if status == "done":
+        return True, result
+    if status == "failed":
+        return False, result
+    return False, f"in_doubt: {key} was claimed but its outcome never recorded"

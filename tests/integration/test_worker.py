@@ -1,0 +1,160 @@
+"""Run workers against the real broker and database: cancel reach, steer, follow-up, timeout.
+
+Workers run as `sessionstream worker --agent reference` subprocesses next to a real
+processor; the reference agent's behaviour is set by words in the prompt (tool_ms=...).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from consumers.log_check import check_log, read_topic
+from schemas.codec import Codec
+from schemas.events import Event, RunFinished
+from sessionstream.client import SessionClient
+from sessionstream.settings import Settings
+from sinks.migrate import migrate
+from tests.integration.helpers import wait_until
+from tests.integration.procs import Proc, isolated_settings, processor
+
+pytestmark = pytest.mark.integration
+
+_codec = Codec()
+
+
+@pytest.fixture
+def iso(request: pytest.FixtureRequest, settings: Settings, kafka_bootstrap: str) -> Settings:
+    s = isolated_settings(settings, "w-" + request.node.name[5:20].replace("_", "-"))
+    return s.model_copy(update={"worker_group": f"it-workers-{uuid.uuid4().hex[:8]}"})
+
+
+@pytest.fixture
+def db(database_url: str) -> str:
+    migrate(database_url)
+    return database_url
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Proc]]:
+    started: list[Proc] = []
+    yield started
+    for p in started:
+        p.stop()
+
+
+def start_worker(s: Settings, worker_id: str, lease_ms: int = 3000) -> Proc:
+    return Proc(
+        s,
+        "worker",
+        "--worker-id",
+        worker_id,
+        "--group",
+        s.worker_group,
+        "--lease-ms",
+        str(lease_ms),
+    ).start()
+
+
+def events(s: Settings, session_id: str) -> list[Event]:
+    out = []
+    for r in read_topic(s, s.events_topic):
+        e = _codec.decode_event(r.value or b"")
+        if e.session_id == session_id:
+            out.append(e)
+    return out
+
+
+def run_events(s: Settings, run_id: str) -> list[Event]:
+    return [e for e in _all(s) if e.run_id == run_id]
+
+
+def _all(s: Settings) -> list[Event]:
+    return [_codec.decode_event(r.value or b"") for r in read_topic(s, s.events_topic)]
+
+
+def wait_event(
+    s: Settings, run_id: str, type_: str, timeout: float = 60.0, procs: list[Proc] | None = None
+) -> Event:
+    def found() -> Event | None:
+        for p in procs or []:
+            p.assert_alive()
+        return next((e for e in run_events(s, run_id) if e.type == type_), None)
+
+    return wait_until(found, timeout=timeout, interval=0.1, what=f"{type_} of run {run_id}")
+
+
+def terminal(s: Settings, run_id: str, timeout: float = 60.0) -> str:
+    e = wait_event(s, run_id, "run.finished", timeout)
+    return e.payload_as(RunFinished).terminal_status
+
+
+def prompt(s: Settings, session_id: str, text: str, timeout_ms: int | None = None) -> str:
+    with SessionClient("tenant-w", s) as c:
+        out = c.wait(c.prompt(session_id, text, timeout_ms=timeout_ms), timeout=60)
+    assert out.status == "accepted" and out.run_id, out
+    return out.run_id
+
+
+def outbox(db: str, run_id: str) -> list[tuple[str, str]]:
+    with psycopg.connect(db) as conn:
+        rows = conn.execute(
+            "select idempotency_key, subject from agent_outbox where run_id = %s", (run_id,)
+        ).fetchall()
+    return [(str(k), str(v)) for k, v in rows]
+
+
+def actions(db: str, run_id: str) -> list[tuple[str, int, str]]:
+    with psycopg.connect(db) as conn:
+        rows = conn.execute(
+            "select idempotency_key, generation, status from agent_actions where run_id = %s",
+            (run_id,),
+        ).fetchall()
+    return [(str(k), int(g), str(st)) for k, g, st in rows]
+
+
+def ready(*workers: Proc) -> None:
+    for w in workers:
+        w.wait_log("worker assigned", timeout=60)
+
+
+def test_cancel_while_a_tool_runs_reaches_the_tool_and_blocks_the_email(
+    iso: Settings, db: str, procs: list[Proc]
+) -> None:
+    procs.append(processor(iso))
+    w = start_worker(iso, "w-cancel")
+    procs.append(w)
+    ready(w)
+    sid = f"cancel-{uuid.uuid4().hex[:6]}"
+    run_id = prompt(iso, sid, "steps=1 tool_ms=6000 email=end")
+    wait_event(iso, run_id, "tool.started", procs=procs)
+    with SessionClient("tenant-w", iso) as c:
+        aborted = c.wait(c.abort(sid, reason="user pressed stop"), timeout=30)
+    assert aborted.status == "accepted"
+    abort_ts = aborted.events[0].ts
+
+    assert terminal(iso, run_id, timeout=30) == "cancelled"
+    evs = run_events(iso, run_id)
+    types = [e.type for e in evs]
+    # the tool saw the abort (its tool.finished says so) well within a deadline
+    tool_end = next(e for e in evs if e.type == "tool.finished")
+    assert (tool_end.payload.model_dump().get("detail") or "").startswith("aborted"), tool_end
+    assert tool_end.ts - abort_ts < 2000, f"tool saw the abort {tool_end.ts - abort_ts} ms late"
+    # cancelled only after the holder's ack, which lists what it reached
+    ack = next(e for e in evs if e.type == "run.cancel_acknowledged")
+    assert types.index("run.cancel_acknowledged") < types.index("run.finished")
+    assert ack.payload.model_dump()["tools_aborted"] == ["search:search-0"]
+    assert "action.approved" not in types and "action.request" not in types
+
+    # a marker run started after the cancel, as long as the cancelled one would have been:
+    # when it is done (and its own email sent), the cancelled run's email would long be due
+    marker = prompt(iso, sid, "steps=1 tool_ms=6500 email=end")
+    assert terminal(iso, marker, timeout=60) == "completed"
+    wait_until(lambda: outbox(db, marker), timeout=10, what="the marker run's email")
+    assert outbox(db, run_id) == [], "a cancelled run sent its email"
+    assert actions(db, run_id) == []
+    report = check_log(read_topic(iso, iso.events_topic))
+    assert report.ok, report.violations
