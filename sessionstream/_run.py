@@ -8,10 +8,10 @@ import sys
 import threading
 from types import FrameType
 
-from sessionstream.errors import SessionstreamError
+from sessionstream.errors import SessionstreamError, SingleWriterViolation
 from sessionstream.settings import get_settings
 
-__all__ = ["run_processor", "stop_on_signals"]
+__all__ = ["run_processor", "run_sink", "stop_on_signals"]
 
 log = logging.getLogger("sessionstream")
 
@@ -50,4 +50,24 @@ def run_processor(engine: str, instance: str | None) -> int:
         log.error("%s", e)
         return 2
     log.info("processor stopped: %s", proc.stats)
+    return 0
+
+
+def run_sink(batch_size: int, linger_ms: int, mode: str) -> int:
+    from sinks.sink import Sink
+
+    settings = get_settings()
+    sink = Sink(settings, batch_size=batch_size, linger_ms=linger_ms, mode=mode)  # type: ignore[arg-type]
+    stop = stop_on_signals()
+    try:
+        sink.start()
+        log.info("sink writing %s into PostgreSQL (%s mode)", settings.events_topic, mode)
+        sink.run(stop)
+    except SingleWriterViolation as e:
+        log.critical("SINGLE-WRITER VIOLATION: %s", e)
+        return 3
+    except SessionstreamError as e:
+        log.error("%s", e)
+        return 2
+    log.info("sink stopped: %s batches, %s events", sink.stats.batches, sink.stats.events)
     return 0

@@ -104,6 +104,51 @@ def processor(
 
 
 @app.command()
+def sink(
+    batch_size: Annotated[int, typer.Option(help="most events per PostgreSQL transaction")] = 1000,
+    linger_ms: Annotated[int, typer.Option(help="how long to wait to fill a batch")] = 20,
+    mode: Annotated[str, typer.Option(help="copy (COPY into staging) or executemany")] = "copy",
+    json_logs: Annotated[
+        bool, typer.Option("--json-logs", help="one JSON object per log line")
+    ] = False,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "INFO",
+) -> None:
+    """Persist session.events into PostgreSQL, exactly once (offsets stored with the rows)."""
+    from sessionstream._logging import setup_logging
+    from sessionstream._run import run_sink
+
+    setup_logging(log_level, json_logs)
+    if mode not in ("copy", "executemany"):
+        _fail(f"unknown mode {mode!r} (copy or executemany)")
+    raise typer.Exit(code=run_sink(batch_size, linger_ms, mode))
+
+
+db_app = typer.Typer(help="PostgreSQL schema.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+
+@db_app.command("migrate")
+def db_migrate() -> None:
+    """Apply the versioned migrations that are missing (idempotent)."""
+    import psycopg
+
+    from sessionstream.settings import get_settings
+    from sinks.migrate import migrate
+
+    try:
+        done = migrate(
+            get_settings().database_url,
+            progress=lambda m: typer.echo(f"applied {m.version:04d}_{m.name}"),
+        )
+    except psycopg.OperationalError as e:
+        _fail(
+            f"cannot reach PostgreSQL: {str(e).strip()}\n  (SESSIONSTREAM_DATABASE_URL;"
+            " start the local stack with `make up`)"
+        )
+    typer.echo("database up to date" if not done else f"{len(done)} migration(s) applied")
+
+
+@app.command()
 def worker(
     agent: Annotated[
         str, typer.Option(help="'reference' or 'package.module:function' (async def run(ctx))")

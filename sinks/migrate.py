@@ -67,7 +67,7 @@ def migrate(
                 conn.execute("select pg_advisory_xact_lock(%s)", (_LOCK,))
                 if m.version in applied_versions(conn):
                     continue
-                conn.execute(m.sql)  # type: ignore[call-overload]
+                conn.execute(m.sql.encode())
                 conn.execute(
                     "insert into schema_migrations (version, name) values (%s, %s)",
                     (m.version, m.name),

@@ -31,6 +31,7 @@ def isolated_settings(base: Settings, tag: str, partitions: int = 4) -> Settings
             "dlq_topic": f"it.dlq.{suffix}",
             "processor_group": f"it-processor-{suffix}",
             "partitions": partitions,
+            "database_schema": f"it_{suffix.replace('-', '_').replace('.', '_').lower()}",
         }
     )
     ensure_topics(s)
@@ -38,18 +39,14 @@ def isolated_settings(base: Settings, tag: str, partitions: int = 4) -> Settings
 
 
 def settings_env(s: Settings) -> dict[str, str]:
+    """The environment that gives a subprocess exactly these settings."""
     env = dict(os.environ)
-    for name in (
-        "kafka_bootstrap",
-        "database_url",
-        "commands_topic",
-        "events_topic",
-        "state_topic",
-        "dlq_topic",
-        "processor_group",
-        "partitions",
-    ):
-        env[f"SESSIONSTREAM_{name.upper()}"] = str(getattr(s, name))
+    for name, value in s.model_dump().items():
+        key = f"SESSIONSTREAM_{name.upper()}"
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = str(value)
     return env
 
 
@@ -144,3 +141,36 @@ def wait_processed(
         return all(committed.get(p, -1) > off for p, off in last.items())
 
     wait_until(done, timeout=timeout, interval=0.5, what="processor to consume every command")
+
+
+def sink(settings: Settings, *args: str) -> Proc:
+    """Start `sessionstream sink` on the test's topics and schema."""
+    return Proc(settings, "sink", *args).start()
+
+
+def wait_sink_caught_up(
+    settings: Settings, timeout: float = 120.0, procs: list[Proc] | None = None
+) -> None:
+    """Until `sink_offsets` is past the last event of every events partition."""
+    import psycopg
+
+    def done() -> bool:
+        for p in procs or []:
+            p.assert_alive()
+        last: dict[int, int] = {}
+        for r in read_topic(settings, settings.events_topic):
+            last[r.partition] = max(last.get(r.partition, -1), r.offset)
+        try:
+            with psycopg.connect(
+                settings.database_url, options=f"-c search_path={settings.database_schema}"
+            ) as conn:
+                rows = conn.execute(
+                    "select partition, next_offset from sink_offsets where topic = %s",
+                    (settings.events_topic,),
+                ).fetchall()
+        except psycopg.Error:
+            return False  # schema not migrated yet, or the database restarting
+        stored = {int(p): int(o) for p, o in rows}
+        return all(stored.get(p, -1) > off for p, off in last.items())
+
+    wait_until(done, timeout=timeout, interval=0.5, what="sink to write every event")

@@ -1,0 +1,234 @@
+"""`sessionstream sink`: `session.events` -> PostgreSQL, exactly once.
+
+A `read_committed` consumer; each batch is one PostgreSQL transaction holding the events,
+the projection and the sink's offsets (`sink_offsets`). On assignment the consumer seeks to
+the offsets stored in PostgreSQL, so whatever Kafka's committed offsets say (they are
+committed afterwards, only so that lag shows in the usual tools), no event is skipped and
+none is written twice. A lost database is retried with backoff; a single-writer violation
+stops the sink loudly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from functools import partial
+
+import psycopg
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
+
+from schemas.codec import Codec
+from schemas.errors import DecodeError
+from sessionstream._kafka import client_config
+from sessionstream.errors import DatabaseUnavailable, SingleWriterViolation
+from sessionstream.settings import Settings
+from sinks.migrate import migrate
+from sinks.writer import PendingEvent, WriteMode, write_batch
+
+__all__ = ["Sink", "SinkStats", "connect"]
+
+log = logging.getLogger("sessionstream.sink")
+
+
+def connect(
+    settings: Settings, schema: str | None = None
+) -> psycopg.Connection[tuple[object, ...]]:
+    """A connection with the sink's search path; errors name the URL (without password)."""
+    schema = schema or settings.database_schema
+    options = f"-c search_path={schema}" if schema else ""
+    try:
+        return psycopg.connect(settings.database_url, options=options, connect_timeout=5)
+    except psycopg.OperationalError as e:
+        raise DatabaseUnavailable(str(e).strip(), url=_safe(settings.database_url)) from e
+
+
+def _safe(url: str) -> str:
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        creds, host = rest.rsplit("@", 1)
+        return f"{scheme}://{creds.split(':', 1)[0]}:***@{host}"
+    return url
+
+
+@dataclass
+class SinkStats:
+    batches: int = 0
+    events: int = 0
+    retries: int = 0
+    last_batch_ms: float = 0.0
+    batch_ms: list[float] = field(default_factory=list)
+
+
+class Sink:
+    """Consume events, write them in batches; one instance per process."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        batch_size: int = 1000,
+        linger_ms: int = 20,
+        mode: WriteMode = "copy",
+        schema: str | None = None,
+        group: str | None = None,
+        max_backoff_s: float = 10.0,
+    ) -> None:
+        self.settings = settings
+        self.batch_size = batch_size
+        self.linger_ms = linger_ms
+        self.mode: WriteMode = mode
+        self.schema = schema or settings.database_schema
+        self.group = group or f"{settings.processor_group}-sink"
+        self.max_backoff_s = max_backoff_s
+        self.codec = Codec()
+        self.stats = SinkStats()
+        self.ready = threading.Event()
+        self._conn: psycopg.Connection[tuple[object, ...]] | None = None
+        self._consumer: Consumer | None = None
+
+    # -- database ---------------------------------------------------------------------------
+    def _db(self) -> psycopg.Connection[tuple[object, ...]]:
+        if self._conn is None or self._conn.closed:
+            self._conn = connect(self.settings, self.schema)
+        return self._conn
+
+    def _retrying(self, what: str, fn, stop: threading.Event | None = None):  # type: ignore[no-untyped-def]
+        """Run `fn(conn)`; on a lost database, reconnect with exponential backoff."""
+        delay = 0.2
+        while True:
+            try:
+                return fn(self._db())
+            except (psycopg.OperationalError, DatabaseUnavailable) as e:
+                self.stats.retries += 1
+                log.warning(
+                    "%s: database unavailable (%s); retrying in %.1fs",
+                    what,
+                    str(e).strip().splitlines()[0],
+                    delay,
+                )
+                if self._conn is not None:
+                    self._conn.close()
+                self._conn = None
+                if stop is not None and stop.wait(delay):
+                    raise
+                if stop is None:
+                    time.sleep(delay)
+                delay = min(delay * 2, self.max_backoff_s)
+
+    def stored_offsets(self, conn: psycopg.Connection[tuple[object, ...]]) -> dict[int, int]:
+        rows = conn.execute(
+            "select partition, next_offset from sink_offsets where topic = %s",
+            (self.settings.events_topic,),
+        ).fetchall()
+        conn.commit()
+        return {int(p): int(o) for p, o in rows}  # type: ignore[call-overload]
+
+    # -- kafka ------------------------------------------------------------------------------
+    def start(self) -> None:
+        migrate(self.settings.database_url, schema=self.schema)
+        self._consumer = Consumer(
+            client_config(
+                self.settings,
+                **{
+                    "group.id": self.group,
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_committed",
+                    "auto.offset.reset": "earliest",
+                    "fetch.wait.max.ms": 20,
+                    "session.timeout.ms": 6000,
+                    "heartbeat.interval.ms": 1000,
+                    "partition.assignment.strategy": "range",
+                },
+            )
+        )
+        self._consumer.subscribe([self.settings.events_topic], on_assign=self._on_assign)
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        stored = self._retrying("reading sink offsets", self.stored_offsets)
+        start = [
+            TopicPartition(tp.topic, tp.partition, stored.get(tp.partition, OFFSET_BEGINNING))
+            for tp in partitions
+        ]
+        consumer.assign(start)
+        log.info(
+            "assigned %s from offsets %s",
+            sorted(tp.partition for tp in partitions),
+            {tp.partition: stored.get(tp.partition, 0) for tp in partitions},
+        )
+        self.ready.set()
+
+    def _collect(self) -> list[Message]:
+        assert self._consumer is not None
+        first = self._consumer.poll(0.1)
+        if first is None:
+            return []
+        batch = [first]
+        deadline = time.monotonic() + self.linger_ms / 1000
+        while len(batch) < self.batch_size:
+            left = deadline - time.monotonic()
+            more = self._consumer.consume(self.batch_size - len(batch), timeout=max(left, 0))
+            batch += more
+            if left <= 0 or not more:
+                break
+        return batch
+
+    def _decode(self, batch: list[Message]) -> list[PendingEvent]:
+        out = []
+        for msg in batch:
+            err = msg.error()
+            if err is not None:
+                raise KafkaException(err)
+            topic, p, offset = msg.topic(), msg.partition(), msg.offset()
+            assert topic is not None and p is not None and offset is not None
+            try:
+                event = self.codec.decode_event(msg.value() or b"")
+            except DecodeError as e:
+                # the processor writes every event; one we cannot read means a schema we do
+                # not know yet (a newer processor): stop rather than skip history
+                raise SingleWriterViolation(
+                    f"undecodable event at {topic}[{p}]@{offset}: {e}; upgrade the sink"
+                ) from e
+            out.append(PendingEvent(event, topic, p, offset))
+        return out
+
+    def _write(
+        self, pending: list[PendingEvent], conn: psycopg.Connection[tuple[object, ...]]
+    ) -> dict[tuple[str, int], int]:
+        return write_batch(conn, pending, self.mode)
+
+    def run(self, stop: threading.Event | None = None) -> None:
+        if self._consumer is None:
+            self.start()
+        assert self._consumer is not None
+        stop = stop or threading.Event()
+        try:
+            while not stop.is_set():
+                batch = self._collect()
+                if not batch:
+                    continue
+                pending = self._decode(batch)
+                t0 = time.perf_counter()
+                nxt = self._retrying("writing a batch", partial(self._write, pending), stop)
+                ms = (time.perf_counter() - t0) * 1000
+                self.stats.batches += 1
+                self.stats.events += len(pending)
+                self.stats.last_batch_ms = ms
+                # informational: lets the usual tools show the sink's lag
+                self._consumer.commit(
+                    offsets=[TopicPartition(t, p, o) for (t, p), o in nxt.items()],
+                    asynchronous=True,
+                )
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            with contextlib.suppress(KafkaException, RuntimeError):
+                self._consumer.close()
+            self._consumer = None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None

@@ -1,0 +1,246 @@
+"""The PostgreSQL sink against the real broker and database: rows equal the log, always."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import threading
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from consumers.log_check import read_topic
+from schemas.codec import Codec
+from schemas.events import Event
+from sessionstream.client import SessionClient
+from sessionstream.settings import Settings
+from sinks.projection import Projection
+from tests.integration.helpers import wait_until
+from tests.integration.procs import (
+    REPO,
+    Proc,
+    isolated_settings,
+    processor,
+    sink,
+    wait_processed,
+    wait_sink_caught_up,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def iso(
+    request: pytest.FixtureRequest, settings: Settings, kafka_bootstrap: str, database_url: str
+) -> Iterator[Settings]:
+    s = isolated_settings(settings, request.node.name[:16].replace("_", "-"))
+    yield s
+    with psycopg.connect(s.database_url, autocommit=True) as conn:
+        conn.execute(f'drop schema if exists "{s.database_schema}" cascade')
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Proc]]:
+    started: list[Proc] = []
+    yield started
+    for p in started:
+        p.stop()
+
+
+def _db(s: Settings) -> psycopg.Connection[tuple[object, ...]]:
+    return psycopg.connect(s.database_url, options=f"-c search_path={s.database_schema}")
+
+
+def _log_events(s: Settings) -> list[tuple[int, int, Event]]:
+    codec = Codec()
+    return [
+        (r.partition, r.offset, codec.decode_event(r.value or b""))
+        for r in read_topic(s, s.events_topic)
+    ]
+
+
+def assert_rows_equal_log(s: Settings) -> int:
+    """Every event once, with its payload; the projection equals the fold of the log."""
+    log = _log_events(s)
+    with _db(s) as conn:
+        rows = conn.execute(
+            "select session_id, run_id, seq, type, payload, generation, command_id,"
+            " kafka_partition, kafka_offset from agent_run_events"
+        ).fetchall()
+        runs = {
+            r[0]: r
+            for r in conn.execute(
+                "select run_id, status, generation, lease_owner, terminal_status, last_seq, prompt,"
+                " checkpoint_uri from agent_runs"
+            ).fetchall()
+        }
+        offsets = dict(conn.execute("select partition, next_offset from sink_offsets").fetchall())
+    assert len(rows) == len(log), f"{len(rows)} rows for {len(log)} events"
+    by_key = {(r[0], r[1], r[2]): r for r in rows}
+    assert len(by_key) == len(rows)
+    for p, off, e in log:
+        row = by_key[(e.session_id, e.run_id, e.seq)]
+        assert row[3] == e.type and row[5] == e.generation and row[6] == e.command_id
+        assert row[4] == Codec.event_to_json(e)["payload"]
+        assert (row[7], row[8]) == (p, off)
+    # the offsets table agrees with the rows
+    for p in {p for p, _o, _e in log}:
+        assert offsets[p] > max(o for q, o, _e in log if q == p)
+    proj = Projection({}, {})
+    for p, off, e in log:
+        proj.apply(e, f"{p}@{off}")
+    assert set(runs) == set(proj.runs)
+    for run_id, r in proj.runs.items():
+        got = runs[run_id]
+        assert got[1:] == (
+            r.status,
+            r.generation,
+            r.lease_owner,
+            r.terminal_status,
+            r.last_seq,
+            r.prompt,
+            r.checkpoint_uri,
+        ), run_id
+    return len(rows)
+
+
+def _load(s: Settings, n: int, sessions: int, stop: threading.Event, pause: float = 0.0) -> None:
+    rnd = random.Random(11)
+    with SessionClient("tenant-a", s) as c:
+        for i in range(n):
+            if stop.is_set():
+                return
+            kind = rnd.choice(["prompt", "steer", "follow_up", "abort", "send"])
+            payload = {} if kind == "abort" else {"text": f"{kind} {i}"}
+            c.submit(c.command(f"s{i % sessions}", kind, payload, command_id=f"c{i}"), track=False)
+            if i % 100 == 0:
+                c.flush()
+            if pause:
+                stop.wait(pause)
+        c.flush()
+
+
+def test_end_to_end_commands_to_rows(iso: Settings, procs: list[Proc]) -> None:
+    procs += [processor(iso), sink(iso)]
+    sid = f"e2e-{uuid.uuid4().hex[:6]}"
+    with SessionClient("tenant-a", iso) as c:
+        started = c.wait(c.prompt(sid, "find flights"), 60)
+        run = started.run_id
+        assert started.status == "accepted" and run
+        w = {"run_id": run, "worker_id": "w1"}
+        assert c.wait(c.submit(c.command(sid, "lease.acquire", {}, **w)), 30).status == "accepted"
+        for cmd_type, payload in [
+            ("run.progress", {"kind": "model.request.started"}),
+            ("compact.start", {}),
+            ("compact.finish", {"checkpointUri": "s3://ckpt/1"}),
+            ("run.complete", {"result": "done"}),
+        ]:
+            o = c.wait(c.submit(c.command(sid, cmd_type, payload, generation=1, **w)), 30)
+            assert o.status == "accepted", (cmd_type, o)
+        assert c.wait(c.prompt(sid, "second task"), 30).status == "accepted"
+        assert c.wait(c.abort(sid), 30).status == "accepted"
+    wait_processed(iso, procs=procs)
+    wait_sink_caught_up(iso, procs=procs)
+    assert assert_rows_equal_log(iso) > 8
+    with _db(iso) as conn:
+        statuses = [
+            r[0]
+            for r in conn.execute(
+                "select status from agent_runs where session_id = %s order by created_at", (sid,)
+            )
+        ]
+        uri = conn.execute(
+            "select checkpoint_uri from agent_runs where run_id = %s", (run,)
+        ).fetchone()
+    assert statuses == ["completed", "cancelled"]
+    assert uri == ("s3://ckpt/1",)
+
+
+def test_kill9_sink_mid_batch_three_times(iso: Settings, procs: list[Proc]) -> None:
+    procs.append(processor(iso))
+    s = sink(iso, "--batch-size", "200", "--linger-ms", "5")
+    procs.append(s)
+    stop = threading.Event()
+    loader = threading.Thread(target=_load, args=(iso, 4000, 80, stop))
+    loader.start()
+    try:
+        for _ in range(3):
+            with_rows = _count_rows(iso)
+            wait_until(
+                lambda with_rows=with_rows: _count_rows(iso) > with_rows + 300,
+                timeout=120,
+                what="the sink to write 300 more rows",
+            )
+            s.kill9()
+            s = sink(iso, "--batch-size", "200", "--linger-ms", "5")
+            procs.append(s)
+    finally:
+        loader.join()
+    wait_processed(iso, procs=procs[:1])
+    wait_sink_caught_up(iso, procs=[s])
+    assert assert_rows_equal_log(iso) > 1000
+
+
+def _count_rows(s: Settings) -> int:
+    try:
+        with _db(s) as conn:
+            row = conn.execute("select count(*) from agent_run_events").fetchone()
+            return int(row[0]) if row else 0  # type: ignore[call-overload]
+    except psycopg.Error:
+        return 0
+
+
+def test_postgres_restarted_under_the_sink(iso: Settings, procs: list[Proc]) -> None:
+    if iso.database_url != Settings.model_fields["database_url"].default:
+        pytest.fail("this test restarts the local PostgreSQL; run it against `make up`'s stack")
+    procs += [processor(iso), sink(iso, "--batch-size", "100")]
+    stop = threading.Event()
+    loader = threading.Thread(target=_load, args=(iso, 200_000, 30, stop, 0.002))
+    loader.start()
+    try:
+        wait_until(lambda: _count_rows(iso) > 200, timeout=120, what="rows before the restart")
+        subprocess.run(
+            ["bash", str(REPO / "stack/stack.sh"), "restart-postgres"],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        after = _count_rows(iso)
+        wait_until(
+            lambda: _count_rows(iso) > after + 200,
+            timeout=120,
+            what="rows written after the restart",
+        )
+    finally:
+        stop.set()
+        loader.join()
+    wait_processed(iso, procs=procs[:1])
+    wait_sink_caught_up(iso, procs=procs[1:])
+    assert assert_rows_equal_log(iso) > 1000
+    assert "database unavailable" in procs[1].log_text()  # it did see the outage and retried
+
+
+def test_partial_unique_index_rejects_a_second_active_run(iso: Settings, procs: list[Proc]) -> None:
+    from sinks.migrate import migrate
+
+    migrate(iso.database_url, schema=iso.database_schema)
+    with _db(iso) as conn:
+        conn.execute("insert into agent_sessions values ('s1', 't', null, now(), now())")
+        insert = (
+            "insert into agent_runs (run_id, session_id, tenant_id, status, generation,"
+            " timeout_at, prompt, last_seq, created_at, updated_at)"
+            " values (%s, 's1', 't', %s, 1, now(), 'p', 1, now(), now())"
+        )
+        conn.execute(insert, ("r1", "running"))
+        conn.commit()
+        with pytest.raises(psycopg.errors.UniqueViolation, match="only_one_active_run_per_session"):
+            conn.execute(insert, ("r2", "cancelling"))
+        conn.rollback()
+        conn.execute(
+            "update agent_runs set status = 'completed', terminal_status = 'completed',"
+            " terminal_at = now() where run_id = 'r1'"
+        )
+        conn.execute(insert, ("r2", "running"))  # once the first ended, the next may start
+        conn.commit()
