@@ -158,3 +158,67 @@ def test_cancel_while_a_tool_runs_reaches_the_tool_and_blocks_the_email(
     assert actions(db, run_id) == []
     report = check_log(read_topic(iso, iso.events_topic))
     assert report.ok, report.violations
+
+
+def _detail(e: Event) -> str:
+    return str(e.payload.model_dump().get("detail") or "")
+
+
+def test_steer_reaches_the_next_step_and_a_follow_up_comes_before_the_end(
+    iso: Settings, db: str, procs: list[Proc]
+) -> None:
+    procs.append(processor(iso))
+    w = start_worker(iso, "w-steer")
+    procs.append(w)
+    ready(w)
+    sid = f"steer-{uuid.uuid4().hex[:6]}"
+    run_id = prompt(iso, sid, "steps=3 tool_ms=1500 email=no")
+    wait_event(iso, run_id, "tool.started", procs=procs)
+    with SessionClient("tenant-w", iso) as c:
+        assert c.wait(c.steer(sid, "do not search that, try the archive")).status == "accepted"
+        assert c.wait(c.follow_up(sid, "also look at the last 7 days")).status == "accepted"
+    assert terminal(iso, run_id, timeout=60) == "completed"
+    evs = run_events(iso, run_id)
+    types = [e.type for e in evs]
+    steered = types.index("run.steered")
+    # the first model request after the steer (the handler's next step) carries it
+    next_model = next(e for e in evs[steered:] if e.type == "model.request.started")
+    assert "steer: do not search that, try the archive" in _detail(next_model)
+    # the follow-up is delivered before the run finishes, and the handler answers it
+    delivered = types.index("run.follow_up_delivered")
+    finished = types.index("run.finished")
+    assert delivered < finished
+    answer = [e for e in evs[delivered:finished] if e.type == "model.request.started"]
+    assert any("follow-up: also look at the last 7 days" in _detail(e) for e in answer)
+    result = evs[finished].payload_as(RunFinished).result
+    assert result == "follow-ups handled: 1"
+    assert all(e.generation == 1 for e in evs)
+
+
+def test_a_run_past_its_deadline_times_out_and_the_worker_stops_it(
+    iso: Settings, db: str, procs: list[Proc]
+) -> None:
+    procs.append(processor(iso))
+    w = start_worker(iso, "w-deadline")
+    procs.append(w)
+    ready(w)
+    sid = f"deadline-{uuid.uuid4().hex[:6]}"
+    run_id = prompt(iso, sid, "steps=1 tool_ms=8000 email=end", timeout_ms=2500)
+    wait_event(iso, run_id, "tool.started", procs=procs)
+    assert terminal(iso, run_id, timeout=30) == "timed_out"
+    w.wait_log(f"run {run_id}: stopped locally: run finished: timed_out", timeout=10)
+    # past the run's would-be end (a marker run as long as it) nothing more came from it
+    marker = prompt(iso, sid, "steps=1 tool_ms=8500 email=no")
+    assert terminal(iso, marker, timeout=60) == "completed"
+    assert outbox(db, run_id) == [] and actions(db, run_id) == []
+    evs = run_events(iso, run_id)
+    assert evs[-1].type == "run.finished"
+    assert not [e for e in evs if e.type == "tool.finished"], "the tool ran to its end"
+    late = [
+        e
+        for e in events(iso, sid)
+        if e.type == "command.rejected"
+        and e.payload.model_dump().get("target_run_id") == run_id
+        and e.payload.model_dump().get("command_type") != "lease.renew"
+    ]
+    assert not late, f"the worker kept writing after the deadline: {late}"
