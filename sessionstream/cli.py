@@ -179,6 +179,11 @@ def worker(
     raise typer.Exit(code=run_worker(settings, agent, worker_id, lease_ms))
 
 
+from sessionstream._cli_data import register as _register_data  # noqa: E402
+
+_register_data(app)
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

@@ -1,0 +1,171 @@
+"""Replay: a run or a session from PostgreSQL, a range of the events topic, a full rebuild.
+
+`rebuild` re-projects PostgreSQL from the events topic (offset 0) into a fresh schema with
+the sink's own writer and compares it with the live projection, table by table.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from consumers.log_check import read_topic
+from schemas.codec import Codec
+from schemas.events import Event
+from sessionstream._kafka import client_config
+from sessionstream.settings import Settings
+from sinks.migrate import migrate
+from sinks.sink import connect
+from sinks.writer import PendingEvent, write_batch
+
+__all__ = ["RebuildReport", "events_of_run", "events_of_session", "read_range", "rebuild"]
+
+_EVENT_SELECT = (
+    "select session_id, run_id, seq, type, payload, generation, command_id, tenant_id,"
+    " (extract(epoch from ts) * 1000)::bigint from agent_run_events"
+)
+
+
+def _event(row: tuple[Any, ...]) -> Event:
+    sid, rid, seq, typ, payload, gen, cid, tenant, ts = row
+    return Event.model_validate(
+        {
+            "sessionId": sid,
+            "runId": rid,
+            "seq": seq,
+            "type": typ,
+            "payload": payload,
+            "generation": gen,
+            "commandId": cid,
+            "tenantId": tenant,
+            "ts": ts,
+        }
+    )
+
+
+def events_of_run(conn: psycopg.Connection[Any], run_id: str) -> list[Event]:
+    """A run's events in `seq` order."""
+    rows = conn.execute(f"{_EVENT_SELECT} where run_id = %s order by seq", (run_id,)).fetchall()
+    return [_event(r) for r in rows]
+
+
+def events_of_session(conn: psycopg.Connection[Any], session_id: str) -> list[Event]:
+    """A session's events (its runs and its own log) in log order."""
+    rows = conn.execute(
+        f"{_EVENT_SELECT} where session_id = %s order by kafka_offset", (session_id,)
+    ).fetchall()
+    return [_event(r) for r in rows]
+
+
+def read_range(
+    settings: Settings,
+    partition: int,
+    start: int,
+    end: int | None = None,
+    codec: Codec | None = None,
+) -> Iterator[tuple[int, Event]]:
+    """(offset, event) of one events partition from `start` up to `end` (exclusive) or its end."""
+    codec = codec or Codec()
+    consumer = Consumer(
+        client_config(
+            settings,
+            **{
+                "group.id": f"sessionstream-replay-{uuid.uuid4()}",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "enable.partition.eof": True,
+            },
+        )
+    )
+    try:
+        consumer.assign([TopicPartition(settings.events_topic, partition, start)])
+        while True:
+            msg = consumer.poll(1.0)
+            if msg is None:
+                continue
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    return
+                raise KafkaException(err)
+            offset = msg.offset()
+            assert offset is not None
+            if end is not None and offset >= end:
+                return
+            yield offset, codec.decode_event(msg.value() or b"")
+    finally:
+        consumer.close()
+
+
+@dataclass
+class RebuildReport:
+    schema: str
+    events: int
+    differences: dict[str, int]
+
+    @property
+    def equal(self) -> bool:
+        return not any(self.differences.values())
+
+
+_COMPARE = {
+    "agent_run_events": "session_id, run_id, seq, type, payload, generation, command_id,"
+    " tenant_id, ts, kafka_partition, kafka_offset",
+    "agent_runs": "run_id, session_id, tenant_id, status, generation, lease_owner,"
+    " lease_expires_at, timeout_at, cancel_requested_at, terminal_status,"
+    " terminal_at, prompt, context_ref, checkpoint_uri, last_seq, created_at",
+    "agent_sessions": "session_id, tenant_id, active_run_id, created_at",
+}
+
+
+def rebuild(
+    settings: Settings,
+    *,
+    schema: str | None = None,
+    keep: bool = False,
+    batch_size: int = 2000,
+    progress: Callable[[int, int], None] | None = None,
+) -> RebuildReport:
+    """Project the whole events topic into a fresh schema and compare with the live one."""
+    live = settings.database_schema or "public"
+    schema = schema or f"sessionstream_rebuild_{uuid.uuid4().hex[:8]}"
+    migrate(settings.database_url, schema=schema)
+    codec = Codec()
+    records = read_topic(settings, settings.events_topic)
+    total = len(records)
+    with connect(settings, schema) as conn:
+        for i in range(0, total, batch_size):
+            chunk = records[i : i + batch_size]
+            write_batch(
+                conn,
+                [
+                    PendingEvent(
+                        codec.decode_event(r.value or b""),
+                        settings.events_topic,
+                        r.partition,
+                        r.offset,
+                    )
+                    for r in chunk
+                ],
+            )
+            if progress:
+                progress(min(i + batch_size, total), total)
+        diffs: dict[str, int] = {}
+        for table, cols in _COMPARE.items():
+            n = 0
+            for a, b in ((live, schema), (schema, live)):
+                row = conn.execute(
+                    f'select count(*) from (select {cols} from "{a}".{table}'
+                    f' except select {cols} from "{b}".{table}) d'
+                ).fetchone()
+                n += int(str(row[0])) if row else 0
+            diffs[table] = n
+        if not keep:
+            conn.execute(f'drop schema "{schema}" cascade')
+            conn.commit()
+    return RebuildReport(schema, total, diffs)

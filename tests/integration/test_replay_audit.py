@@ -1,0 +1,128 @@
+"""Replay by run id and by offset, rebuild, and the audit on a healthy and a planted database."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from consumers.log_check import read_topic
+from schemas.codec import Codec
+from sessionstream.client import SessionClient
+from sessionstream.settings import Settings
+from sinks.audit import run_audit
+from sinks.replay import events_of_run, events_of_session, read_range, rebuild
+from sinks.sink import connect
+from tests.integration.procs import (
+    Proc,
+    isolated_settings,
+    processor,
+    settings_env,
+    sink,
+    wait_processed,
+    wait_sink_caught_up,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def world(
+    settings: Settings, kafka_bootstrap: str, database_url: str
+) -> Iterator[tuple[Settings, str, str]]:
+    """A processor and a sink that recorded a small scenario: (settings, session, run)."""
+    s = isolated_settings(settings, "replay")
+    procs: list[Proc] = [processor(s), sink(s)]
+    sid = f"replay-{uuid.uuid4().hex[:6]}"
+    try:
+        with SessionClient("tenant-r", s) as c:
+            run = c.wait(c.prompt(sid, "plan a trip"), 60).run_id
+            assert run
+            w = {"run_id": run, "worker_id": "w1"}
+            assert (
+                c.wait(c.submit(c.command(sid, "lease.acquire", {}, **w)), 30).status == "accepted"
+            )
+            for t, p in [
+                ("run.progress", {"kind": "tool.started", "name": "search", "callId": "t1"}),
+                ("action.request", {"idempotencyKey": "mail-1", "kind": "email"}),
+                ("action.result", {"idempotencyKey": "mail-1", "ok": True}),
+                ("run.complete", {"result": "booked"}),
+            ]:
+                assert (
+                    c.wait(c.submit(c.command(sid, t, p, generation=1, **w)), 30).status
+                    == "accepted"
+                )
+            assert c.wait(c.prompt(sid, "second"), 30).status == "accepted"
+            assert c.wait(c.prompt(sid, "third"), 30).status == "rejected"
+            assert c.wait(c.abort(sid), 30).status == "accepted"
+        wait_processed(s, procs=procs)
+        wait_sink_caught_up(s, procs=procs)
+        yield s, sid, run
+    finally:
+        for p in procs:
+            p.stop()
+        with psycopg.connect(s.database_url, autocommit=True) as conn:
+            conn.execute(f'drop schema if exists "{s.database_schema}" cascade')
+
+
+def test_replay_by_run_id_equals_the_topic(world: tuple[Settings, str, str]) -> None:
+    s, sid, run = world
+    codec = Codec()
+    topic = [codec.decode_event(r.value or b"") for r in read_topic(s, s.events_topic)]
+    from_topic = sorted((e for e in topic if e.run_id == run), key=lambda e: e.seq)
+    with connect(s) as conn:
+        replayed = events_of_run(conn, run)
+        session = events_of_session(conn, sid)
+    assert [e.seq for e in replayed] == list(range(1, len(from_topic) + 1))
+    assert replayed == from_topic
+    assert [e.type for e in replayed][:3] == ["run.started", "run.lease_granted", "tool.started"]
+    assert replayed[-1].type == "run.finished"
+    assert session == [e for e in topic if e.session_id == sid]  # log order, session log included
+
+
+def test_replay_by_offset_and_rebuild(world: tuple[Settings, str, str]) -> None:
+    s, _sid, _run = world
+    records = [r for r in read_topic(s, s.events_topic)]
+    part = records[0].partition
+    in_part = [r for r in records if r.partition == part]
+    got = list(read_range(s, part, in_part[1].offset, in_part[-1].offset))
+    assert [o for o, _e in got] == [r.offset for r in in_part[1:-1]]
+    report = rebuild(s)
+    assert report.events == len(records)
+    assert report.equal, report.differences
+
+
+def _audit(s: Settings) -> dict[int, bool]:
+    with connect(s) as conn:
+        return {c.number: c.ok for c in run_audit(s, conn)}
+
+
+def test_audit_passes_then_fails_on_planted_violations(world: tuple[Settings, str, str]) -> None:
+    s, _sid, run = world
+    assert _audit(s) == dict.fromkeys(range(1, 9), True)
+    cli = Path(sys.executable).with_name("sessionstream")
+    ok = subprocess.run([str(cli), "audit"], env=settings_env(s), capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    with connect(s) as conn:
+        # plant: a hole in the run's history, and an action approved a second time
+        conn.execute("delete from agent_run_events where run_id = %s and seq = 2", (run,))
+        conn.execute(
+            "insert into agent_run_events (session_id, run_id, seq, type, payload, generation,"
+            " command_id, tenant_id, ts, kafka_partition, kafka_offset) select session_id, run_id,"
+            " 100, type, payload, generation, 'planted', tenant_id, ts, kafka_partition, -1"
+            " from agent_run_events where type = 'action.approved' and run_id = %s",
+            (run,),
+        )
+        conn.commit()
+    result = _audit(s)
+    assert not result[2] and not result[7] and not result[8], result
+    bad = subprocess.run([str(cli), "audit"], env=settings_env(s), capture_output=True, text=True)
+    assert bad.returncode == 1
+    for n in (2, 7, 8):
+        assert f"FAIL {n}." in bad.stdout, bad.stdout
+    assert "PASS 1." in bad.stdout and "gaps or duplicates in seq" in bad.stdout
