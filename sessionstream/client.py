@@ -238,9 +238,13 @@ class SessionClient:
         return self._partitions
 
     def _meta_consumer(self) -> Consumer:
-        # never assigned: its requests do not queue behind a long-polling fetch
+        # Never assigned, so its requests do not queue behind a long-polling fetch; and
+        # read_uncommitted, so a watermark includes records of transactions still pending.
+        # That matters in wait(): the processor's offset commit can become visible before
+        # the commit marker reaches the events partition, so a read_committed watermark
+        # (the LSO) read at that moment would stop short of the command's own events.
         if self._meta is None:
-            self._meta = self._consumer()
+            self._meta = self._consumer(**{"isolation.level": "read_uncommitted"})
         return self._meta
 
     def _events_high_watermarks(self, session_id: str) -> dict[int, int]:
