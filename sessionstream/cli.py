@@ -183,6 +183,10 @@ from sessionstream._cli_data import register as _register_data  # noqa: E402
 
 _register_data(app)
 
+from sessionstream._cli_send import register as _register_send  # noqa: E402
+
+_register_send(app)
+
 
 def main() -> None:
     """Console-script entry point."""

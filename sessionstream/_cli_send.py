@@ -1,0 +1,218 @@
+"""CLI commands that write to sessions (prompt, steer, follow-up, send, abort) and tail them."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from schemas.codec import Codec
+from schemas.events import Event
+from sessionstream.errors import CommandTimeout, SessionstreamError
+from sessionstream.settings import get_settings
+
+__all__ = ["register"]
+
+console = Console()
+
+Tenant = Annotated[str, typer.Option(help="tenant the session belongs to")]
+Wait = Annotated[float, typer.Option(help="seconds to wait for the outcome (0: don't wait)")]
+AsJson = Annotated[bool, typer.Option("--json", help="print the outcome as JSON")]
+CommandId = Annotated[
+    str | None, typer.Option(help="idempotency key (default: a new uuid); resend to retry")
+]
+
+
+def _submit(
+    session: str,
+    type_: str,
+    payload: dict[str, Any],
+    tenant: str,
+    wait: float,
+    as_json: bool,
+    command_id: str | None,
+) -> None:
+    from sessionstream.client import SessionClient
+
+    try:
+        with SessionClient(tenant, get_settings()) as client:
+            cmd = client.command(
+                session, type_, payload, command_id=command_id or str(uuid.uuid4())
+            )
+            handle = client.submit(cmd, track=wait > 0)
+            if wait <= 0:
+                client.flush()
+                _out(as_json, {"commandId": cmd.command_id, "status": "sent"})
+                return
+            outcome = client.wait(handle, timeout=wait)
+    except CommandTimeout as e:
+        typer.echo(f"error: {e} (is `sessionstream processor` running?)", err=True)
+        raise typer.Exit(code=2) from e
+    except SessionstreamError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(code=2) from e
+    result = {
+        "commandId": cmd.command_id,
+        "status": outcome.status,
+        "runId": outcome.run_id,
+        "reason": outcome.reason,
+        "events": [e.type for e in outcome.events],
+    }
+    _out(as_json, result)
+    if outcome.status == "rejected":
+        raise typer.Exit(code=1)
+
+
+def _out(as_json: bool, result: dict[str, Any]) -> None:
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    status = result["status"]
+    color = {"accepted": "green", "rejected": "red", "duplicate": "yellow"}.get(status, "white")
+    line = f"[{color}]{status}[/{color}] command {result['commandId']}"
+    if result.get("runId"):
+        line += f" run {result['runId']}"
+    if result.get("reason"):
+        line += f" reason {result['reason']}"
+    if result.get("events"):
+        line += f" -> {', '.join(result['events'])}"
+    console.print(line, highlight=False)
+
+
+def prompt(
+    session: str,
+    text: str,
+    tenant: Tenant = "default",
+    policy: Annotated[
+        str, typer.Option(help="while a run is active: reject, enqueue, interrupt")
+    ] = "reject",
+    timeout_ms: Annotated[int | None, typer.Option(help="run deadline in ms")] = None,
+    wait: Wait = 10.0,
+    as_json: AsJson = False,
+    command_id: CommandId = None,
+) -> None:
+    """Start a new task in SESSION (policy says what happens while a run is active)."""
+    if policy not in ("reject", "enqueue", "interrupt"):
+        typer.echo(f"error: unknown policy {policy!r}", err=True)
+        raise typer.Exit(code=2)
+    payload: dict[str, Any] = {"text": text, "policy": policy}
+    if timeout_ms:
+        payload["timeoutMs"] = timeout_ms
+    _submit(session, "prompt", payload, tenant, wait, as_json, command_id)
+
+
+def steer(
+    session: str,
+    text: str,
+    tenant: Tenant = "default",
+    wait: Wait = 10.0,
+    as_json: AsJson = False,
+    command_id: CommandId = None,
+) -> None:
+    """Change the active run's course; delivered to its worker at the next step."""
+    _submit(session, "steer", {"text": text}, tenant, wait, as_json, command_id)
+
+
+def follow_up(
+    session: str,
+    text: str,
+    tenant: Tenant = "default",
+    wait: Wait = 10.0,
+    as_json: AsJson = False,
+    command_id: CommandId = None,
+) -> None:
+    """Add information: delivered before the active run finishes, or starts a run when idle."""
+    _submit(session, "follow_up", {"text": text}, tenant, wait, as_json, command_id)
+
+
+def send(
+    session: str,
+    text: str,
+    tenant: Tenant = "default",
+    wait: Wait = 10.0,
+    as_json: AsJson = False,
+    command_id: CommandId = None,
+) -> None:
+    """The single send button: the runtime picks prompt, follow-up or queue from the state."""
+    _submit(session, "send", {"text": text}, tenant, wait, as_json, command_id)
+
+
+def abort(
+    session: str,
+    tenant: Tenant = "default",
+    reason: Annotated[str, typer.Option(help="recorded with the cancel")] = "user",
+    wait: Wait = 10.0,
+    as_json: AsJson = False,
+    command_id: CommandId = None,
+) -> None:
+    """Cancel the active run: model request, tools, sub-tasks and pending actions."""
+    _submit(session, "abort", {"reason": reason}, tenant, wait, as_json, command_id)
+
+
+def tail(
+    session: str,
+    from_start: Annotated[bool, typer.Option(help="print the session's history first")] = False,
+    as_json: AsJson = False,
+) -> None:
+    """Print SESSION's events as they are committed (Ctrl-C to stop)."""
+    from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
+
+    from sessionstream._kafka import client_config
+    from sessionstream.client import SessionClient
+    from streams.partitioning import partition_for
+
+    s = get_settings()
+    try:
+        n = SessionClient("tail", s)._partition_count()
+    except SessionstreamError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(code=2) from e
+    p = partition_for(session.encode(), n)
+    consumer = Consumer(
+        client_config(
+            s,
+            **{
+                "group.id": f"sessionstream-tail-{uuid.uuid4()}",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 50,
+            },
+        )
+    )
+    consumer.assign(
+        [TopicPartition(s.events_topic, p, OFFSET_BEGINNING if from_start else OFFSET_END)]
+    )
+    codec = Codec()
+    try:
+        while True:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error() is not None:
+                continue
+            event = codec.decode_event(msg.value() or b"")
+            if event.session_id == session:
+                _print_event(event, as_json)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        consumer.close()
+
+
+def _print_event(e: Event, as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(Codec.event_to_json(e)))
+        return
+    data = {k: v for k, v in Codec.event_to_json(e)["payload"].items() if v not in (None, [], "")}
+    console.print(
+        f"{e.ts} [bold]{e.type}[/bold] run {e.run_id[:8]} #{e.seq} gen {e.generation} "
+        f"{json.dumps(data)[:120]}",
+        highlight=False,
+    )
+
+
+def register(app: typer.Typer) -> None:
+    for fn in (prompt, steer, send, abort, tail):
+        app.command()(fn)
+    app.command("follow-up")(follow_up)
