@@ -172,7 +172,7 @@ def test_steer_reaches_the_next_step_and_a_follow_up_comes_before_the_end(
     procs.append(w)
     ready(w)
     sid = f"steer-{uuid.uuid4().hex[:6]}"
-    run_id = prompt(iso, sid, "steps=3 tool_ms=1500 email=no")
+    run_id = prompt(iso, sid, "steps=3 tool_ms=1500 email=no compact=1")
     wait_event(iso, run_id, "tool.started", procs=procs)
     with SessionClient("tenant-w", iso) as c:
         assert c.wait(c.steer(sid, "do not search that, try the archive")).status == "accepted"
@@ -193,6 +193,7 @@ def test_steer_reaches_the_next_step_and_a_follow_up_comes_before_the_end(
     result = evs[finished].payload_as(RunFinished).result
     assert result == "follow-ups handled: 1"
     assert all(e.generation == 1 for e in evs)
+    assert "context.checkpointed" in types and "run.compaction_finished" in types
 
 
 def test_a_run_past_its_deadline_times_out_and_the_worker_stops_it(
@@ -222,3 +223,26 @@ def test_a_run_past_its_deadline_times_out_and_the_worker_stops_it(
         and e.payload.model_dump().get("command_type") != "lease.renew"
     ]
     assert not late, f"the worker kept writing after the deadline: {late}"
+
+
+def test_cancel_during_a_model_call_aborts_it_and_cancels_subtasks(
+    iso: Settings, db: str, procs: list[Proc]
+) -> None:
+    procs.append(processor(iso))
+    w = start_worker(iso, "w-model")
+    procs.append(w)
+    ready(w)
+    sid = f"model-{uuid.uuid4().hex[:6]}"
+    run_id = prompt(iso, sid, "steps=1 model_ms=20000 subtask_ms=20000 email=end")
+    wait_event(iso, run_id, "model.request.started", procs=procs)
+    with SessionClient("tenant-w", iso) as c:
+        assert c.wait(c.abort(sid), timeout=30).status == "accepted"
+    assert terminal(iso, run_id, timeout=30) == "cancelled"
+    evs = run_events(iso, run_id)
+    ack = next(e for e in evs if e.type == "run.cancel_acknowledged").payload.model_dump()
+    assert ack["model_request_aborted"] is True
+    assert ack["subtasks_cancelled"] == ["background-index"]
+    model_end = next(e for e in evs if e.type == "model.request.finished")
+    assert _detail(model_end).startswith("aborted")
+    assert "tool.started" not in [e.type for e in evs]
+    assert outbox(db, run_id) == []
