@@ -114,7 +114,8 @@ def ready(p: Proc) -> None:
 def bench_cancels(s: Settings, n: int, lease_ms: int) -> tuple[list[float], list[float]]:
     procs = [processor(s), worker(s, "bench-w1", lease_ms)]
     tail = Tail(s)
-    propagation, terminal = [], []
+    propagation: list[float] = []
+    terminal: list[float] = []
     try:
         ready(procs[1])
         with SessionClient("bench", s) as c:
