@@ -65,8 +65,9 @@ lint: install
 	exit $$rc
 
 # Until the real demo lands this is the smoke round trip through Kafka and PostgreSQL.
+# DEMO_ARGS=--keep leaves processor, sink and workers running to explore
 demo: install up
-	$(VENV)/bin/sessionstream smoke
+	$(VENV)/bin/sessionstream demo $(DEMO_ARGS)
 
 bench: install up
 	@if [ -x bench/run_all.sh ]; then \

@@ -188,6 +188,24 @@ from sessionstream._cli_send import register as _register_send  # noqa: E402
 _register_send(app)
 
 
+@app.command()
+def demo(
+    keep: Annotated[bool, typer.Option(help="leave processor, sink and workers running")] = False,
+) -> None:
+    """Start processor, sink and two workers and play the protocol's scenes end to end."""
+    from sessionstream._logging import setup_logging
+    from sessionstream.demo import run_demo
+    from sessionstream.errors import SessionstreamError
+    from sessionstream.settings import get_settings
+
+    setup_logging("WARNING")
+    try:
+        code = run_demo(get_settings(), keep=keep)
+    except (SessionstreamError, TimeoutError, RuntimeError) as e:
+        _fail(str(e))
+    raise typer.Exit(code=code)
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

@@ -1,0 +1,85 @@
+"""Start and stop sessionstream's own processes (used by the demo)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from sessionstream.settings import Settings
+
+__all__ = ["Service", "settings_env"]
+
+
+def settings_env(s: Settings) -> dict[str, str]:
+    """The environment that gives a subprocess exactly these settings."""
+    env = dict(os.environ)
+    for name, value in s.model_dump().items():
+        key = f"SESSIONSTREAM_{name.upper()}"
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = str(value)
+    return env
+
+
+class Service:
+    """One `sessionstream ARGS` subprocess, its output in `log`."""
+
+    def __init__(self, name: str, settings: Settings, args: list[str], log_dir: Path) -> None:
+        self.name = name
+        self.settings = settings
+        self.args = args
+        self.log = log_dir / f"{name}.log"
+        self.popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Service:
+        exe = Path(sys.executable).with_name("sessionstream")
+        with self.log.open("ab") as out:
+            self.popen = subprocess.Popen(
+                [str(exe), *self.args],
+                env=settings_env(self.settings),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None
+        return self.popen.pid
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def wait_for(self, needle: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while needle not in self.text():
+            if not self.alive():
+                raise RuntimeError(f"{self.name} exited; last lines:\n{self.text()[-2000:]}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.name}: no {needle!r} within {timeout}s (log {self.log})")
+            time.sleep(0.1)
+
+    def kill9(self) -> None:
+        if self.alive():
+            assert self.popen is not None
+            self.popen.send_signal(signal.SIGKILL)
+            self.popen.wait(10)
+
+    def stop(self) -> None:
+        if not self.alive():
+            return
+        assert self.popen is not None
+        self.popen.send_signal(signal.SIGTERM)
+        try:
+            self.popen.wait(20)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait(10)
