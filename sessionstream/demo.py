@@ -324,7 +324,7 @@ def _finale(s: Settings, runs: list[tuple[str, str]], services: dict[str, Servic
             "select run_id, count(*) from agent_outbox where run_id = any(%s) group by run_id",
             ([r for _s, r in runs],),
         ).fetchall()
-        sent = {str(r): int(n) for r, n in rows}
+        sent = {str(r): int(str(n)) for r, n in rows}
         _say(
             "emails in agent_outbox: "
             + ", ".join(f"{sid.split('-')[-1]} {run[:8]}: {sent.get(run, 0)}" for sid, run in runs)
