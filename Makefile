@@ -37,8 +37,8 @@ $(STAMP): pyproject.toml
 				rm -rf $(VENV); $(PYTHON) -m venv $(VENV); \
 			else echo "error: '$(PYTHON) -m venv' failed (Debian: apt-get install python3-venv)" >&2; exit 1; fi; }; \
 	fi
-	@echo "install: pip install -e '.[dev]' hdrhistogram prometheus-client (log: $(VENV)/install.log)"
-	@$(PY) -m pip install --disable-pip-version-check -e '.[dev]' hdrhistogram prometheus-client \
+	@echo "install: pip install -e '.[dev]' (log: $(VENV)/install.log)"
+	@$(PY) -m pip install --disable-pip-version-check -e '.[dev]' \
 		>$(VENV)/install.log 2>&1 || { tail -n 40 $(VENV)/install.log >&2; exit 1; }
 	@touch $@
 
@@ -70,6 +70,7 @@ demo: install up
 	$(VENV)/bin/sessionstream demo $(DEMO_ARGS)
 
 bench: install up
+	@$(PY) -m pip install --disable-pip-version-check -q -e '.[dev,bench]' >>$(VENV)/install.log 2>&1
 	@if [ -x bench/run_all.sh ]; then \
 		PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bench/run_all.sh; \
 	else \
