@@ -41,6 +41,25 @@ topics_app = typer.Typer(help="Create or check the protocol's topics.", no_args_
 app.add_typer(topics_app, name="topics")
 
 
+MetricsPort = Annotated[
+    int | None,
+    typer.Option(
+        help="serve Prometheus /metrics on this port (default SESSIONSTREAM_METRICS_PORT)"
+    ),
+]
+
+
+def _serve_metrics(port: int | None) -> None:
+    from sessionstream import metrics
+    from sessionstream.settings import get_settings
+
+    port = port or get_settings().metrics_port
+    try:
+        metrics.serve(port)
+    except OSError as e:
+        _fail(f"cannot serve metrics on port {port}: {e}")
+
+
 def _fail(message: str, code: int = 1) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code=code)
@@ -91,12 +110,14 @@ def processor(
         bool, typer.Option("--json-logs", help="one JSON object per log line")
     ] = False,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "INFO",
+    metrics_port: MetricsPort = None,
 ) -> None:
     """Run the session processor: commands -> decider -> events, exactly once."""
     from sessionstream._logging import setup_logging
     from sessionstream._run import run_processor
 
     setup_logging(log_level, json_logs)
+    _serve_metrics(metrics_port)
     if engine not in ("txn", "faust"):
         _fail(f"unknown engine {engine!r} (txn or faust)")
     code = run_processor(engine, instance)
@@ -112,12 +133,14 @@ def sink(
         bool, typer.Option("--json-logs", help="one JSON object per log line")
     ] = False,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "INFO",
+    metrics_port: MetricsPort = None,
 ) -> None:
     """Persist session.events into PostgreSQL, exactly once (offsets stored with the rows)."""
     from sessionstream._logging import setup_logging
     from sessionstream._run import run_sink
 
     setup_logging(log_level, json_logs)
+    _serve_metrics(metrics_port)
     if mode not in ("copy", "executemany"):
         _fail(f"unknown mode {mode!r} (copy or executemany)")
     raise typer.Exit(code=run_sink(batch_size, linger_ms, mode))
@@ -166,6 +189,7 @@ def worker(
         bool, typer.Option("--json-logs", help="one JSON object per log line")
     ] = False,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "INFO",
+    metrics_port: MetricsPort = None,
 ) -> None:
     """Run a run worker: acquire leases, execute runs, propagate cancels (docs/workers.md)."""
     from consumers.worker._main import run_worker
@@ -173,6 +197,7 @@ def worker(
     from sessionstream.settings import get_settings
 
     setup_logging(log_level, json_logs)
+    _serve_metrics(metrics_port)
     settings = get_settings()
     if group:
         settings = settings.model_copy(update={"worker_group": group})

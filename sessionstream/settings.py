@@ -65,6 +65,9 @@ class Settings(BaseSettings):
     partitions: int = Field(default=4, ge=1)
     """Partition count of the commands and events topics (the two must be equal)."""
 
+    metrics_port: int | None = None
+    """Port of the Prometheus ``/metrics`` endpoint of processor, sink and worker (off if unset)."""
+
     max_payload_bytes: int = Field(default=262144, ge=1024)
     """Largest accepted command or event payload in bytes; larger input goes to the DLQ."""
 

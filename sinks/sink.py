@@ -22,6 +22,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message,
 
 from schemas.codec import Codec
 from schemas.errors import DecodeError
+from sessionstream import metrics
 from sessionstream._kafka import client_config
 from sessionstream.errors import DatabaseUnavailable, SingleWriterViolation
 from sessionstream.settings import Settings
@@ -216,6 +217,9 @@ class Sink:
                 self.stats.batches += 1
                 self.stats.events += len(pending)
                 self.stats.last_batch_ms = ms
+                metrics.SINK_EVENTS.inc(len(pending))
+                metrics.SINK_BATCH_SECONDS.observe(ms / 1000)
+                self._report_lag(nxt)
                 # informational: lets the usual tools show the sink's lag
                 self._consumer.commit(
                     offsets=[TopicPartition(t, p, o) for (t, p), o in nxt.items()],
@@ -223,6 +227,19 @@ class Sink:
                 )
         finally:
             self.close()
+
+    def _report_lag(self, nxt: dict[tuple[str, int], int]) -> None:
+        """Lag per partition from the watermarks the last fetch brought (no extra request)."""
+        assert self._consumer is not None
+        for (topic, p), offset in nxt.items():
+            try:
+                _low, high = self._consumer.get_watermark_offsets(
+                    TopicPartition(topic, p), cached=True
+                )
+            except KafkaException:
+                continue
+            if high >= 0:
+                metrics.SINK_LAG.labels(str(p)).set(max(0, high - offset))
 
     def close(self) -> None:
         if self._consumer is not None:

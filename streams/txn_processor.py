@@ -37,6 +37,7 @@ from confluent_kafka import (
 )
 
 from schemas.codec import Codec
+from sessionstream import metrics
 from sessionstream._kafka import client_config
 from sessionstream.errors import KafkaUnavailable
 from sessionstream.settings import Settings
@@ -107,6 +108,7 @@ class TransactionalProcessor:
         self.stats = ProcessorStats()
         self.partitions: dict[int, _Partition] = {}
         self.ready = threading.Event()
+        self._cancel_requested: dict[str, int] = {}  # run id -> ts, for the cancel histogram
         self._step: CommandStep | None = None
         self._producer: Producer | None = None
         self._consumer: Consumer | None = None
@@ -170,7 +172,9 @@ class TransactionalProcessor:
         committed = consumer.committed(partitions, timeout=60)
         # Step 2: state of each partition, read to its end
         for tp in partitions:
-            self.partitions[tp.partition] = self._restore(tp.partition)
+            part = self._restore(tp.partition)
+            self.partitions[tp.partition] = part
+            metrics.ACTIVE_RUNS.inc(sum(1 for st in part.states.values() if st.active))
         # Step 3: consume from the committed offsets (or the beginning)
         start = [
             TopicPartition(
@@ -185,7 +189,9 @@ class TransactionalProcessor:
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # no transaction is open here: every batch commits before the next poll
         for tp in partitions:
-            self.partitions.pop(tp.partition, None)
+            gone = self.partitions.pop(tp.partition, None)
+            if gone is not None:
+                metrics.ACTIVE_RUNS.dec(sum(1 for st in gone.states.values() if st.active))
         log.info("revoked %s", sorted(tp.partition for tp in partitions))
 
     def _restore(self, partition: int) -> _Partition:
@@ -322,6 +328,9 @@ class TransactionalProcessor:
         for (p, sid), state in staged.items():
             owner = self.partitions.get(p)
             if owner is not None:
+                before = owner.states.get(sid)
+                was_active = before is not None and before.active is not None
+                metrics.ACTIVE_RUNS.inc(int(state.active is not None) - int(was_active))
                 owner.states[sid] = state
                 owner.schedule(state)
         self._count(outcomes, len(timers))
@@ -356,6 +365,7 @@ class TransactionalProcessor:
             ) from error
         log.warning("aborting transaction: %s", kerr)
         self.stats.aborts += 1
+        metrics.TRANSACTIONS.labels("aborted").inc()
         self._producer.abort_transaction(30)
         # rewind to the first offset of the batch per partition: nothing of it happened
         first: dict[tuple[str, int], int] = {}
@@ -370,20 +380,47 @@ class TransactionalProcessor:
         st = self.stats
         st.transactions += 1
         st.timers_fired += timers
+        metrics.TRANSACTIONS.labels("committed").inc()
+        now = self.clock()
         for o in outcomes:
             st.commands += 1
             st.events += len(o.events)
+            metrics.EVENTS.inc(len(o.events))
             if o.dead_letter is not None:
                 st.dead_letters += 1
                 r = o.dead_letter.reason
                 st.dead_letters_by_reason[r] = st.dead_letters_by_reason.get(r, 0) + 1
-            elif o.duplicate:
+                metrics.COMMANDS.labels("dead_letter").inc()
+                metrics.DEAD_LETTERS.labels(r).inc()
+                continue
+            if o.duplicate:
                 st.duplicates += 1
+                metrics.COMMANDS.labels("duplicate").inc()
+                continue
+            if o.command is not None:
+                metrics.COMMAND_AGE.observe(max(0.0, now - o.command.ts / 1000))
+            rejected = False
             for e in o.events:
                 if e.type == "command.rejected":
+                    rejected = True
                     st.rejections += 1
                     reason = str(getattr(e.payload, "reason", "?"))
                     st.rejections_by_reason[reason] = st.rejections_by_reason.get(reason, 0) + 1
+                    metrics.REJECTIONS.labels(reason).inc()
+                elif e.type == "run.lease_expired":
+                    metrics.LEASE_EXPIRIES.inc()
+                elif e.type == "run.cancel_requested":
+                    self._cancel_requested[e.run_id] = e.ts
+                    if len(self._cancel_requested) > 10_000:  # runs that never finished here
+                        self._cancel_requested.pop(next(iter(self._cancel_requested)))
+                elif e.type == "run.finished":
+                    asked = self._cancel_requested.pop(e.run_id, None)
+                    if (
+                        asked is not None
+                        and getattr(e.payload, "terminal_status", "") == "cancelled"
+                    ):
+                        metrics.CANCEL_LATENCY.observe(max(0, e.ts - asked) / 1000)
+            metrics.COMMANDS.labels("rejected" if rejected else "accepted").inc()
 
     def close(self) -> None:
         if self._consumer is not None:

@@ -27,6 +27,7 @@ from schemas.events import (
     StaleWriteRecorded,
     Steered,
 )
+from sessionstream import metrics
 
 if TYPE_CHECKING:
     from consumers.worker.runtime import Worker
@@ -160,10 +161,12 @@ class Execution:
                 if not ctx.aborted and not self.cancelling:
                     log.warning("run %s: handler failed: %r", self.run_id, e)
                     self.send("run.fail", {"error": repr(e)[:2000]})
+                    metrics.WORKER_RUNS.labels("failed").inc()
                 return
             if ctx.aborted or self.cancelling:
                 return
             self._round_end = asyncio.get_running_loop().create_future()
+            metrics.WORKER_RUNS.labels("completed").inc()
             self._complete_cmd = self.send(
                 "run.complete",
                 {"result": result, "consumedFollowUps": list(ctx.consumed_follow_ups)},
@@ -183,6 +186,7 @@ class Execution:
         """Model, tools, sub-tasks, actions — then acknowledge."""
         ctx = self.ctx
         assert ctx is not None
+        started = time.monotonic()
         report = ctx._abort(reason)
         task = self._handler
         if task is not None and not task.done():
@@ -206,6 +210,8 @@ class Execution:
                 "actionsBlocked": sorted(set(report.actions_blocked)),
             },
         )
+        metrics.WORKER_CANCEL_SECONDS.observe(time.monotonic() - started)
+        metrics.WORKER_RUNS.labels("cancelled").inc()
         log.info("run %s: cancel acknowledged %s", self.run_id, report)
 
     def _stop(self, reason: str, *, fenced: bool) -> None:
@@ -214,6 +220,7 @@ class Execution:
             return
         if fenced:
             self.fenced = reason
+        metrics.WORKER_RUNS.labels("fenced" if fenced else "stopped").inc()
         log.info("run %s: stopped locally: %s", self.run_id, reason)
         if not self._granted.done():
             self._granted.set_exception(RunAborted(reason))

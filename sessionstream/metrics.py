@@ -1,0 +1,81 @@
+"""Prometheus metrics of the processor, the sink and the workers.
+
+Each process serves them on `--metrics-port` (or SESSIONSTREAM_METRICS_PORT) at `/metrics`;
+nothing is served when neither is set. Names are prefixed `sessionstream_`.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+__all__ = [
+    "ACTIVE_RUNS",
+    "CANCEL_LATENCY",
+    "COMMANDS",
+    "COMMAND_AGE",
+    "DEAD_LETTERS",
+    "EVENTS",
+    "LEASE_EXPIRIES",
+    "REJECTIONS",
+    "SINK_BATCH_SECONDS",
+    "SINK_EVENTS",
+    "SINK_LAG",
+    "TRANSACTIONS",
+    "WORKER_CANCEL_SECONDS",
+    "WORKER_RUNS",
+    "serve",
+]
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+# -- processor ---------------------------------------------------------------------------
+COMMANDS = Counter(
+    "sessionstream_commands", "Commands decided, by outcome", ["outcome"]
+)  # accepted | rejected | duplicate | dead_letter
+REJECTIONS = Counter("sessionstream_rejections", "command.rejected events, by reason", ["reason"])
+DEAD_LETTERS = Counter(
+    "sessionstream_dead_letters", "Records sent to the DLQ, by reason", ["reason"]
+)
+EVENTS = Counter("sessionstream_events", "Events written to the events topic")
+TRANSACTIONS = Counter(
+    "sessionstream_transactions", "Processor transactions, by result", ["result"]
+)
+ACTIVE_RUNS = Gauge("sessionstream_active_runs", "Active runs in this processor's partitions")
+LEASE_EXPIRIES = Counter("sessionstream_lease_expiries", "run.lease_expired events")
+CANCEL_LATENCY = Histogram(
+    "sessionstream_cancel_seconds",
+    "run.cancel_requested -> run.finished{cancelled}, by command time",
+    buckets=_LATENCY_BUCKETS,
+)
+COMMAND_AGE = Histogram(
+    "sessionstream_command_age_seconds",
+    "Producer timestamp of a command -> its events committed",
+    buckets=_LATENCY_BUCKETS,
+)
+
+# -- sink --------------------------------------------------------------------------------
+SINK_EVENTS = Counter("sessionstream_sink_events", "Events written to PostgreSQL")
+SINK_BATCH_SECONDS = Histogram(
+    "sessionstream_sink_batch_seconds",
+    "One PostgreSQL transaction of the sink",
+    buckets=_LATENCY_BUCKETS,
+)
+SINK_LAG = Gauge(
+    "sessionstream_sink_lag", "Events not yet in PostgreSQL, by partition", ["partition"]
+)
+
+# -- workers -----------------------------------------------------------------------------
+WORKER_RUNS = Counter(
+    "sessionstream_worker_runs", "Runs this worker executed, by how they ended", ["end"]
+)
+WORKER_CANCEL_SECONDS = Histogram(
+    "sessionstream_worker_cancel_seconds",
+    "run.cancel_requested seen -> cancel.ack sent",
+    buckets=_LATENCY_BUCKETS,
+)
+
+
+def serve(port: int | None) -> None:
+    """Serve /metrics on `port` (all interfaces, so a scraper in another container can reach it)."""
+    if port:
+        start_http_server(port)
