@@ -11,12 +11,8 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from consumers.log_check import read_topic
-from schemas.codec import Codec
-from schemas.events import Event
 from sessionstream.client import SessionClient
 from sessionstream.settings import Settings
-from sinks.projection import Projection
 from tests.integration.helpers import wait_until
 from tests.integration.procs import (
     REPO,
@@ -27,6 +23,7 @@ from tests.integration.procs import (
     wait_processed,
     wait_sink_caught_up,
 )
+from tests.integration.rows import assert_rows_equal_log, count_rows, db
 
 pytestmark = pytest.mark.integration
 
@@ -47,63 +44,6 @@ def procs() -> Iterator[list[Proc]]:
     yield started
     for p in started:
         p.stop()
-
-
-def _db(s: Settings) -> psycopg.Connection[tuple[object, ...]]:
-    return psycopg.connect(s.database_url, options=f"-c search_path={s.database_schema}")
-
-
-def _log_events(s: Settings) -> list[tuple[int, int, Event]]:
-    codec = Codec()
-    return [
-        (r.partition, r.offset, codec.decode_event(r.value or b""))
-        for r in read_topic(s, s.events_topic)
-    ]
-
-
-def assert_rows_equal_log(s: Settings) -> int:
-    """Every event once, with its payload; the projection equals the fold of the log."""
-    log = _log_events(s)
-    with _db(s) as conn:
-        rows = conn.execute(
-            "select session_id, run_id, seq, type, payload, generation, command_id,"
-            " kafka_partition, kafka_offset from agent_run_events"
-        ).fetchall()
-        runs = {
-            r[0]: r
-            for r in conn.execute(
-                "select run_id, status, generation, lease_owner, terminal_status, last_seq, prompt,"
-                " checkpoint_uri from agent_runs"
-            ).fetchall()
-        }
-        offsets = dict(conn.execute("select partition, next_offset from sink_offsets").fetchall())
-    assert len(rows) == len(log), f"{len(rows)} rows for {len(log)} events"
-    by_key = {(r[0], r[1], r[2]): r for r in rows}
-    assert len(by_key) == len(rows)
-    for p, off, e in log:
-        row = by_key[(e.session_id, e.run_id, e.seq)]
-        assert row[3] == e.type and row[5] == e.generation and row[6] == e.command_id
-        assert row[4] == Codec.event_to_json(e)["payload"]
-        assert (row[7], row[8]) == (p, off)
-    # the offsets table agrees with the rows
-    for p in {p for p, _o, _e in log}:
-        assert offsets[p] > max(o for q, o, _e in log if q == p)
-    proj = Projection({}, {})
-    for p, off, e in log:
-        proj.apply(e, f"{p}@{off}")
-    assert set(runs) == set(proj.runs)
-    for run_id, r in proj.runs.items():
-        got = runs[run_id]
-        assert got[1:] == (
-            r.status,
-            r.generation,
-            r.lease_owner,
-            r.terminal_status,
-            r.last_seq,
-            r.prompt,
-            r.checkpoint_uri,
-        ), run_id
-    return len(rows)
 
 
 def _load(s: Settings, n: int, sessions: int, stop: threading.Event, pause: float = 0.0) -> None:
@@ -144,7 +84,7 @@ def test_end_to_end_commands_to_rows(iso: Settings, procs: list[Proc]) -> None:
     wait_processed(iso, procs=procs)
     wait_sink_caught_up(iso, procs=procs)
     assert assert_rows_equal_log(iso) > 8
-    with _db(iso) as conn:
+    with db(iso) as conn:
         statuses = [
             r[0]
             for r in conn.execute(
@@ -167,9 +107,9 @@ def test_kill9_sink_mid_batch_three_times(iso: Settings, procs: list[Proc]) -> N
     loader.start()
     try:
         for _ in range(3):
-            with_rows = _count_rows(iso)
+            with_rows = count_rows(iso)
             wait_until(
-                lambda with_rows=with_rows: _count_rows(iso) > with_rows + 300,
+                lambda with_rows=with_rows: count_rows(iso) > with_rows + 300,
                 timeout=120,
                 what="the sink to write 300 more rows",
             )
@@ -183,15 +123,6 @@ def test_kill9_sink_mid_batch_three_times(iso: Settings, procs: list[Proc]) -> N
     assert assert_rows_equal_log(iso) > 1000
 
 
-def _count_rows(s: Settings) -> int:
-    try:
-        with _db(s) as conn:
-            row = conn.execute("select count(*) from agent_run_events").fetchone()
-            return int(row[0]) if row else 0  # type: ignore[call-overload]
-    except psycopg.Error:
-        return 0
-
-
 def test_postgres_restarted_under_the_sink(iso: Settings, procs: list[Proc]) -> None:
     if iso.database_url != Settings.model_fields["database_url"].default:
         pytest.fail("this test restarts the local PostgreSQL; run it against `make up`'s stack")
@@ -200,16 +131,16 @@ def test_postgres_restarted_under_the_sink(iso: Settings, procs: list[Proc]) -> 
     loader = threading.Thread(target=_load, args=(iso, 200_000, 30, stop, 0.002))
     loader.start()
     try:
-        wait_until(lambda: _count_rows(iso) > 200, timeout=120, what="rows before the restart")
+        wait_until(lambda: count_rows(iso) > 200, timeout=120, what="rows before the restart")
         subprocess.run(
             ["bash", str(REPO / "stack/stack.sh"), "restart-postgres"],
             check=True,
             capture_output=True,
             timeout=120,
         )
-        after = _count_rows(iso)
+        after = count_rows(iso)
         wait_until(
-            lambda: _count_rows(iso) > after + 200,
+            lambda: count_rows(iso) > after + 200,
             timeout=120,
             what="rows written after the restart",
         )
@@ -226,7 +157,7 @@ def test_partial_unique_index_rejects_a_second_active_run(iso: Settings, procs: 
     from sinks.migrate import migrate
 
     migrate(iso.database_url, schema=iso.database_schema)
-    with _db(iso) as conn:
+    with db(iso) as conn:
         conn.execute("insert into agent_sessions values ('s1', 't', null, now(), now())")
         insert = (
             "insert into agent_runs (run_id, session_id, tenant_id, status, generation,"
