@@ -129,7 +129,10 @@ class Sink:
 
     # -- kafka ------------------------------------------------------------------------------
     def start(self) -> None:
-        migrate(self.settings.database_url, schema=self.schema)
+        # a database restarting while the sink starts is waited out, as in the loop
+        self._retrying(
+            "migrating", lambda _conn: migrate(self.settings.database_url, schema=self.schema)
+        )
         self._consumer = Consumer(
             client_config(
                 self.settings,
