@@ -9,13 +9,23 @@ same tests with `SESSIONSTREAM_SOAK=1` (10x load and rounds).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+import random
+import uuid
+from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
+from confluent_kafka import Producer
 
+from consumers.log_check import check_log, read_topic
+from schemas.codec import DEFAULT_MAX_RECORD_BYTES, Codec
+from schemas.commands import Command
+from schemas.events import Event, StaleWriteRecorded
+from sessionstream.client import SessionClient
 from sessionstream.settings import Settings
 from sinks.migrate import migrate
+from streams.partitioning import partition_for
 from tests.integration.faults import (
     Load,
     Pipeline,
@@ -25,7 +35,7 @@ from tests.integration.faults import (
     scaled,
 )
 from tests.integration.helpers import wait_until
-from tests.integration.procs import isolated_settings
+from tests.integration.procs import Proc, isolated_settings, processor
 
 pytestmark = pytest.mark.integration
 
@@ -118,3 +128,142 @@ def test_the_pipeline_rides_out_a_broker_restart(iso: Settings, pipe: Pipeline) 
         load.join(330)
     counts = assert_consistent(iso, pipe, load, verifier)
     print("broker restart:", counts)
+
+
+# -- bad-input sweep ------------------------------------------------------------------------
+
+
+def _json_cmd(sid: str, **fields: object) -> bytes:
+    base: dict[str, object] = {
+        "commandId": f"j-{uuid.uuid4().hex[:8]}",
+        "sessionId": sid,
+        "tenantId": "tenant-a",
+        "type": "prompt",
+        "ts": 1,
+        "payload": {"text": "hi"},
+    }
+    base.update(fields)
+    return json.dumps(base).encode()
+
+
+def _dead_letter_cases(sid: str, codec: Codec) -> dict[str, tuple[bytes | None, bytes | None, str]]:
+    """name -> (key, value, DLQ reason): records no decoder or router can accept."""
+    good = Command(
+        command_id="dlq-template",
+        session_id=sid,
+        tenant_id="tenant-a",
+        type="prompt",
+        ts=1,
+        payload={"text": "template"},
+    )
+    avro = codec.encode_command(good)
+    key = sid.encode()
+    return {
+        "random-bytes": (key, random.Random(3).randbytes(96), "malformed"),
+        "truncated-avro": (key, avro[: len(avro) // 2], "malformed"),
+        "unknown-fingerprint": (key, avro[:2] + b"\x5a" * 8 + avro[10:], "unknown_schema"),
+        "json-wrong-types": (key, _json_cmd(sid, commandId=7, ts="yesterday"), "schema_violation"),
+        "json-payload-wrong-types": (
+            key,
+            _json_cmd(sid, payload={"text": ["a"], "policy": 3}),
+            "schema_violation",
+        ),
+        "unknown-command-type": (key, _json_cmd(sid, type="launch.missiles"), "unknown_type"),
+        "oversized-record": (key, avro + b"\x00" * (DEFAULT_MAX_RECORD_BYTES + 1), "oversized"),
+        "tombstone": (key, None, "malformed"),
+        "key-mismatch": (b"somebody-else", avro, "key_mismatch"),
+    }
+
+
+def test_bad_input_sweep_every_kind_gets_its_recorded_outcome(iso: Settings) -> None:
+    """Each bad input is dead-lettered or rejected with its reason; the processor goes on."""
+    proc = processor(iso, "sweep")
+    try:
+        _sweep(iso, proc)
+    finally:
+        proc.stop()
+
+
+def _sweep(iso: Settings, proc: Proc) -> None:
+    codec = Codec()
+    sid = f"sweep-{uuid.uuid4().hex[:6]}"
+    part = partition_for(sid.encode(), iso.partitions)
+    # Step 1: dead letters — undecodable or misrouted records, sent raw
+    cases = _dead_letter_cases(sid, codec)
+    raw = Producer({"bootstrap.servers": iso.kafka_bootstrap, "message.max.bytes": 4 << 20})
+    for name, (key, value, _reason) in cases.items():
+        raw.produce(
+            iso.commands_topic,
+            key=key,
+            value=value,
+            partition=part,
+            headers=[("case", name.encode())],
+        )
+    assert raw.flush(30) == 0
+    with SessionClient("tenant-a", iso) as c:
+        # Step 2: rejections — decodable commands the decider refuses, each with a reason
+        first = c.wait(c.prompt(sid, "steps=1 tool_ms=50", timeout_ms=600_000), 60)
+        assert first.status == "accepted" and first.run_id
+        run = first.run_id
+        w = {"run_id": run, "worker_id": "fake-worker"}
+        acquire = c.command(sid, "lease.acquire", {"leaseMs": 300}, **w)
+        assert c.wait(c.submit(acquire), 30).status == "accepted"
+        _wait_events(iso, lambda e: e.type == "run.lease_expired" and e.run_id == run)
+        big = "x" * (iso.max_payload_bytes + 10_000)  # over the payload limit, under the record's
+        rejections = {
+            "oversized-payload": (c.command(sid, "steer", {"text": big}), "payload_too_large"),
+            "wrong-tenant": (c.command(sid, "abort", {}, tenant_id="tenant-b"), "tenant_mismatch"),
+            "stale-generation": (
+                c.command(
+                    sid, "run.progress", {"kind": "model.request.started"}, generation=1, **w
+                ),
+                "stale_generation",
+            ),
+            "unknown-run": (
+                c.command(
+                    sid,
+                    "run.complete",
+                    {"result": "x"},
+                    run_id="no-such-run",
+                    worker_id="fake-worker",
+                    generation=1,
+                ),
+                "unknown_run",
+            ),
+        }
+        for name, (cmd, reason) in rejections.items():
+            out = c.wait(c.submit(cmd), 60)
+            assert (out.status, out.reason) == ("rejected", reason), (name, out)
+        stale = [e for e in _events(iso) if e.type == "run.stale_write_recorded"]
+        assert len(stale) == 1, stale
+        sw = stale[0].payload_as(StaleWriteRecorded)
+        assert (sw.worker_id, sw.stale_generation, sw.current_generation) == ("fake-worker", 1, 2)
+        assert stale[0].command_id == rejections["stale-generation"][0].command_id
+        # Step 3: replayed command ids — `duplicate`, and not one event more
+        before = len(_events(iso))
+        for name, (cmd, _reason) in rejections.items():
+            assert c.wait(c.submit(cmd), 60).status == "duplicate", name
+        assert c.wait(c.submit(acquire), 60).status == "duplicate"
+        assert len(_events(iso)) == before
+        # Step 4: the processor is alive and still decides a good command
+        proc.assert_alive()
+        after = c.wait(c.abort(sid, "sweep done"), 60)
+        assert after.status == "accepted", after
+    dlq = {r.headers["case"].decode(): r for r in read_topic(iso, iso.dlq_topic)}
+    assert set(dlq) == set(cases), sorted(set(cases) ^ set(dlq))
+    for name, (key, value, reason) in cases.items():
+        r = dlq[name]
+        assert r.headers["error.reason"].decode() == reason, (name, r.headers["error.reason"])
+        assert (r.key, r.value) == (key, value), f"{name}: original record not kept"
+        assert int(r.headers["source.partition"]) == part and r.headers["error.message"]
+    proc.assert_alive()
+    assert check_log(read_topic(iso, iso.events_topic)).ok
+
+
+def _events(s: Settings) -> list[Event]:
+    codec = Codec()
+    return [codec.decode_event(r.value or b"") for r in read_topic(s, s.events_topic)]
+
+
+def _wait_events(s: Settings, pred: Callable[[Event], bool]) -> None:
+    wait_until(lambda: any(pred(e) for e in _events(s)), timeout=60, what="the lease to expire")
