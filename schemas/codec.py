@@ -220,10 +220,23 @@ class Codec:
             record = json.loads(data.decode("utf-8"))
         except UnicodeDecodeError as e:
             raise MalformedRecord(f"JSON {kind.name} is not UTF-8: {e}", size=size) from e
-        except json.JSONDecodeError as e:
-            raise MalformedRecord(f"invalid JSON {kind.name}: {e}", size=size) from e
+        except (ValueError, RecursionError) as e:
+            # JSONDecodeError, but also an integer beyond Python's digit limit (ValueError)
+            # and deep nesting (RecursionError): a poison record must not crash the processor
+            raise MalformedRecord(
+                f"invalid JSON {kind.name}: {type(e).__name__}: {e}", size=size
+            ) from e
         if not isinstance(record, dict):
             raise MalformedRecord(f"JSON {kind.name} is not an object", size=size)
+        if b"\\u" in data:
+            # a `\ud800` escape decodes to a lone surrogate, which no UTF-8 writer (the
+            # decider's size check, the Avro encoder) can write
+            try:
+                json.dumps(record, ensure_ascii=False).encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise MalformedRecord(
+                    f"JSON {kind.name} escapes a lone surrogate: {e}", size=size
+                ) from e
         return record
 
     def decode_command(self, data: bytes) -> Command:

@@ -16,6 +16,7 @@ from schemas._base import Payload, WireModel
 
 __all__ = [
     "COMMAND_PAYLOADS",
+    "MAX_WIRE_INT",
     "WORKER_COMMAND_TYPES",
     "AbortPayload",
     "ActionRequestPayload",
@@ -39,6 +40,10 @@ __all__ = [
     "TimerKind",
 ]
 
+#: bound of every integer in a command: the largest integer JSON producers (JavaScript) hold
+#: exactly, and small enough that `ts + leaseMs` and the like stay an Avro `long`
+MAX_WIRE_INT: Final = 2**53 - 1
+
 PromptPolicy = Literal["reject", "enqueue", "interrupt"]
 TimerKind = Literal["lease_expiry", "run_deadline", "cancel_deadline"]
 ProgressKind = Literal[
@@ -57,7 +62,7 @@ class PromptPayload(Payload):
     text: str
     policy: PromptPolicy = "reject"
     context_ref: str | None = None
-    timeout_ms: int | None = Field(default=None, gt=0)
+    timeout_ms: int | None = Field(default=None, gt=0, le=MAX_WIRE_INT)
 
 
 class SteerPayload(Payload):
@@ -78,7 +83,7 @@ class SendPayload(Payload):
 
     text: str
     context_ref: str | None = None
-    timeout_ms: int | None = Field(default=None, gt=0)
+    timeout_ms: int | None = Field(default=None, gt=0, le=MAX_WIRE_INT)
 
 
 class AbortPayload(Payload):
@@ -95,19 +100,19 @@ class CompactFinishPayload(Payload):
     """Compaction done; the checkpoint lives elsewhere, only its pointer travels."""
 
     checkpoint_uri: str
-    tokens: int | None = None
+    tokens: int | None = Field(default=None, ge=-MAX_WIRE_INT, le=MAX_WIRE_INT)
 
 
 class LeaseAcquirePayload(Payload):
     """A worker asks to execute the run."""
 
-    lease_ms: int = Field(default=30_000, gt=0)
+    lease_ms: int = Field(default=30_000, gt=0, le=MAX_WIRE_INT)
 
 
 class LeaseRenewPayload(Payload):
     """Heartbeat of the lease holder."""
 
-    lease_ms: int = Field(default=30_000, gt=0)
+    lease_ms: int = Field(default=30_000, gt=0, le=MAX_WIRE_INT)
 
 
 class LeaseReleasePayload(Payload):
@@ -166,7 +171,7 @@ class TimerFiredPayload(Payload):
     """Sent by the processor's timer; the decision happens when it is processed in order."""
 
     kind: TimerKind
-    due_at: int
+    due_at: int = Field(ge=-MAX_WIRE_INT, le=MAX_WIRE_INT)
 
 
 #: type -> payload model; the single source of the command vocabulary
@@ -235,10 +240,10 @@ class Command(WireModel):
     session_id: str = Field(min_length=1, max_length=200)
     tenant_id: str = Field(min_length=1, max_length=200)
     type: str
-    ts: int = Field(ge=0)
+    ts: int = Field(ge=0, le=MAX_WIRE_INT)
     run_id: str | None = None
     worker_id: str | None = None
-    generation: int | None = None
+    generation: int | None = Field(default=None, ge=-MAX_WIRE_INT, le=MAX_WIRE_INT)
     payload: SerializeAsAny[Payload]
 
     @model_validator(mode="before")

@@ -1,0 +1,158 @@
+"""One command and one event of every type, every optional field set to a non-default value."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schemas._base import Payload
+from schemas.commands import Command
+from schemas.events import (
+    EVENT_PAYLOADS,
+    ActionCompleted,
+    ActionDecision,
+    ActionDecisionReplayed,
+    CancelAcknowledged,
+    CancelRequested,
+    CommandRejected,
+    CompactionFinished,
+    CompactionStarted,
+    ContextCheckpointed,
+    Event,
+    FollowUpDelivered,
+    FollowUpQueued,
+    LeaseExpired,
+    LeaseGranted,
+    LeaseReleased,
+    LeaseRenewed,
+    Progress,
+    RunFinished,
+    RunQueued,
+    RunStarted,
+    StaleWriteRecorded,
+    Steered,
+)
+
+_WORKER = {"run_id": "r-1", "worker_id": "w-1", "generation": 3}
+
+#: type -> (payload, worker fields?)
+_COMMANDS: dict[str, tuple[dict[str, Any], bool]] = {
+    "prompt": (
+        {
+            "text": "find flights",
+            "policy": "interrupt",
+            "context_ref": "ctx://1",
+            "timeout_ms": 5_000,
+        },
+        False,
+    ),
+    "steer": ({"text": "don't search that"}, False),
+    "follow_up": ({"text": "also the last 7 days", "when_idle": "reject"}, False),
+    "send": ({"text": "hi", "context_ref": "ctx://2", "timeout_ms": 9_000}, False),
+    "abort": ({"reason": "deadline"}, False),
+    "compact.start": ({}, True),
+    "compact.finish": ({"checkpoint_uri": "s3://ck/1", "tokens": 1234}, True),
+    "lease.acquire": ({"lease_ms": 1_000}, True),
+    "lease.renew": ({"lease_ms": 2_000}, True),
+    "lease.release": ({}, True),
+    "run.progress": (
+        {"kind": "tool.started", "name": "web", "call_id": "call-1", "detail": "q=x"},
+        True,
+    ),
+    "action.request": ({"idempotency_key": "k-1", "kind": "email", "detail": "to bob"}, True),
+    "action.result": ({"idempotency_key": "k-1", "ok": False, "result": "bounced"}, True),
+    "cancel.ack": (
+        {
+            "model_request_aborted": True,
+            "tools_aborted": ["web", "sql"],
+            "subtasks_cancelled": ["sub-1"],
+            "actions_blocked": ["k-2"],
+        },
+        True,
+    ),
+    "run.complete": ({"result": "done", "consumed_follow_ups": ["c-9"]}, True),
+    "run.fail": ({"error": "boom", "retryable": True}, True),
+    "timer.fired": ({"kind": "cancel_deadline", "due_at": 1_700_000_030_000}, False),
+}
+
+
+def command(type_: str) -> Command:
+    payload, worker = _COMMANDS[type_]
+    extra: dict[str, Any] = dict(_WORKER) if worker else {}
+    if type_ == "timer.fired":
+        extra = {"run_id": "r-1", "generation": 2}
+    return Command(
+        command_id=f"cmd-{type_}",
+        session_id="s-1",
+        tenant_id="acme",
+        type=type_,
+        ts=1_700_000_000_000,
+        payload=payload,
+        **extra,
+    )
+
+
+COMMAND_TYPES = sorted(_COMMANDS)
+
+_PROGRESS = Progress(worker_id="w-1", name="web", call_id="call-1", detail="q=x")
+_DECISION = ActionDecision(idempotency_key="k-1", kind="email", reason="cancelling", detail="d")
+_PAYLOADS: dict[type[Payload], Payload] = {
+    RunStarted: RunStarted(
+        prompt="p", origin="queued", source_command_id="c-1", timeout_at=99, context_ref="ctx://1"
+    ),
+    RunQueued: RunQueued(
+        source_command_id="c-2",
+        kind="follow_up",
+        text="t",
+        front=True,
+        context_ref="ctx://2",
+        timeout_ms=5,
+    ),
+    LeaseGranted: LeaseGranted(worker_id="w-1", lease_expires_at=10),
+    LeaseRenewed: LeaseRenewed(worker_id="w-1", lease_expires_at=20),
+    LeaseReleased: LeaseReleased(worker_id="w-1"),
+    LeaseExpired: LeaseExpired(worker_id="w-1", reason="cancel_deadline"),
+    Steered: Steered(text="other way"),
+    FollowUpQueued: FollowUpQueued(text="f", source_command_id="c-3"),
+    FollowUpDelivered: FollowUpDelivered(text="f", source_command_id="c-3"),
+    Progress: _PROGRESS,
+    CompactionStarted: CompactionStarted(worker_id="w-1"),
+    ContextCheckpointed: ContextCheckpointed(uri="s3://ck/1", tokens=77),
+    CompactionFinished: CompactionFinished(uri="s3://ck/1"),
+    ActionDecision: _DECISION,
+    ActionDecisionReplayed: ActionDecisionReplayed(
+        idempotency_key="k", kind="e", decision="denied"
+    ),
+    ActionCompleted: ActionCompleted(idempotency_key="k", ok=False, result="r"),
+    CancelRequested: CancelRequested(reason="user", cancel_deadline_at=30),
+    CancelAcknowledged: CancelAcknowledged(
+        worker_id="w-1",
+        model_request_aborted=True,
+        tools_aborted=["t"],
+        subtasks_cancelled=["s"],
+        actions_blocked=["a"],
+    ),
+    RunFinished: RunFinished(terminal_status="timed_out", result="r", error="e"),
+    CommandRejected: CommandRejected(
+        reason="session_busy", command_type="prompt", target_run_id="r-0", detail="d"
+    ),
+    StaleWriteRecorded: StaleWriteRecorded(
+        worker_id="w-0", command_type="run.progress", stale_generation=1, current_generation=2
+    ),
+}
+
+
+def event(type_: str) -> Event:
+    return Event(
+        session_id="s-1",
+        run_id="r-1",
+        seq=7,
+        type=type_,
+        payload=_PAYLOADS[EVENT_PAYLOADS[type_]],
+        generation=2,
+        command_id="c-7",
+        ts=1_700_000_000_000,
+        tenant_id="acme",
+    )
+
+
+EVENT_TYPES = sorted(EVENT_PAYLOADS)
