@@ -1,0 +1,200 @@
+"""A session driven command by command, checking the log's invariants after each one.
+
+Tests say *what* happens (`h.prompt("p")`, `h.acquire("w1")`, `h.fire("lease_expiry")`) and
+read the outcome as short tokens (`rejected:session_busy`, `run.finished:cancelled`).
+"""
+
+from __future__ import annotations
+
+from itertools import groupby
+from typing import Any
+
+from schemas.commands import Command
+from schemas.events import Event
+from streams.decider import DEFAULT_CONFIG, DeciderConfig, apply, decide, evolve, fold
+from streams.state import SessionState
+from streams.timers import due_timers, timer_command
+from tests.unit._model import LogModel
+
+SID = "s-1"
+TENANT = "acme"
+T0 = 1_000_000
+
+
+def token(e: Event) -> str:
+    """A readable summary of one event: its type, plus the detail a transition is about."""
+    p: Any = e.payload
+    if e.type == "command.rejected":
+        return f"rejected:{p.reason}"
+    if e.type == "run.finished":
+        return f"run.finished:{p.terminal_status}"
+    if e.type == "run.started":
+        return f"run.started:{p.origin}"
+    if e.type == "run.lease_expired":
+        return f"run.lease_expired:{p.reason}"
+    if e.type == "action.decision_replayed":
+        return f"action.decision_replayed:{p.decision}"
+    return e.type
+
+
+def tokens(events: list[Event]) -> list[str]:
+    return [token(e) for e in events]
+
+
+def check_log(log: list[Event]) -> None:
+    """The whole log against the reference model (`_model.LogModel`)."""
+    model = LogModel()
+    for _, events in groupby(log, key=lambda e: e.command_id):
+        model.feed(list(events))
+
+
+class Harness:
+    """One session: commands in, events out, folded state kept and checked."""
+
+    def __init__(
+        self, config: DeciderConfig = DEFAULT_CONFIG, session_id: str = SID, tenant: str = TENANT
+    ) -> None:
+        self.config = config
+        self.session_id = session_id
+        self.tenant = tenant
+        self.now = T0
+        self.state = SessionState.initial(session_id)
+        self.log: list[Event] = []
+        self.commands: list[Command] = []
+        self.last_run: str | None = None
+        self._n = 0
+
+    # -- plumbing -------------------------------------------------------------------------------
+    def command(
+        self,
+        type_: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        run_id: str | None = None,
+        worker: str | None = None,
+        generation: int | None = None,
+        ts: int | None = None,
+        tenant: str | None = None,
+        command_id: str | None = None,
+    ) -> Command:
+        self._n += 1
+        return Command(
+            command_id=command_id or f"c{self._n}",
+            session_id=self.session_id,
+            tenant_id=tenant or self.tenant,
+            type=type_,
+            ts=self.now if ts is None else ts,
+            run_id=run_id,
+            worker_id=worker,
+            generation=generation,
+            payload=payload or {},
+        )
+
+    def apply(self, cmd: Command) -> list[Event]:
+        events, after = apply(self.state, cmd, self.config)
+        assert decide(self.state, cmd, self.config) == events
+        for e in events:
+            self.state = evolve(self.state, e, self.config)
+            if e.type == "run.started":
+                self.last_run = e.run_id
+        assert after == self.state, "apply's state is not the fold of its events"
+        self.log.extend(events)
+        self.commands.append(cmd)
+        check_log(self.log)
+        assert fold(self.log, self.session_id, self.config) == self.state
+        return events
+
+    def do(self, type_: str, payload: dict[str, Any] | None = None, **kw: Any) -> list[Event]:
+        return self.apply(self.command(type_, payload, **kw))
+
+    @property
+    def status(self) -> str | None:
+        return self.state.active.status if self.state.active else None
+
+    @property
+    def generation(self) -> int:
+        assert self.state.active is not None
+        return self.state.active.generation
+
+    # -- producers ------------------------------------------------------------------------------
+    def prompt(self, text: str = "p", policy: str = "reject", **kw: Any) -> list[Event]:
+        return self.do("prompt", {"text": text, "policy": policy}, **kw)
+
+    def send(self, text: str = "s") -> list[Event]:
+        return self.do("send", {"text": text})
+
+    def steer(self, text: str = "try another way") -> list[Event]:
+        return self.do("steer", {"text": text})
+
+    def follow_up(self, text: str = "f", when_idle: str = "start") -> list[Event]:
+        return self.do("follow_up", {"text": text, "when_idle": when_idle})
+
+    def abort(self, reason: str = "user") -> list[Event]:
+        return self.do("abort", {"reason": reason})
+
+    # -- workers --------------------------------------------------------------------------------
+    def acquire(self, worker: str = "w1", lease_ms: int = 30_000) -> list[Event]:
+        run = self.state.active
+        run_id = run.run_id if run else self.last_run
+        return self.do("lease.acquire", {"lease_ms": lease_ms}, run_id=run_id, worker=worker)
+
+    def work(
+        self,
+        type_: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        worker: str = "w1",
+        generation: int | None = None,
+        run_id: str | None = None,
+    ) -> list[Event]:
+        """A worker command on the active run (or the last one), at its current generation."""
+        run = self.state.active
+        if generation is None:
+            generation = run.generation if run else 1
+        run_id = run_id or (run.run_id if run else self.last_run)
+        return self.do(type_, payload, run_id=run_id, worker=worker, generation=generation)
+
+    # -- timers ---------------------------------------------------------------------------------
+    def timer(self, kind: str) -> Command:
+        """The `timer.fired` command the processor sends once `kind` is due."""
+        due = [t for t in due_timers(self.state) if t.kind == kind]
+        assert due, f"no {kind} timer in {due_timers(self.state)}"
+        self.now = max(self.now, due[0].due_at)
+        return timer_command(self.state, due[0], self.now)
+
+    def fire(self, kind: str) -> list[Event]:
+        return self.apply(self.timer(kind))
+
+
+# -- arrangements: a session brought to a named state ---------------------------------------------
+
+
+def idle(h: Harness) -> None:
+    """No run yet."""
+
+
+def running(h: Harness) -> None:
+    """A run nobody executes yet (generation 1, unclaimed)."""
+    h.prompt("p0")
+
+
+def leased(h: Harness) -> None:
+    """A running run held by w1 at generation 1."""
+    running(h)
+    h.acquire("w1")
+
+
+def compacting(h: Harness) -> None:
+    leased(h)
+    h.work("compact.start")
+
+
+def cancelling(h: Harness) -> None:
+    leased(h)
+    h.abort()
+
+
+def with_follow_up(h: Harness) -> None:
+    """w1 runs the run; one follow-up waits for it."""
+    leased(h)
+    h.follow_up("f1")

@@ -1,0 +1,329 @@
+"""Every transition of the run state machine and every rejection reason, one table row each.
+
+A row: the state the session is brought to, the command, the events it must give (as tokens,
+see `_harness.token`) and the run status after it. `Harness.apply` also checks, after every
+command, the whole log against the reference model (`_model.LogModel`: seq, one active run,
+generations, leases, ...) and that `apply`'s state is the fold of the log.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from streams.decider import DEFAULT_CONFIG, REJECTION_REASONS, DeciderConfig
+from tests.unit._harness import (
+    Harness,
+    cancelling,
+    compacting,
+    idle,
+    leased,
+    running,
+    tokens,
+    with_follow_up,
+)
+
+Act = Callable[[Harness], Any]
+QUEUE1 = DeciderConfig(max_queue=1)
+SMALL = DeciderConfig(max_payload_bytes=128)
+
+
+def stale_lease_timer(h: Harness) -> Any:
+    """The lease-expiry timer of a lease that was renewed before the timer was processed."""
+    old = h.timer("lease_expiry")
+    h.now = old.ts - 1
+    h.work("lease.renew", {"lease_ms": 60_000})
+    h.now = old.ts
+    return h.apply(old)
+
+
+def older_generation_timer(h: Harness) -> Any:
+    """A lease-expiry timer of generation 1, processed after w2 took generation 2 and its own
+    short lease ran out too: it is not that lease's timer (that one comes with generation 2)."""
+    old = h.timer("lease_expiry")
+    h.now = old.ts - 10_000
+    h.work("lease.release")
+    h.acquire("w2", lease_ms=1_000)
+    h.now = old.ts
+    return h.apply(old)
+
+
+def deadline_early(h: Harness) -> Any:
+    run = h.state.active
+    assert run is not None
+    payload = {"kind": "run_deadline", "due_at": run.timeout_at}
+    return h.do("timer.fired", payload, run_id=run.run_id, generation=1, ts=run.timeout_at - 1)
+
+
+def after_complete(act: Act) -> Act:
+    def go(h: Harness) -> Any:
+        h.work("run.complete", {"result": "done"})
+        return act(h)
+
+    return go
+
+
+def twice(act: Act) -> Act:
+    def go(h: Harness) -> Any:
+        act(h)
+        return act(h)
+
+    return go
+
+
+def timer_for_unknown_run(h: Harness) -> Any:
+    cmd = h.command("timer.fired", {"kind": "run_deadline", "due_at": 0}, run_id="gone")
+    return h.apply(cmd)
+
+
+def complete_consuming_all(h: Harness) -> Any:
+    """The worker already used every pending follow-up in its answer."""
+    consumed = [q.source_command_id for q in h.state.queue]
+    return h.work("run.complete", {"consumed_follow_ups": consumed})
+
+
+def approve_then(act: Act) -> Act:
+    def go(h: Harness) -> Any:
+        h.work("action.request", {"idempotency_key": "k1", "kind": "email"})
+        return act(h)
+
+    return go
+
+
+REQ = {"idempotency_key": "k1", "kind": "email"}
+RES = {"idempotency_key": "k1", "ok": True}
+FIN = "run.finished"
+
+# (id, arrange, act, expected event tokens, status after, config): a table, kept as one
+# fmt: off
+CASES: list[tuple[str, Callable[[Harness], None], Act, list[str], str | None, DeciderConfig]] = [
+    # runs start
+    ("idle-prompt", idle, lambda h: h.prompt(), ["run.started:prompt"], "running", DEFAULT_CONFIG),
+    ("idle-send", idle, lambda h: h.send(), ["run.started:send"], "running", DEFAULT_CONFIG),
+    ("idle-follow_up", idle, lambda h: h.follow_up(), ["run.started:follow_up"], "running",
+     DEFAULT_CONFIG),
+    ("idle-follow_up-when_idle_reject", idle, lambda h: h.follow_up(when_idle="reject"),
+     ["rejected:no_active_run"], None, DEFAULT_CONFIG),
+    # compaction
+    ("running-compact.start", leased, lambda h: h.work("compact.start"),
+     ["run.compaction_started"], "compacting", DEFAULT_CONFIG),
+    ("compacting-compact.finish", compacting,
+     lambda h: h.work("compact.finish", {"checkpoint_uri": "s3://b/ck1", "tokens": 900}),
+     ["context.checkpointed", "run.compaction_finished"], "running", DEFAULT_CONFIG),
+    ("compacting-compact.start", compacting, lambda h: h.work("compact.start"),
+     ["rejected:invalid_state"], "compacting", DEFAULT_CONFIG),
+    ("running-compact.finish", leased,
+     lambda h: h.work("compact.finish", {"checkpoint_uri": "s3://b/ck1"}),
+     ["rejected:invalid_state"], "running", DEFAULT_CONFIG),
+    ("cancelling-compact.start", cancelling, lambda h: h.work("compact.start"),
+     ["rejected:invalid_state"], "cancelling", DEFAULT_CONFIG),
+    # cancellation
+    ("running-abort", leased, lambda h: h.abort(), ["run.cancel_requested"], "cancelling",
+     DEFAULT_CONFIG),
+    ("compacting-abort", compacting, lambda h: h.abort(), ["run.cancel_requested"], "cancelling",
+     DEFAULT_CONFIG),
+    ("unleased-abort-cancelled-at-once", running, lambda h: h.abort(),
+     ["run.cancel_requested", f"{FIN}:cancelled"], None, DEFAULT_CONFIG),
+    ("cancelling-cancel.ack", cancelling,
+     lambda h: h.work("cancel.ack", {"model_request_aborted": True, "tools_aborted": ["t1"]}),
+     ["run.cancel_acknowledged", f"{FIN}:cancelled"], None, DEFAULT_CONFIG),
+    ("cancelling-lease_expiry", cancelling, lambda h: h.fire("lease_expiry"),
+     ["run.lease_expired:lease_expiry", f"{FIN}:cancelled"], None, DEFAULT_CONFIG),
+    ("cancelling-cancel_deadline", cancelling, lambda h: h.fire("cancel_deadline"),
+     ["run.lease_expired:cancel_deadline", f"{FIN}:cancelled"], None, DEFAULT_CONFIG),
+    ("cancelling-lease.release", cancelling, lambda h: h.work("lease.release"),
+     ["run.lease_released", f"{FIN}:cancelled"], None, DEFAULT_CONFIG),
+    ("cancelling-abort", cancelling, lambda h: h.abort(), ["rejected:already_cancelling"],
+     "cancelling", DEFAULT_CONFIG),
+    ("idle-abort", idle, lambda h: h.abort(), ["rejected:no_active_run"], None, DEFAULT_CONFIG),
+    ("running-cancel.ack", leased, lambda h: h.work("cancel.ack"), ["rejected:not_cancelling"],
+     "running", DEFAULT_CONFIG),
+    # deadlines: any active state times out
+    ("running-run_deadline", leased, lambda h: h.fire("run_deadline"), [f"{FIN}:timed_out"], None,
+     DEFAULT_CONFIG),
+    ("compacting-run_deadline", compacting, lambda h: h.fire("run_deadline"),
+     [f"{FIN}:timed_out"], None, DEFAULT_CONFIG),
+    ("cancelling-run_deadline", cancelling, lambda h: h.fire("run_deadline"),
+     [f"{FIN}:timed_out"], None, DEFAULT_CONFIG),
+    # worker results
+    ("running-complete", leased, lambda h: h.work("run.complete", {"result": "ok"}),
+     [f"{FIN}:completed"], None, DEFAULT_CONFIG),
+    ("running-fail", leased, lambda h: h.work("run.fail", {"error": "boom"}), [f"{FIN}:failed"],
+     None, DEFAULT_CONFIG),
+    ("compacting-fail", compacting, lambda h: h.work("run.fail", {"error": "boom"}),
+     [f"{FIN}:failed"], None, DEFAULT_CONFIG),
+    ("compacting-complete", compacting, lambda h: h.work("run.complete"),
+     ["rejected:invalid_state"], "compacting", DEFAULT_CONFIG),
+    ("cancelling-complete", cancelling, lambda h: h.work("run.complete"),
+     ["rejected:run_cancelling"], "cancelling", DEFAULT_CONFIG),
+    ("cancelling-fail", cancelling, lambda h: h.work("run.fail", {"error": "x"}),
+     ["rejected:run_cancelling"], "cancelling", DEFAULT_CONFIG),
+    # prompt policies while a run is active
+    ("running-prompt-reject", leased, lambda h: h.prompt(), ["rejected:session_busy"], "running",
+     DEFAULT_CONFIG),
+    ("compacting-prompt-reject", compacting, lambda h: h.prompt(),
+     ["rejected:session_compacting"], "compacting", DEFAULT_CONFIG),
+    ("cancelling-prompt-reject", cancelling, lambda h: h.prompt(), ["rejected:session_busy"],
+     "cancelling", DEFAULT_CONFIG),
+    ("running-prompt-enqueue", leased, lambda h: h.prompt(policy="enqueue"), ["run.queued"],
+     "running", DEFAULT_CONFIG),
+    ("compacting-prompt-enqueue", compacting, lambda h: h.prompt(policy="enqueue"),
+     ["run.queued"], "compacting", DEFAULT_CONFIG),
+    ("cancelling-prompt-enqueue", cancelling, lambda h: h.prompt(policy="enqueue"),
+     ["run.queued"], "cancelling", DEFAULT_CONFIG),
+    ("running-prompt-interrupt", leased, lambda h: h.prompt(policy="interrupt"),
+     ["run.queued", "run.cancel_requested"], "cancelling", DEFAULT_CONFIG),
+    ("compacting-prompt-interrupt", compacting, lambda h: h.prompt(policy="interrupt"),
+     ["run.queued", "run.cancel_requested"], "cancelling", DEFAULT_CONFIG),
+    ("cancelling-prompt-interrupt", cancelling, lambda h: h.prompt(policy="interrupt"),
+     ["run.queued"], "cancelling", DEFAULT_CONFIG),
+    ("unleased-prompt-interrupt", running, lambda h: h.prompt(policy="interrupt"),
+     ["run.queued", "run.cancel_requested", f"{FIN}:cancelled", "run.started:queued"],
+     "running", DEFAULT_CONFIG),
+    ("running-enqueue-queue_full", leased, twice(lambda h: h.prompt(policy="enqueue")),
+     ["rejected:queue_full"], "running", QUEUE1),
+    ("running-interrupt-queue_full", leased,
+     lambda h: (h.prompt(policy="enqueue"), h.prompt(policy="interrupt"))[1],
+     ["rejected:queue_full"], "running", QUEUE1),
+    ("running-follow_up-queue_full", leased, twice(lambda h: h.follow_up()),
+     ["rejected:queue_full"], "running", QUEUE1),
+    # send picks the mode from the state
+    ("running-send", leased, lambda h: h.send(), ["run.follow_up_queued"], "running",
+     DEFAULT_CONFIG),
+    ("compacting-send", compacting, lambda h: h.send(), ["run.follow_up_queued"], "compacting",
+     DEFAULT_CONFIG),
+    ("cancelling-send", cancelling, lambda h: h.send(), ["run.queued"], "cancelling",
+     DEFAULT_CONFIG),
+    # follow-ups
+    ("running-follow_up", leased, lambda h: h.follow_up(), ["run.follow_up_queued"], "running",
+     DEFAULT_CONFIG),
+    ("compacting-follow_up", compacting, lambda h: h.follow_up(), ["run.follow_up_queued"],
+     "compacting", DEFAULT_CONFIG),
+    ("cancelling-follow_up", cancelling, lambda h: h.follow_up(), ["run.queued"], "cancelling",
+     DEFAULT_CONFIG),
+    ("complete-delivers-follow_up-not-finish", with_follow_up, lambda h: h.work("run.complete"),
+     ["run.follow_up_delivered"], "running", DEFAULT_CONFIG),
+    ("complete-consumed-follow_up-finishes", with_follow_up,
+     complete_consuming_all,
+     ["run.follow_up_delivered", f"{FIN}:completed"], None, DEFAULT_CONFIG),
+    # steer
+    ("running-steer", leased, lambda h: h.steer(), ["run.steered"], "running", DEFAULT_CONFIG),
+    ("compacting-steer", compacting, lambda h: h.steer(), ["run.steered"], "compacting",
+     DEFAULT_CONFIG),
+    ("cancelling-steer", cancelling, lambda h: h.steer(), ["rejected:run_cancelling"],
+     "cancelling", DEFAULT_CONFIG),
+    ("idle-steer", idle, lambda h: h.steer(), ["rejected:no_active_run"], None, DEFAULT_CONFIG),
+    # leases
+    ("unclaimed-acquire", running, lambda h: h.acquire("w1"), ["run.lease_granted"], "running",
+     DEFAULT_CONFIG),
+    ("holder-acquire-again", leased, lambda h: h.acquire("w1"), ["run.lease_renewed"], "running",
+     DEFAULT_CONFIG),
+    ("other-acquire-held", leased, lambda h: h.acquire("w2"), ["rejected:lease_held"], "running",
+     DEFAULT_CONFIG),
+    ("cancelling-acquire", cancelling, lambda h: h.acquire("w2"), ["rejected:run_cancelling"],
+     "cancelling", DEFAULT_CONFIG),
+    ("holder-renew", leased, lambda h: h.work("lease.renew", {"lease_ms": 5_000}),
+     ["run.lease_renewed"], "running", DEFAULT_CONFIG),
+    ("holder-release", leased, lambda h: h.work("lease.release"), ["run.lease_released"],
+     "running", DEFAULT_CONFIG),
+    ("running-lease_expiry", leased, lambda h: h.fire("lease_expiry"),
+     ["run.lease_expired:lease_expiry"], "running", DEFAULT_CONFIG),
+    ("compacting-lease_expiry", compacting, lambda h: h.fire("lease_expiry"),
+     ["run.lease_expired:lease_expiry"], "compacting", DEFAULT_CONFIG),
+    ("non-holder-progress", leased,
+     lambda h: h.work("run.progress", {"kind": "tool.started"}, worker="w2"),
+     ["rejected:not_lease_holder"], "running", DEFAULT_CONFIG),
+    ("unclaimed-progress", running, lambda h: h.work("run.progress", {"kind": "tool.started"}),
+     ["rejected:not_lease_holder"], "running", DEFAULT_CONFIG),
+    ("stale-generation-progress", leased,
+     lambda h: h.work("run.progress", {"kind": "tool.started"}, generation=0),
+     ["rejected:stale_generation", "run.stale_write_recorded"], "running", DEFAULT_CONFIG),
+    ("unknown-run-write", leased,
+     lambda h: h.work("run.progress", {"kind": "tool.started"}, run_id="nope"),
+     ["rejected:unknown_run"], "running", DEFAULT_CONFIG),
+    ("finished-run-write", leased,
+     after_complete(lambda h: h.work("run.progress", {"kind": "tool.finished"})),
+     ["rejected:run_finished"], None, DEFAULT_CONFIG),
+    ("finished-run-stale-write", leased,
+     after_complete(lambda h: h.work("run.progress", {"kind": "tool.finished"}, generation=7)),
+     ["rejected:stale_generation"], None, DEFAULT_CONFIG),
+    ("finished-run-acquire", leased, after_complete(lambda h: h.acquire("w2")),
+     ["rejected:run_finished"], None, DEFAULT_CONFIG),
+    # timers that no longer apply
+    ("timer-lease-renewed", leased, stale_lease_timer, ["rejected:timer_stale"], "running",
+     DEFAULT_CONFIG),
+    ("timer-older-generation", leased, older_generation_timer, ["rejected:timer_stale"],
+     "running", DEFAULT_CONFIG),
+    ("timer-deadline-not-reached", leased, deadline_early, ["rejected:timer_stale"], "running",
+     DEFAULT_CONFIG),
+    ("timer-run-not-active", idle, timer_for_unknown_run, ["rejected:timer_stale"], None,
+     DEFAULT_CONFIG),
+    # progress
+    *[
+        (f"progress-{k}", leased, lambda h, k=k: h.work("run.progress", {"kind": k, "name": "x"}),
+         [k], "running", DEFAULT_CONFIG)
+        for k in ("model.request.started", "model.request.finished", "tool.started",
+                  "tool.finished", "subtask.started", "subtask.finished")
+    ],
+    # action gate
+    ("running-action", leased, lambda h: h.work("action.request", REQ), ["action.approved"],
+     "running", DEFAULT_CONFIG),
+    ("compacting-action", compacting, lambda h: h.work("action.request", REQ), ["action.denied"],
+     "compacting", DEFAULT_CONFIG),
+    ("cancelling-action", cancelling, lambda h: h.work("action.request", REQ), ["action.denied"],
+     "cancelling", DEFAULT_CONFIG),
+    ("finished-action", leased, after_complete(lambda h: h.work("action.request", REQ)),
+     ["action.denied"], None, DEFAULT_CONFIG),
+    ("action-repeated-key", leased, approve_then(lambda h: h.work("action.request", REQ)),
+     ["action.decision_replayed:approved"], "running", DEFAULT_CONFIG),
+    ("action-result", leased, approve_then(lambda h: h.work("action.result", RES)),
+     ["action.completed"], "running", DEFAULT_CONFIG),
+    ("action-result-unknown", leased, lambda h: h.work("action.result", RES),
+     ["rejected:unknown_action"], "running", DEFAULT_CONFIG),
+    ("action-result-twice", leased, approve_then(twice(lambda h: h.work("action.result", RES))),
+     ["rejected:action_already_completed"], "running", DEFAULT_CONFIG),
+    # tenancy and size
+    ("tenant-mismatch", leased, lambda h: h.prompt(tenant="evil"), ["rejected:tenant_mismatch"],
+     "running", DEFAULT_CONFIG),
+    ("payload-too-large", idle, lambda h: h.prompt("x" * 128), ["rejected:payload_too_large"],
+     None, SMALL),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize(
+    ("arrange", "act", "expected", "status", "config"),
+    [pytest.param(*c[1:], id=c[0]) for c in CASES],
+)
+def test_transition(
+    arrange: Callable[[Harness], None],
+    act: Act,
+    expected: list[str],
+    status: str | None,
+    config: DeciderConfig,
+) -> None:
+    h = Harness(config)
+    arrange(h)
+    events = act(h)
+    assert tokens(events) == expected
+    assert h.status == status
+    for e in events:
+        assert e.command_id == h.commands[-1].command_id
+        if e.type == "command.rejected":
+            assert e.run_id == "_session"
+
+
+def test_every_rejection_reason_has_a_row() -> None:
+    """A new reason in the decider without a row here fails this test."""
+    produced = {
+        m.group(1) for c in CASES for t in c[3] if (m := re.fullmatch(r"rejected:(\w+)", t))
+    }
+    assert produced == REJECTION_REASONS
+
+
+def test_case_ids_unique() -> None:
+    ids = [c[0] for c in CASES]
+    assert len(ids) == len(set(ids))
