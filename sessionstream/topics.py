@@ -55,7 +55,16 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
                 "min.compaction.lag.ms": "60000",
             },
         ),
-        TopicSpec(settings.state_topic, n, {"cleanup.policy": "compact"}),
+        # one record per session matters; compact often so a restore reads little
+        TopicSpec(
+            settings.state_topic,
+            n,
+            {
+                "cleanup.policy": "compact",
+                "segment.ms": "60000",
+                "min.cleanable.dirty.ratio": "0.1",
+            },
+        ),
         TopicSpec(
             settings.dlq_topic,
             1,

@@ -132,6 +132,10 @@ class TransactionalProcessor:
                     "acks": "all",
                     "linger.ms": 1,
                     "transaction.timeout.ms": s.transaction_timeout_ms,
+                    # a transaction begun while the broker still closes the previous one is
+                    # answered CONCURRENT_TRANSACTIONS; librdkafka's default 100 ms back-off
+                    # before the retry was most of the latency at 500 cmd/s (bench)
+                    "retry.backoff.ms": 10,
                     "message.max.bytes": 4 * 1024 * 1024,
                 },
             )
@@ -148,6 +152,10 @@ class TransactionalProcessor:
                 **{
                     "group.id": s.processor_group,
                     "client.id": f"processor-{self.instance_id}",
+                    # static membership: a restarted instance gets its partitions back at
+                    # once instead of after the dead member's session timeout; a second
+                    # process with the same instance id is fenced by the coordinator
+                    "group.instance.id": f"processor-{self.instance_id}",
                     "enable.auto.commit": False,
                     "auto.offset.reset": "earliest",
                     "isolation.level": "read_committed",
@@ -170,10 +178,9 @@ class TransactionalProcessor:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Step 1: committed offsets (stable: waits out a predecessor's pending transaction)
         committed = consumer.committed(partitions, timeout=60)
-        # Step 2: state of each partition, read to its end
-        for tp in partitions:
-            part = self._restore(tp.partition)
-            self.partitions[tp.partition] = part
+        # Step 2: state of each partition, read to its end (one reader for all of them)
+        for p, part in self._restore([tp.partition for tp in partitions]).items():
+            self.partitions[p] = part
             metrics.ACTIVE_RUNS.inc(sum(1 for st in part.states.values() if st.active))
         # Step 3: consume from the committed offsets (or the beginning)
         start = [
@@ -194,9 +201,11 @@ class TransactionalProcessor:
                 metrics.ACTIVE_RUNS.dec(sum(1 for st in gone.states.values() if st.active))
         log.info("revoked %s", sorted(tp.partition for tp in partitions))
 
-    def _restore(self, partition: int) -> _Partition:
+    def _restore(self, partitions: list[int]) -> dict[int, _Partition]:
         s = self.settings
-        part = _Partition()
+        parts = {p: _Partition() for p in partitions}
+        if not partitions:
+            return parts
         reader = Consumer(
             client_config(
                 s,
@@ -210,27 +219,34 @@ class TransactionalProcessor:
             )
         )
         try:
-            reader.assign([TopicPartition(s.state_topic, partition, OFFSET_BEGINNING)])
-            while True:
+            # metadata first: assigning before the leader is known costs librdkafka's
+            # 500 ms offset-query back-off per partition
+            reader.list_topics(s.state_topic, timeout=30)
+            reader.assign([TopicPartition(s.state_topic, p, OFFSET_BEGINNING) for p in partitions])
+            pending = set(partitions)
+            while pending:
                 msg = reader.poll(1.0)
                 if msg is None:
                     continue
                 err = msg.error()
+                _topic, p, _offset = _coords(msg)
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
-                        break
+                        pending.discard(p)
+                        continue
                     raise KafkaException(err)
                 value = msg.value()
                 if value is None:
-                    part.states.pop((msg.key() or b"").decode(), None)
+                    parts[p].states.pop((msg.key() or b"").decode(), None)
                 else:
                     state = decode_state(value)
-                    part.states[state.session_id] = state
+                    parts[p].states[state.session_id] = state
         finally:
             reader.close()
-        for state in part.states.values():
-            part.schedule(state)
-        return part
+        for part in parts.values():
+            for state in part.states.values():
+                part.schedule(state)
+        return parts
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self, stop: threading.Event | None = None) -> None:
@@ -320,7 +336,7 @@ class TransactionalProcessor:
                     self._consumer.consumer_group_metadata(),
                 )
             # Step 5: commit — events, state, dead letters, timers and offsets at once
-            producer.commit_transaction()
+            self._commit()
         except KafkaException as e:
             self._abort(e, batch)
             return
@@ -334,6 +350,19 @@ class TransactionalProcessor:
                 owner.states[sid] = state
                 owner.schedule(state)
         self._count(outcomes, len(timers))
+
+    def _commit(self) -> None:
+        """Commit; a retriable error (broker restarting, coordinator moving) is retried."""
+        assert self._producer is not None
+        while True:
+            try:
+                self._producer.commit_transaction(30)
+                return
+            except KafkaException as e:
+                kerr = e.args[0]
+                if kerr.fatal() or kerr.txn_requires_abort() or not kerr.retriable():
+                    raise
+                log.warning("commit_transaction: %s; retrying", kerr)
 
     def _dead_letter(self, msg: Message, outcome: Outcome) -> None:
         assert self._producer is not None and outcome.dead_letter is not None
@@ -357,16 +386,28 @@ class TransactionalProcessor:
     def _abort(self, error: KafkaException, batch: list[Message]) -> None:
         assert self._producer is not None and self._consumer is not None
         kerr = error.args[0]
-        if not kerr.txn_requires_abort():
+        if kerr.fatal() or not (kerr.txn_requires_abort() or kerr.retriable()):
             # fenced or fatal: another instance owns our id or our partitions
             raise KafkaUnavailable(
                 f"processor transaction failed fatally: {kerr}",
                 bootstrap=self.settings.kafka_bootstrap,
             ) from error
+        # abortable, or retriable (a broker restart times out produce or send_offsets):
+        # abort, then decide the batch again
         log.warning("aborting transaction: %s", kerr)
         self.stats.aborts += 1
         metrics.TRANSACTIONS.labels("aborted").inc()
-        self._producer.abort_transaction(30)
+        while True:
+            try:
+                self._producer.abort_transaction(30)
+                break
+            except KafkaException as e:
+                if e.args[0].fatal() or not e.args[0].retriable():
+                    raise KafkaUnavailable(
+                        f"processor could not abort its transaction: {e.args[0]}",
+                        bootstrap=self.settings.kafka_bootstrap,
+                    ) from e
+                log.warning("abort_transaction: %s; retrying", e.args[0])
         # rewind to the first offset of the batch per partition: nothing of it happened
         first: dict[tuple[str, int], int] = {}
         for msg in batch:

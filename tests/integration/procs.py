@@ -141,6 +141,34 @@ def wait_processed(
         return all(committed.get(p, -1) > off for p, off in last.items())
 
     wait_until(done, timeout=timeout, interval=0.5, what="processor to consume every command")
+    wait_events_settled(settings, timeout=timeout)
+
+
+def wait_events_settled(settings: Settings, timeout: float = 60.0) -> None:
+    """Until no transaction is open on the events topic (LSO == high watermark everywhere).
+
+    A committed offset can become visible before the commit marker reaches the events
+    partition (markers are written one partition at a time, later still after a broker
+    restart), and a killed processor's open transaction holds readers back until it is
+    aborted: only when every partition has settled does a read_committed reader see all.
+    """
+    base = {"bootstrap.servers": settings.kafka_bootstrap, "group.id": f"settle-{uuid.uuid4()}"}
+    committed = Consumer({**base, "isolation.level": "read_committed"})
+    uncommitted = Consumer({**base, "isolation.level": "read_uncommitted"})
+    try:
+        parts = [TopicPartition(settings.events_topic, p) for p in range(settings.partitions)]
+
+        def settled() -> bool:
+            return all(
+                committed.get_watermark_offsets(tp, timeout=10, cached=False)[1]
+                == uncommitted.get_watermark_offsets(tp, timeout=10, cached=False)[1]
+                for tp in parts
+            )
+
+        wait_until(settled, timeout=timeout, interval=0.2, what="open transactions to end")
+    finally:
+        committed.close()
+        uncommitted.close()
 
 
 def sink(settings: Settings, *args: str) -> Proc:
@@ -152,6 +180,7 @@ def wait_sink_caught_up(
     settings: Settings, timeout: float = 120.0, procs: list[Proc] | None = None
 ) -> None:
     """Until `sink_offsets` is past the last event of every events partition."""
+    wait_events_settled(settings, timeout=timeout)
     import psycopg
 
     def done() -> bool:
