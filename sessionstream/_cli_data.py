@@ -62,6 +62,7 @@ def _print(events: list[Event], as_json: bool, title: str) -> None:
 
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="JSON lines in the seed's event format")]
+JsonDoc = Annotated[bool, typer.Option("--json", help="one JSON document instead of text")]
 
 
 @replay_app.command("run")
@@ -149,7 +150,7 @@ def replay_rebuild(
         raise typer.Exit(code=1)
 
 
-def audit(as_json: JsonOpt = False) -> None:
+def audit(as_json: JsonDoc = False) -> None:
     """Run the pre-launch checklist against the live system; non-zero exit on any FAIL."""
     from sinks.audit import run_audit
 
@@ -174,7 +175,7 @@ def audit(as_json: JsonOpt = False) -> None:
         raise typer.Exit(code=1)
 
 
-def stats(as_json: JsonOpt = False) -> None:
+def stats(as_json: JsonDoc = False) -> None:
     """Runs by terminal status, durations, cancel latency, time-outs, rejections, per tenant."""
     from sinks.stats import run_stats
 

@@ -62,7 +62,7 @@ def _submit(
         "events": [e.type for e in outcome.events],
     }
     _out(as_json, result)
-    if outcome.status == "rejected":
+    if outcome.status in ("rejected", "dead_letter"):
         raise typer.Exit(code=1)
 
 
@@ -71,7 +71,12 @@ def _out(as_json: bool, result: dict[str, Any]) -> None:
         typer.echo(json.dumps(result))
         return
     status = result["status"]
-    color = {"accepted": "green", "rejected": "red", "duplicate": "yellow"}.get(status, "white")
+    color = {
+        "accepted": "green",
+        "rejected": "red",
+        "duplicate": "yellow",
+        "dead_letter": "red",
+    }.get(status, "white")
     line = f"[{color}]{status}[/{color}] command {result['commandId']}"
     if result.get("runId"):
         line += f" run {result['runId']}"

@@ -161,6 +161,7 @@ def db_migrate() -> None:
     try:
         done = migrate(
             get_settings().database_url,
+            schema=get_settings().database_schema,
             progress=lambda m: typer.echo(f"applied {m.version:04d}_{m.name}"),
         )
     except psycopg.OperationalError as e:

@@ -60,6 +60,7 @@ class CommandHandle:
 
     command: Command
     events_from: dict[int, int] | None = None
+    dlq_from: dict[int, int] | None = None
     partition: int | None = None
     offset: int | None = None
     error: str | None = None
@@ -69,7 +70,7 @@ class CommandHandle:
 class Outcome:
     """The one visible outcome of a command."""
 
-    status: Literal["accepted", "rejected", "duplicate"]
+    status: Literal["accepted", "rejected", "duplicate", "dead_letter"]
     command_id: str
     run_id: str | None = None
     reason: str | None = None
@@ -128,6 +129,7 @@ class SessionClient:
         handle = CommandHandle(command)
         if track:
             handle.events_from = self._events_high_watermarks(command.session_id)
+            handle.dlq_from = self._dlq_ends()
             self._track(handle)
 
         def delivered(err: KafkaError | None, msg: Any) -> None:
@@ -352,15 +354,67 @@ class SessionClient:
                     if settle_at is None and self._processor_position(p) > handle.offset:
                         settle_at = self._hwm(p)
                     if settle_at is not None and self._tail_position(p) >= settle_at:
+                        reason = self._dead_letter_reason(handle)
+                        if reason is not None:
+                            return Outcome("dead_letter", cid, reason=reason)
                         return Outcome("duplicate", cid)
                 if time.monotonic() > deadline:
                     raise CommandTimeout(cid, f"no outcome within {timeout}s")
         finally:
             self._pending.pop(cid, None)
 
-    def _hwm(self, partition: int, timeout: float = 10.0) -> int:
-        """The events partition's high watermark, retrying while leadership settles."""
-        tp = TopicPartition(self.settings.events_topic, partition)
+    def _dlq_ends(self) -> dict[int, int]:
+        """Where the dead-letter topic ends now, per partition."""
+        meta = self._meta_consumer().list_topics(self.settings.dlq_topic, timeout=10)
+        topic = meta.topics.get(self.settings.dlq_topic)
+        if topic is None or topic.error is not None:
+            return {}
+        return {p: self._hwm(p, topic=self.settings.dlq_topic) for p in topic.partitions}
+
+    def _dead_letter_reason(self, handle: CommandHandle) -> str | None:
+        """The processor applied nothing: was the record dead-lettered (rather than a
+        duplicate)? Its dead letter names the command's partition and offset."""
+        if not handle.dlq_from:
+            return None
+        src = (
+            self.settings.commands_topic.encode(),
+            str(handle.partition).encode(),
+            str(handle.offset).encode(),
+        )
+        # read_uncommitted: the processor's commit is visible (we saw its offsets), the
+        # marker on the DLQ partition may not be written yet
+        reader = self._consumer(**{"isolation.level": "read_uncommitted"})
+        try:
+            ends = {p: self._hwm(p, topic=self.settings.dlq_topic) for p in handle.dlq_from}
+            todo = {p for p, start in handle.dlq_from.items() if ends[p] > start}
+            reader.assign(
+                [TopicPartition(self.settings.dlq_topic, p, handle.dlq_from[p]) for p in todo]
+            )
+            deadline = time.monotonic() + 10
+            while todo and time.monotonic() < deadline:
+                msg = reader.poll(0.1)
+                if msg is None or msg.error() is not None:
+                    continue
+                headers = dict(msg.headers() or [])
+                key = (
+                    headers.get("source.topic"),
+                    headers.get("source.partition"),
+                    headers.get("source.offset"),
+                )
+                if key == src:
+                    reason = headers.get("error.reason") or b"dead_letter"
+                    return reason.decode() if isinstance(reason, bytes) else str(reason)
+                offset, p = msg.offset(), msg.partition()
+                if offset is not None and p is not None and offset + 1 >= ends[p]:
+                    todo.discard(p)
+        finally:
+            reader.close()
+        return None
+
+    def _hwm(self, partition: int, timeout: float = 10.0, topic: str | None = None) -> int:
+        """A partition's high watermark (events topic by default), retrying while
+        leadership settles."""
+        tp = TopicPartition(topic or self.settings.events_topic, partition)
         deadline = time.monotonic() + timeout
         while True:
             try:

@@ -97,7 +97,9 @@ def _event_line(e: Event) -> str:
 
 
 def _outcome_line(who: str, o: Outcome) -> str:
-    color = {"accepted": "green", "rejected": "red", "duplicate": "yellow"}[o.status]
+    color = {"accepted": "green", "rejected": "red", "duplicate": "yellow", "dead_letter": "red"}[
+        o.status
+    ]
     what = f"run {o.run_id[:8]}" if o.run_id and o.status == "accepted" else (o.reason or "")
     kinds = ", ".join(e.type for e in o.events)
     return f"  {who}: [{color}]{o.status}[/{color}] {what} ({kinds})"

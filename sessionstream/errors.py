@@ -10,6 +10,7 @@ __all__ = [
     "CommandTimeout",
     "ConfigurationError",
     "DatabaseUnavailable",
+    "IncompatibleEvent",
     "KafkaUnavailable",
     "SessionstreamError",
     "SingleWriterViolation",
@@ -62,6 +63,10 @@ class CommandTimeout(SessionstreamError):
     def __init__(self, command_id: str, detail: str) -> None:
         super().__init__(f"command {command_id}: {detail}")
         self.command_id = command_id
+
+
+class IncompatibleEvent(SessionstreamError):
+    """An event this version cannot decode (written by a newer processor): upgrade first."""
 
 
 class SingleWriterViolation(SessionstreamError):

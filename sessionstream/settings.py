@@ -69,7 +69,8 @@ class Settings(BaseSettings):
     """Port of the Prometheus ``/metrics`` endpoint of processor, sink and worker (off if unset)."""
 
     max_payload_bytes: int = Field(default=262144, ge=1024)
-    """Largest accepted command or event payload in bytes; larger input goes to the DLQ."""
+    """Largest accepted command payload in bytes; a larger one is rejected with
+    ``payload_too_large`` (records over the codec's 900 KiB go to the DLQ)."""
 
     worker_group: str = "sessionstream-workers"
     """Consumer group of the run workers on the events topic."""

@@ -151,8 +151,10 @@ def check_topics(settings: Settings, timeout: float = 30.0) -> TopicReport:
             raise TopicMisconfigured(s.name, "missing (run `sessionstream topics create`)")
     counts = {s.name: len(meta.topics[s.name].partitions) for s in specs if s.co_partitioned}
     if len(set(counts.values())) != 1:
+        expected = counts[settings.commands_topic]
+        odd = next(k for k, v in counts.items() if v != expected)
         raise TopicMisconfigured(
-            settings.events_topic,
+            odd,
             "partition counts differ: "
             + ", ".join(f"{k}={v}" for k, v in counts.items())
             + " — a session's events and state must sit on its commands' partition number",

@@ -143,13 +143,14 @@ def _cancel_reach(c: Check, conn: psycopg.Connection[Any], settings: Settings) -
         select r.run_id from agent_runs r where r.status = 'cancelled'
          and r.cancel_requested_at is not null
          and not exists (select 1 from agent_run_events e where e.run_id = r.run_id
-              and e.type in ('run.cancel_acknowledged', 'run.lease_expired'))
+              and e.type in ('run.cancel_acknowledged', 'run.lease_expired',
+                             'run.lease_released'))
          and exists (select 1 from agent_run_events e where e.run_id = r.run_id
               and e.type = 'run.lease_granted')""",
     )
     if unacked:
         c.fail(
-            "runs cancelled with a holder but no acknowledgement or lease loss",
+            "runs cancelled with a holder but no acknowledgement, release or lease loss",
             [r[0] for r in unacked],
         )
     acks = _one(

@@ -24,7 +24,7 @@ from schemas.codec import Codec
 from schemas.errors import DecodeError
 from sessionstream import metrics
 from sessionstream._kafka import client_config
-from sessionstream.errors import DatabaseUnavailable, SingleWriterViolation
+from sessionstream.errors import DatabaseUnavailable, IncompatibleEvent
 from sessionstream.settings import Settings
 from sinks.migrate import migrate
 from sinks.writer import PendingEvent, WriteMode, write_batch
@@ -192,7 +192,7 @@ class Sink:
             except DecodeError as e:
                 # the processor writes every event; one we cannot read means a schema we do
                 # not know yet (a newer processor): stop rather than skip history
-                raise SingleWriterViolation(
+                raise IncompatibleEvent(
                     f"undecodable event at {topic}[{p}]@{offset}: {e}; upgrade the sink"
                 ) from e
             out.append(PendingEvent(event, topic, p, offset))

@@ -386,14 +386,16 @@ class TransactionalProcessor:
     def _abort(self, error: KafkaException, batch: list[Message]) -> None:
         assert self._producer is not None and self._consumer is not None
         kerr = error.args[0]
-        if kerr.fatal() or not (kerr.txn_requires_abort() or kerr.retriable()):
-            # fenced or fatal: another instance owns our id or our partitions
+        if kerr.fatal():
+            # fenced: another instance owns our transactional id
             raise KafkaUnavailable(
                 f"processor transaction failed fatally: {kerr}",
                 bootstrap=self.settings.kafka_bootstrap,
             ) from error
-        # abortable, or retriable (a broker restart times out produce or send_offsets):
-        # abort, then decide the batch again
+        # Anything else is aborted and the batch decided again: abortable errors (our
+        # partitions moved), retriable ones (a broker restart times out send_offsets), and
+        # the _STATE error produce() raises once the transaction failed in the background
+        # (a broker restart: OUT_OF_ORDER_SEQUENCE_NUMBER). abort_transaction says if not.
         log.warning("aborting transaction: %s", kerr)
         self.stats.aborts += 1
         metrics.TRANSACTIONS.labels("aborted").inc()

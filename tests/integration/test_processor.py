@@ -239,9 +239,14 @@ def test_poison_pills_go_to_the_dlq_and_the_stream_goes_on(
     prod.flush(30)
     with SessionClient("t", iso) as c:
         outcome = c.wait(c.submit(good), timeout=60)
-    assert outcome.status == "accepted" and outcome.run_id
+        assert outcome.status == "accepted" and outcome.run_id
+        # through the SDK too: an oversized record is reported as a dead letter, not lost
+        huge = c.wait(c.prompt(sid, "x" * (950 * 1024)), timeout=60)
+        assert (huge.status, huge.reason) == ("dead_letter", "oversized")
+        again = c.wait(c.submit(good), timeout=60)
+        assert again.status == "duplicate"
     dlq = read_topic(iso, iso.dlq_topic)
-    by_pill = {r.headers["pill"].decode(): r for r in dlq}
+    by_pill = {r.headers["pill"].decode(): r for r in dlq if "pill" in r.headers}
     for name, (key, value, reason) in pills.items():
         assert name in by_pill, f"{name}: no dead letter; got {sorted(by_pill)}"
         r = by_pill[name]
@@ -255,5 +260,5 @@ def test_poison_pills_go_to_the_dlq_and_the_stream_goes_on(
         assert r.headers["error.message"]
     assert by_pill["wrong-partition"].headers["error.reason"] == b"wrong_partition"
     assert int(by_pill["wrong-partition"].headers["source.partition"]) == wrong
-    assert len(dlq) == len(pills) + 1
+    assert len(dlq) == len(pills) + 2  # + wrong partition + the SDK's oversized prompt
     procs[0].assert_alive()
