@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from confluent_kafka import KafkaException, Message
+
 from sessionstream.settings import Settings
 
-__all__ = ["client_config"]
+__all__ = ["client_config", "data_messages"]
 
 #: librdkafka's own log lines go here, not straight to stderr: a broker that is down
 #: would otherwise print a line every 50 ms; the error reaches the user as an exception
@@ -19,3 +21,19 @@ def client_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
     conf: dict[str, Any] = {"bootstrap.servers": settings.kafka_bootstrap, "logger": KAFKA_LOG}
     conf.update(overrides)
     return conf
+
+
+def data_messages(batch: list[Message], log: logging.Logger) -> list[Message]:
+    """The records of a consumed batch. librdkafka also hands out error events (a broker
+    going away, a partition at its end); those are logged and dropped — the client
+    reconnects by itself — except fatal ones, which end the process."""
+    out = []
+    for msg in batch:
+        err = msg.error()
+        if err is None:
+            out.append(msg)
+        elif err.fatal():
+            raise KafkaException(err)
+        else:
+            log.warning("consumer: %s", err)
+    return out

@@ -23,7 +23,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message,
 from schemas.codec import Codec
 from schemas.errors import DecodeError
 from sessionstream import metrics
-from sessionstream._kafka import client_config
+from sessionstream._kafka import client_config, data_messages
 from sessionstream.errors import DatabaseUnavailable, IncompatibleEvent
 from sessionstream.settings import Settings
 from sinks.migrate import migrate
@@ -181,10 +181,7 @@ class Sink:
 
     def _decode(self, batch: list[Message]) -> list[PendingEvent]:
         out = []
-        for msg in batch:
-            err = msg.error()
-            if err is not None:
-                raise KafkaException(err)
+        for msg in data_messages(batch, log):
             topic, p, offset = msg.topic(), msg.partition(), msg.offset()
             assert topic is not None and p is not None and offset is not None
             try:
@@ -214,6 +211,8 @@ class Sink:
                 if not batch:
                     continue
                 pending = self._decode(batch)
+                if not pending:
+                    continue
                 t0 = time.perf_counter()
                 nxt = self._retrying("writing a batch", partial(self._write, pending), stop)
                 ms = (time.perf_counter() - t0) * 1000

@@ -38,7 +38,7 @@ from confluent_kafka import (
 
 from schemas.codec import Codec
 from sessionstream import metrics
-from sessionstream._kafka import client_config
+from sessionstream._kafka import client_config, data_messages
 from sessionstream.errors import KafkaUnavailable
 from sessionstream.settings import Settings
 from sessionstream.topics import check_topics, ensure_topics
@@ -53,6 +53,8 @@ log = logging.getLogger("sessionstream.processor")
 
 #: a fired timer is fired again only if its command has not been decided after this long
 REFIRE_MS = 5_000
+#: a producer fenced again this soon after being replaced means a second live instance
+RENEW_WINDOW_S = 60.0
 
 
 def default_instance_id() -> str:
@@ -112,6 +114,7 @@ class TransactionalProcessor:
         self._step: CommandStep | None = None
         self._producer: Producer | None = None
         self._consumer: Consumer | None = None
+        self._renewed_at: float | None = None
 
     # -- setup ------------------------------------------------------------------------------
     def _now(self) -> int:
@@ -123,29 +126,7 @@ class TransactionalProcessor:
         ensure_topics(s)
         counts = check_topics(s).partitions
         self._step = CommandStep(self.codec, self.config, partitions=counts[s.commands_topic])
-        self._producer = Producer(
-            client_config(
-                s,
-                **{
-                    "transactional.id": f"{s.processor_group}-{self.instance_id}",
-                    "enable.idempotence": True,
-                    "acks": "all",
-                    "linger.ms": 1,
-                    "transaction.timeout.ms": s.transaction_timeout_ms,
-                    # a transaction begun while the broker still closes the previous one is
-                    # answered CONCURRENT_TRANSACTIONS; librdkafka's default 100 ms back-off
-                    # before the retry was most of the latency at 500 cmd/s (bench)
-                    "retry.backoff.ms": 10,
-                    "message.max.bytes": 4 * 1024 * 1024,
-                },
-            )
-        )
-        try:
-            self._producer.init_transactions(60)
-        except KafkaException as e:
-            raise KafkaUnavailable(
-                f"init_transactions failed: {e}", bootstrap=s.kafka_bootstrap
-            ) from e
+        self._producer = self._transactional_producer()
         self._consumer = Consumer(
             client_config(
                 s,
@@ -173,6 +154,35 @@ class TransactionalProcessor:
             on_revoke=self._on_revoke,
             on_lost=self._on_revoke,
         )
+
+    def _transactional_producer(self) -> Producer:
+        """A producer with our stable transactional id; `init_transactions` fences (and
+        aborts the open transaction of) any earlier producer with that id."""
+        s = self.settings
+        producer = Producer(
+            client_config(
+                s,
+                **{
+                    "transactional.id": f"{s.processor_group}-{self.instance_id}",
+                    "enable.idempotence": True,
+                    "acks": "all",
+                    "linger.ms": 1,
+                    "transaction.timeout.ms": s.transaction_timeout_ms,
+                    # a transaction begun while the broker still closes the previous one is
+                    # answered CONCURRENT_TRANSACTIONS; librdkafka's default 100 ms back-off
+                    # before the retry was most of the latency at 500 cmd/s (bench)
+                    "retry.backoff.ms": 10,
+                    "message.max.bytes": 4 * 1024 * 1024,
+                },
+            )
+        )
+        try:
+            producer.init_transactions(60)
+        except KafkaException as e:
+            raise KafkaUnavailable(
+                f"init_transactions failed: {e}", bootstrap=s.kafka_bootstrap
+            ) from e
+        return producer
 
     # -- rebalance --------------------------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -261,6 +271,7 @@ class TransactionalProcessor:
                 batch: list[Message] = [first] if first is not None else []
                 if first is not None:
                     batch += self._consumer.consume(self.batch_size - 1, timeout=0)
+                batch = data_messages(batch, log)
                 timers = self._due_timer_commands()
                 if batch or timers:
                     self._transact(batch, timers)
@@ -303,8 +314,6 @@ class TransactionalProcessor:
         try:
             # Step 2: decide each command in partition order, producing its records
             for msg in batch:
-                if msg.error() is not None:
-                    raise KafkaException(msg.error())
                 topic, p, offset = _coords(msg)
                 if p not in self.partitions:
                     continue  # revoked mid-batch: the new owner re-reads it
@@ -387,11 +396,9 @@ class TransactionalProcessor:
         assert self._producer is not None and self._consumer is not None
         kerr = error.args[0]
         if kerr.fatal():
-            # fenced: another instance owns our transactional id
-            raise KafkaUnavailable(
-                f"processor transaction failed fatally: {kerr}",
-                bootstrap=self.settings.kafka_bootstrap,
-            ) from error
+            self._renew_producer(kerr, error)
+            self._rewind(batch)
+            return
         # Anything else is aborted and the batch decided again: abortable errors (our
         # partitions moved), retriable ones (a broker restart times out send_offsets), and
         # the _STATE error produce() raises once the transaction failed in the background
@@ -404,13 +411,20 @@ class TransactionalProcessor:
                 self._producer.abort_transaction(30)
                 break
             except KafkaException as e:
-                if e.args[0].fatal() or not e.args[0].retriable():
+                if e.args[0].fatal():
+                    self._renew_producer(e.args[0], e)
+                    break
+                if not e.args[0].retriable():
                     raise KafkaUnavailable(
                         f"processor could not abort its transaction: {e.args[0]}",
                         bootstrap=self.settings.kafka_bootstrap,
                     ) from e
                 log.warning("abort_transaction: %s; retrying", e.args[0])
-        # rewind to the first offset of the batch per partition: nothing of it happened
+        self._rewind(batch)
+
+    def _rewind(self, batch: list[Message]) -> None:
+        """Back to the first offset of the batch per partition: nothing of it happened."""
+        assert self._consumer is not None
         first: dict[tuple[str, int], int] = {}
         for msg in batch:
             topic, p, offset = _coords(msg)
@@ -418,6 +432,23 @@ class TransactionalProcessor:
         for (t, p), o in first.items():
             if p in self.partitions:
                 self._consumer.seek(TopicPartition(t, p, o))
+
+    def _renew_producer(self, kerr: KafkaError, error: KafkaException) -> None:
+        """Our producer was fenced. A broker restart that outlives `transaction.timeout.ms`
+        does that: the coordinator aborts the open transaction itself and bumps the epoch.
+        A new producer with the same transactional id carries on (its `init_transactions`
+        settles the old transaction). Fenced again soon after: a second live instance has
+        our id, and this one stops."""
+        now = time.monotonic()
+        again = self._renewed_at is not None and now - self._renewed_at < RENEW_WINDOW_S
+        if kerr.code() != KafkaError._FENCED or again:
+            raise KafkaUnavailable(
+                f"processor transaction failed fatally: {kerr}",
+                bootstrap=self.settings.kafka_bootstrap,
+            ) from error
+        log.warning("producer fenced (%s); a new producer takes over our transactional id", kerr)
+        self._renewed_at = now
+        self._producer = self._transactional_producer()
 
     def _count(self, outcomes: list[Outcome], timers: int) -> None:
         st = self.stats
@@ -471,7 +502,8 @@ class TransactionalProcessor:
                 self._consumer.close()
             self._consumer = None
         if self._producer is not None:
-            self._producer.flush(5)
+            with contextlib.suppress(KafkaException):  # a fatal producer cannot flush
+                self._producer.flush(5)
             self._producer = None
 
 
