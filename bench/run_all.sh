@@ -45,6 +45,7 @@ for i in "${!STEPS[@]}"; do
   if [[ $mode == full ]]; then cmd=$full_cmd est=$full; else cmd=$quick_cmd est=$quick; fi
   echo "== $name ($mode, ~${est} s; ${elapsed} s elapsed of ${BUDGET}): $cmd"
   t0=$(date +%s)
+  load=$(cut -d' ' -f1 /proc/loadavg)
   status=ok
   # shellcheck disable=SC2086  # the command is a word list on purpose
   if [[ $name == decider ]]; then
@@ -66,7 +67,7 @@ for i in "${!STEPS[@]}"; do
   else
     echo "   done in ${secs} s"
   fi
-  records+=("{\"name\": \"$name\", \"mode\": \"$mode\", \"status\": \"$status\", \"seconds\": $secs}")
+  records+=("{\"name\": \"$name\", \"mode\": \"$mode\", \"status\": \"$status\", \"seconds\": $secs, \"loadavg_start\": $load}")
 done
 rm -f "$RESULTS/.decider.tmp"
 

@@ -142,8 +142,9 @@ def baselines(d: Any) -> list[tuple[str, Fmt]]:
         (
             "**ceiling**: raw transactional pass-through on the same backlog",
             lambda: (
-                f"{n(c['records_per_s'])} rec/s; ours {n(c['ours']['commands_per_s'])} cmd/s "
-                f"= **{c['ratio']:.0%} of the ceiling**"
+                f"{n(c['records_per_s'])} rec/s (runs before / after ours: "
+                f"{' / '.join(n(x['records_per_s']) for x in c['runs'])}); ours "
+                f"{n(c['ours']['commands_per_s'])} cmd/s = **{c['ratio']:.0%} of the ceiling**"
             ),
         ),
         (
@@ -241,10 +242,15 @@ def render(r: Results, wall: float | None) -> str:
     if wall is not None:
         host += f"; bench/run_all.sh took {wall:.0f} s"
     if steps:
-        host += "; " + ", ".join(
-            f"{s['name']} {s['mode']} {s['status']} {s['seconds']} s" for s in steps
+        host += "; steps (mode, status, seconds, 1-min load average at start): " + "; ".join(
+            f"{s['name']} {s['mode']} {s['status']} {s['seconds']} s load {s.get('loadavg_start')}"
+            for s in steps
         )
-    head.append(host + ". Every number is in `bench/results/*.json`.\n")
+    head.append(
+        host + ". The host is shared (Kafka, PostgreSQL and whatever else runs there): a load "
+        "average above 2 means the benchmarks competed for the CPUs. "
+        "Every number is in `bench/results/*.json`.\n"
+    )
     table = ["| area | measure | result |", "|---|---|---|"]
     table += [f"| {a} | {m} | {v} |" for a, m, v in rows(r)]
     return "\n".join(head + table) + "\n"
