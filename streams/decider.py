@@ -204,7 +204,10 @@ def evolve(
         r["status"] = "compacting"
     elif t == "run.compaction_finished":
         r["status"] = "running"
-    elif t in ("action.approved", "action.denied"):
+    elif t in ("action.approved", "action.denied") and (
+        event.payload_as(ActionDecision).idempotency_key not in run.actions
+    ):
+        # only a key's first decision is recorded (a retry refused while cancelling is not)
         d = event.payload_as(ActionDecision)
         decision = "approved" if t == "action.approved" else "denied"
         r["actions"] = {
@@ -607,16 +610,7 @@ def _worker(em: _Emitter, cmd: Command) -> None:
         _acquire(em, cmd, run)
         return
     if cmd.generation != run.generation:
-        em.reject("stale_generation", f"generation {cmd.generation} != current {run.generation}")
-        em.on_run(
-            "run.stale_write_recorded",
-            StaleWriteRecorded(
-                worker_id=cmd.worker_id,
-                command_type=cmd.type,
-                stale_generation=cmd.generation,
-                current_generation=run.generation,
-            ),
-        )
+        _stale(em, cmd, run)
         return
     if cmd.worker_id != run.lease_owner:
         em.reject(
@@ -626,10 +620,27 @@ def _worker(em: _Emitter, cmd: Command) -> None:
     _WORKER_HANDLERS[cmd.type](em, cmd, run)
 
 
+def _stale(em: _Emitter, cmd: Command, run: RunState) -> None:
+    """Fence a write from another generation: rejected, and kept in the run's trail."""
+    em.reject("stale_generation", f"generation {cmd.generation} != current {run.generation}")
+    em.on_run(
+        "run.stale_write_recorded",
+        StaleWriteRecorded(
+            worker_id=cmd.worker_id,
+            command_type=cmd.type,
+            stale_generation=cmd.generation,
+            current_generation=run.generation,
+        ),
+    )
+
+
 def _acquire(em: _Emitter, cmd: Command, run: RunState) -> None:
     p = cmd.payload_as(LeaseAcquirePayload)
     worker = cmd.worker_id or ""
-    if run.status == "cancelling":
+    if cmd.generation is not None and cmd.generation != run.generation:
+        # an old holder coming back asks with the generation it had: fenced, and recorded
+        _stale(em, cmd, run)
+    elif run.status == "cancelling":
         em.reject("run_cancelling", f"run {run.run_id} is cancelling")
     elif run.lease_owner is None:
         em.on_run(
@@ -690,7 +701,25 @@ def _compact_finish(em: _Emitter, cmd: Command, run: RunState) -> None:
 def _action_request(em: _Emitter, cmd: Command, run: RunState) -> None:
     p = cmd.payload_as(ActionRequestPayload)
     first = run.actions.get(p.idempotency_key)
-    if first is not None:
+    if (
+        first is not None
+        and run.status == "cancelling"
+        and first.decision == "approved"
+        and (not first.completed)
+    ):
+        # a worker retrying an approved action it has not finished (it crashed, or lost the
+        # result) must not act once the run is being cancelled: the email that arrives
+        # minutes after the user pressed stop is what the gate exists to prevent
+        em.on_run(
+            "action.denied",
+            ActionDecision(
+                idempotency_key=p.idempotency_key,
+                kind=first.kind,
+                reason="cancelling",
+                detail="approved before the cancel; not retried",
+            ),
+        )
+    elif first is not None:
         em.on_run(
             "action.decision_replayed",
             ActionDecisionReplayed(

@@ -58,7 +58,11 @@ class RunModel:
             assert self.status in before, f"{t} while {self.status}"
             self.status = after
         elif t in ("action.approved", "action.denied"):
-            assert p["idempotency_key"] not in self.decided, "an idempotency key decided twice"
+            retry_refused = t == "action.denied" and self.status == "cancelling"
+            # a key is decided once; only a retry of it while cancelling may be refused again
+            assert retry_refused or p["idempotency_key"] not in self.decided, (
+                "an idempotency key decided twice"
+            )
             assert (t == "action.approved") == (self.status == "running")
             self.decided.add(p["idempotency_key"])
         elif t == "action.decision_replayed":

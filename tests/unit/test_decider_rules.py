@@ -144,11 +144,12 @@ def test_action_gate_never_approves_twice() -> None:
     for _ in range(3):
         assert tokens(h.work("action.request", req)) == ["action.decision_replayed:approved"]
     h.abort()
-    # a new key is refused while cancelling; the first key keeps its first decision
+    # a new key is refused while cancelling; so is a retry of the approved, unfinished one
+    # (its first decision stays recorded, but nothing may act once the cancel is asked)
     assert tokens(h.work("action.request", {**req, "idempotency_key": "mail-2"})) == [
         "action.denied"
     ]
-    assert tokens(h.work("action.request", req)) == ["action.decision_replayed:approved"]
+    assert tokens(h.work("action.request", req)) == ["action.denied"]
     h.work("cancel.ack", {"actions_blocked": ["mail-2"]})
     assert tokens(h.work("action.request", req)) == ["action.denied"]
     assert [e.type for e in h.log].count("action.approved") == 1
@@ -287,3 +288,24 @@ def test_events_carry_the_commands_time_and_tenant() -> None:
     assert (e.ts, e.tenant_id, e.session_id, e.generation) == (42, "acme", "s-1", 1)
     [r] = h.prompt()
     assert (r.run_id, r.generation) == (SESSION_LOG, 0)
+
+
+def test_a_completed_action_replays_its_decision_while_cancelling() -> None:
+    h = Harness()
+    leased(h)
+    req = {"idempotency_key": "mail-1", "kind": "email"}
+    assert tokens(h.work("action.request", req)) == ["action.approved"]
+    assert tokens(h.work("action.result", {"idempotency_key": "mail-1"})) == ["action.completed"]
+    h.abort()
+    # it already happened: the worker may learn its result, nothing runs again
+    assert tokens(h.work("action.request", req)) == ["action.decision_replayed:approved"]
+
+
+def test_acquire_with_an_old_generation_is_fenced() -> None:
+    h = Harness()
+    leased(h)
+    old = h.generation
+    h.fire("lease_expiry")
+    out = h.work("lease.acquire", {}, worker="w1", generation=old)
+    assert tokens(out) == ["rejected:stale_generation", "run.stale_write_recorded"]
+    assert tokens(h.acquire("w2")) == ["run.lease_granted"] and h.generation == old + 1
