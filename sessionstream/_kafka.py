@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from confluent_kafka import KafkaException, Message
+from confluent_kafka import KafkaError, KafkaException, Message
 
 from sessionstream.settings import Settings
 
@@ -32,7 +32,8 @@ def data_messages(batch: list[Message], log: logging.Logger) -> list[Message]:
         err = msg.error()
         if err is None:
             out.append(msg)
-        elif err.fatal():
+        elif err.fatal() or err.code() == KafkaError._FATAL:
+            # a fatal consumer error arrives as a _FATAL event whose fatal() is False
             raise KafkaException(err)
         else:
             log.warning("consumer: %s", err)

@@ -115,6 +115,7 @@ class TransactionalProcessor:
         self._producer: Producer | None = None
         self._consumer: Consumer | None = None
         self._renewed_at: float | None = None
+        self._consumer_renewed_at: float | None = None
 
     # -- setup ------------------------------------------------------------------------------
     def _now(self) -> int:
@@ -127,7 +128,12 @@ class TransactionalProcessor:
         counts = check_topics(s).partitions
         self._step = CommandStep(self.codec, self.config, partitions=counts[s.commands_topic])
         self._producer = self._transactional_producer()
-        self._consumer = Consumer(
+        self._consumer = self._group_consumer()
+
+    def _group_consumer(self) -> Consumer:
+        """Our member of the processor group, subscribed to the commands topic."""
+        s = self.settings
+        consumer = Consumer(
             client_config(
                 s,
                 **{
@@ -148,12 +154,13 @@ class TransactionalProcessor:
                 },
             )
         )
-        self._consumer.subscribe(
+        consumer.subscribe(
             [s.commands_topic],
             on_assign=self._on_assign,
             on_revoke=self._on_revoke,
             on_lost=self._on_revoke,
         )
+        return consumer
 
     def _transactional_producer(self) -> Producer:
         """A producer with our stable transactional id; `init_transactions` fences (and
@@ -271,7 +278,11 @@ class TransactionalProcessor:
                 batch: list[Message] = [first] if first is not None else []
                 if first is not None:
                     batch += self._consumer.consume(self.batch_size - 1, timeout=0)
-                batch = data_messages(batch, log)
+                try:
+                    batch = data_messages(batch, log)
+                except KafkaException as e:
+                    self._renew_consumer(e)
+                    continue
                 timers = self._due_timer_commands()
                 if batch or timers:
                     self._transact(batch, timers)
@@ -340,9 +351,12 @@ class TransactionalProcessor:
                 producer.produce(s.commands_topic, key=key, value=value, partition=p)
             # Step 4: the input offsets join the transaction
             if offsets:
+                # bounded: after a broker restart librdkafka can wait forever for the
+                # coordinator here; a timeout is retriable and the batch is decided again
                 producer.send_offsets_to_transaction(
                     [TopicPartition(t, p, o) for (t, p), o in offsets.items()],
                     self._consumer.consumer_group_metadata(),
+                    10,
                 )
             # Step 5: commit — events, state, dead letters, timers and offsets at once
             self._commit()
@@ -449,6 +463,29 @@ class TransactionalProcessor:
         log.warning("producer fenced (%s); a new producer takes over our transactional id", kerr)
         self._renewed_at = now
         self._producer = self._transactional_producer()
+
+    def _renew_consumer(self, error: KafkaException) -> None:
+        """Our consumer failed fatally: as a static member it was fenced. librdkafka fences
+        itself that way when its session times out during a broker restart — it rejoins
+        under a new member id and the coordinator fences the old one (librdkafka#3437) —
+        and the consumer would never poll again. A new consumer with the same
+        group.instance.id takes the membership back; fenced again soon after means a second
+        live instance has our id, and this one stops."""
+        now = time.monotonic()
+        last = self._consumer_renewed_at
+        if last is not None and now - last < RENEW_WINDOW_S:
+            raise KafkaUnavailable(
+                f"processor consumer failed fatally: {error.args[0]}",
+                bootstrap=self.settings.kafka_bootstrap,
+            ) from error
+        log.warning("consumer failed (%s); a new consumer rejoins the group", error.args[0])
+        self._consumer_renewed_at = now
+        assert self._consumer is not None
+        owned = [TopicPartition(self.settings.commands_topic, p) for p in self.partitions]
+        self._on_revoke(self._consumer, owned)
+        with contextlib.suppress(KafkaException, RuntimeError):
+            self._consumer.close()
+        self._consumer = self._group_consumer()
 
     def _count(self, outcomes: list[Outcome], timers: int) -> None:
         st = self.stats
