@@ -41,6 +41,8 @@ topics_app = typer.Typer(help="Create or check the protocol's topics.", no_args_
 app.add_typer(topics_app, name="topics")
 
 
+JsonLogs = Annotated[bool, typer.Option("--json-logs", help="one JSON object per log line")]
+LogLevel = Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")]
 MetricsPort = Annotated[
     int | None,
     typer.Option(
@@ -106,10 +108,8 @@ def processor(
         str | None,
         typer.Option(help="stable instance id (default SESSIONSTREAM_PROCESSOR_INSTANCE or host)"),
     ] = None,
-    json_logs: Annotated[
-        bool, typer.Option("--json-logs", help="one JSON object per log line")
-    ] = False,
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "INFO",
+    json_logs: JsonLogs = False,
+    log_level: LogLevel = "INFO",
     metrics_port: MetricsPort = None,
 ) -> None:
     """Run the session processor: commands -> decider -> events, exactly once."""
@@ -129,10 +129,8 @@ def sink(
     batch_size: Annotated[int, typer.Option(help="most events per PostgreSQL transaction")] = 1000,
     linger_ms: Annotated[int, typer.Option(help="how long to wait to fill a batch")] = 20,
     mode: Annotated[str, typer.Option(help="copy (COPY into staging) or executemany")] = "copy",
-    json_logs: Annotated[
-        bool, typer.Option("--json-logs", help="one JSON object per log line")
-    ] = False,
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "INFO",
+    json_logs: JsonLogs = False,
+    log_level: LogLevel = "INFO",
     metrics_port: MetricsPort = None,
 ) -> None:
     """Persist session.events into PostgreSQL, exactly once (offsets stored with the rows)."""
@@ -186,10 +184,8 @@ def worker(
     group: Annotated[
         str | None, typer.Option(help="consumer group (default SESSIONSTREAM_WORKER_GROUP)")
     ] = None,
-    json_logs: Annotated[
-        bool, typer.Option("--json-logs", help="one JSON object per log line")
-    ] = False,
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "INFO",
+    json_logs: JsonLogs = False,
+    log_level: LogLevel = "INFO",
     metrics_port: MetricsPort = None,
 ) -> None:
     """Run a run worker: acquire leases, execute runs, propagate cancels (docs/workers.md)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, TopicPartition
 
 from consumers.log_check import read_topic
+from sessionstream._procs import settings_env
 from sessionstream.settings import Settings
 from sessionstream.topics import ensure_topics
 from tests.integration.helpers import wait_until
@@ -36,18 +36,6 @@ def isolated_settings(base: Settings, tag: str, partitions: int = 4) -> Settings
     )
     ensure_topics(s)
     return s
-
-
-def settings_env(s: Settings) -> dict[str, str]:
-    """The environment that gives a subprocess exactly these settings."""
-    env = dict(os.environ)
-    for name, value in s.model_dump().items():
-        key = f"SESSIONSTREAM_{name.upper()}"
-        if value is None:
-            env.pop(key, None)
-        else:
-            env[key] = str(value)
-    return env
 
 
 class Proc:
