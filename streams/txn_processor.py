@@ -362,6 +362,7 @@ class TransactionalProcessor:
             self._commit()
         except KafkaException as e:
             self._abort(e, batch)
+            self._unfire(timers)
             return
         # Step 6: only now does the in-memory state move on
         for (p, sid), state in staged.items():
@@ -435,6 +436,19 @@ class TransactionalProcessor:
                     ) from e
                 log.warning("abort_transaction: %s; retrying", e.args[0])
         self._rewind(batch)
+
+    def _unfire(self, timers: list[tuple[int, str, bytes, bytes]]) -> None:
+        """The timers of an aborted transaction were never sent: due again at once. (Their
+        heap entries are gone; without this they came back only with the session's next
+        state change, so a run whose worker had gone quiet kept an expired lease.)"""
+        for p, cid, key, _value in timers:
+            part = self.partitions.get(p)
+            if part is None:
+                continue
+            part.fired.pop(cid, None)
+            state = part.states.get(key.decode())
+            if state is not None:
+                part.schedule(state)
 
     def _rewind(self, batch: list[Message]) -> None:
         """Back to the first offset of the batch per partition: nothing of it happened."""
