@@ -462,19 +462,20 @@ class TransactionalProcessor:
                 self._consumer.seek(TopicPartition(t, p, o))
 
     def _renew_producer(self, kerr: KafkaError, error: KafkaException) -> None:
-        """Our producer was fenced. A broker restart that outlives `transaction.timeout.ms`
-        does that: the coordinator aborts the open transaction itself and bumps the epoch.
+        """Our producer failed fatally. A broker restart that outlives
+        `transaction.timeout.ms` does that: the coordinator aborts the open transaction
+        itself and bumps the epoch, and our next EndTxn gets _FENCED or INVALID_TXN_STATE.
         A new producer with the same transactional id carries on (its `init_transactions`
-        settles the old transaction). Fenced again soon after: a second live instance has
-        our id, and this one stops."""
+        settles the old transaction). Fatal again soon after: a second live instance has
+        our id (or the error is not transient), and this one stops."""
         now = time.monotonic()
         again = self._renewed_at is not None and now - self._renewed_at < RENEW_WINDOW_S
-        if kerr.code() != KafkaError._FENCED or again:
+        if again:
             raise KafkaUnavailable(
                 f"processor transaction failed fatally: {kerr}",
                 bootstrap=self.settings.kafka_bootstrap,
             ) from error
-        log.warning("producer fenced (%s); a new producer takes over our transactional id", kerr)
+        log.warning("producer failed (%s); a new producer takes over our transactional id", kerr)
         self._renewed_at = now
         self._producer = self._transactional_producer()
 
