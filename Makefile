@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: help install up down status test lint demo bench clean
+.PHONY: help install up down status test soak lint demo bench clean
 
 help:
 	@echo "make install  virtualenv in $(VENV) with sessionstream and its dev tools"
@@ -17,6 +17,7 @@ help:
 	@echo "make down     stop what 'make up' started"
 	@echo "make status   say what runs"
 	@echo "make test     install, up, run all tests"
+	@echo "make soak     install, up, the fault suite at 10x load and rounds"
 	@echo "make lint     ruff + mypy"
 	@echo "make demo     install, up, run the demo"
 	@echo "make bench    install, up, run the benchmarks"
@@ -56,6 +57,10 @@ test: install up
 	@rc=0; $(PY) -m pytest $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
+
+# The fault suite (kill -9 loops, broker and PostgreSQL restarts) at 10x load and rounds.
+soak: install up
+	SESSIONSTREAM_SOAK=1 $(PY) -m pytest tests/integration/test_faults.py -q
 
 # Both run even when the first fails, so one pass shows every problem.
 lint: install

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import subprocess
 import threading
 import time
@@ -77,6 +78,7 @@ class Pipeline:
         self.sink: Proc | None = None
         self.workers: dict[str, Proc] = {}
         self.all: list[Proc] = []  # every process ever started, for the teardown
+        os.environ.setdefault("PYTHONFAULTHANDLER", "1")  # inherited by the processes
 
     def _keep(self, p: Proc) -> Proc:
         self.all.append(p)
@@ -133,8 +135,21 @@ class Pipeline:
             self.start_worker(what)
 
     def stop(self) -> None:
+        """SIGTERM each; one that does not stop (hung) dumps its stacks to its log first."""
         for p in self.all:
-            p.stop()
+            if p.popen is None or p.popen.poll() is not None:
+                continue
+            p.popen.send_signal(signal.SIGTERM)
+            try:
+                p.popen.wait(20)
+            except subprocess.TimeoutExpired:
+                p.popen.send_signal(signal.SIGABRT)  # faulthandler: every thread's stack
+                print(f"{p.args[0]} did not stop on SIGTERM; stacks in {p.log}")
+                try:
+                    p.popen.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.popen.kill()
+                    p.popen.wait(10)
 
 
 class Load(threading.Thread):
@@ -251,7 +266,7 @@ def assert_consistent(
     s: Settings, pipe: Pipeline, load: Load, verifier: Verifier
 ) -> dict[str, int]:
     """The fault suite's contract, after the load; returns a few counts for the report."""
-    load.join(330)
+    load.join(load.n / load.rate + 300)
     assert not load.is_alive(), "the load did not finish"
     assert load.error is None, f"load failed: {load.error!r}"
     acked = load.acked()
