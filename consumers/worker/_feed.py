@@ -134,9 +134,7 @@ class GroupFeed(_Thread):
         start = []
         for tp in partitions:
             # Step 1: where the committed events end now (read_committed: the stable offset)
-            end = consumer.get_watermark_offsets(
-                TopicPartition(s.events_topic, tp.partition), timeout=30, cached=False
-            )[1]
+            end = _end_offset(consumer, TopicPartition(s.events_topic, tp.partition), self.stop)
             # Step 2: the state snapshot, which already holds every event below `end`
             states = _read_states(s, tp.partition)
             self.loop.call_soon_threadsafe(self.on_assign_cb, tp.partition, states)
@@ -150,6 +148,19 @@ class GroupFeed(_Thread):
         parts = [tp.partition for tp in partitions]
         self.loop.call_soon_threadsafe(self.on_revoke_cb, parts)
         log.info("worker revoked %s", sorted(parts))
+
+
+def _end_offset(consumer: Consumer, tp: TopicPartition, stop: threading.Event) -> int:
+    """Where the partition ends now. A broker restarting answers NOT_LEADER or times out
+    for a while: that is waited out, or the feed thread would die and the worker go deaf."""
+    while True:
+        try:
+            return int(consumer.get_watermark_offsets(tp, timeout=30, cached=False)[1])
+        except KafkaException as e:
+            if e.args[0].fatal() or stop.is_set():
+                raise
+            log.warning("end of %s[%s]: %s; retrying", tp.topic, tp.partition, e.args[0])
+            stop.wait(0.5)
 
 
 def _read_states(settings: Settings, partition: int) -> list[SessionState]:
@@ -176,7 +187,10 @@ def _read_states(settings: Settings, partition: int) -> list[SessionState]:
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
                     break
-                raise KafkaException(err)
+                if err.fatal():
+                    raise KafkaException(err)
+                log.warning("state snapshot: %s", err)  # a broker restarting: read on
+                continue
             value = msg.value()
             if value is None:
                 states.pop((msg.key() or b"").decode(), None)
@@ -227,7 +241,7 @@ class ControlFeed(_Thread):
                 return
             if p not in self._watching:
                 tp = TopicPartition(self.settings.events_topic, p)
-                end = self.consumer.get_watermark_offsets(tp, timeout=30, cached=False)[1]
+                end = _end_offset(self.consumer, tp, self.stop)
                 self.consumer.incremental_assign([TopicPartition(tp.topic, p, end)])
                 self._watching.add(p)
             self.loop.call_soon_threadsafe(_resolve, fut)
