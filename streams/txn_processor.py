@@ -55,6 +55,8 @@ log = logging.getLogger("sessionstream.processor")
 REFIRE_MS = 5_000
 #: a producer fenced again this soon after being replaced means a second live instance
 RENEW_WINDOW_S = 60.0
+#: longest wait for send_offsets_to_transaction before the producer is given up
+SEND_OFFSETS_LIMIT_S = 30.0
 
 
 def default_instance_id() -> str:
@@ -351,13 +353,7 @@ class TransactionalProcessor:
                 producer.produce(s.commands_topic, key=key, value=value, partition=p)
             # Step 4: the input offsets join the transaction
             if offsets:
-                # bounded: after a broker restart librdkafka can wait forever for the
-                # coordinator here; a timeout is retriable and the batch is decided again
-                producer.send_offsets_to_transaction(
-                    [TopicPartition(t, p, o) for (t, p), o in offsets.items()],
-                    self._consumer.consumer_group_metadata(),
-                    10,
-                )
+                self._send_offsets([TopicPartition(t, p, o) for (t, p), o in offsets.items()])
             # Step 5: commit — events, state, dead letters, timers and offsets at once
             self._commit()
         except KafkaException as e:
@@ -374,6 +370,32 @@ class TransactionalProcessor:
                 owner.states[sid] = state
                 owner.schedule(state)
         self._count(outcomes, len(timers))
+
+    def _send_offsets(self, offsets: list[TopicPartition]) -> None:
+        """`send_offsets_to_transaction`, bounded for real. After a broker restart librdkafka
+        can block in it forever, its timeout notwithstanding (librdkafka#5456, #5511); past
+        SEND_OFFSETS_LIMIT_S the producer is given up as fatally failed, and a new one with
+        our transactional id fences it (`_renew_producer`). The stuck call keeps its thread."""
+        assert self._producer is not None and self._consumer is not None
+        producer, metadata = self._producer, self._consumer.consumer_group_metadata()
+        failed: list[KafkaException] = []
+        done = threading.Event()
+
+        def call() -> None:
+            try:
+                producer.send_offsets_to_transaction(offsets, metadata, 10)
+            except KafkaException as e:
+                failed.append(e)
+            finally:
+                done.set()
+
+        threading.Thread(target=call, name="send-offsets", daemon=True).start()
+        if not done.wait(SEND_OFFSETS_LIMIT_S):
+            raise KafkaException(
+                KafkaError(KafkaError._TIMED_OUT, "send_offsets_to_transaction stuck", fatal=True)
+            )
+        if failed:
+            raise failed[0]
 
     def _commit(self) -> None:
         """Commit; a retriable error (broker restarting, coordinator moving) is retried."""
