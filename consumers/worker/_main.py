@@ -37,6 +37,9 @@ def run_worker(settings: Settings, agent: str, worker_id: str | None, lease_ms: 
         log.error("%s", e)
         return 2
 
+    if not _migrated(settings):
+        return 2
+
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -50,3 +53,27 @@ def run_worker(settings: Settings, agent: str, worker_id: str | None, lease_ms: 
         log.error("%s", e)
         return 2
     return 0
+
+
+def _migrated(settings: Settings, wait_s: float = 60.0) -> bool:
+    """The action tables exist (migrations are idempotent and locked); a database that is
+    still starting is waited for, as the sink does."""
+    import time
+
+    import psycopg
+
+    from sinks.migrate import migrate
+
+    deadline = time.monotonic() + wait_s
+    delay = 0.2
+    while True:
+        try:
+            migrate(settings.database_url, schema=settings.database_schema)
+            return True
+        except psycopg.OperationalError as e:
+            if time.monotonic() > deadline:
+                log.error("database unavailable: %s (SESSIONSTREAM_DATABASE_URL)", e)
+                return False
+            log.warning("database unavailable (%s); retrying in %.1fs", str(e).strip(), delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)

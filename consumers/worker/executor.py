@@ -65,12 +65,17 @@ where idempotency_key = %s
 class ActionExecutor:
     """Executes actions against `agent_actions`; one pool per worker process."""
 
-    def __init__(self, database_url: str) -> None:
+    def __init__(self, database_url: str, schema: str | None = None) -> None:
         self.database_url = database_url
+        self.schema = schema
         self._pool: AsyncConnectionPool | None = None
 
     async def open(self) -> None:
-        self._pool = AsyncConnectionPool(self.database_url, min_size=1, max_size=4, open=False)
+        # the same schema as the sink's tables (SESSIONSTREAM_DATABASE_SCHEMA)
+        kwargs = {"options": f"-c search_path={self.schema}"} if self.schema else {}
+        self._pool = AsyncConnectionPool(
+            self.database_url, min_size=1, max_size=4, open=False, kwargs=kwargs
+        )
         try:
             await self._pool.open(wait=True, timeout=15)
         except psycopg.Error as e:

@@ -72,7 +72,9 @@ class Worker:
         self.acquire_timeout_s = acquire_timeout_s
         self.session_timeout_ms = session_timeout_ms
         url = settings.database_url if database_url is None else database_url
-        self.executor: ActionExecutor | None = ActionExecutor(url) if url else None
+        self.executor: ActionExecutor | None = (
+            ActionExecutor(url, settings.database_schema) if url else None
+        )
         self.codec = Codec()
         self.executions: dict[str, Execution] = {}
         self._views: dict[str, _View] = {}

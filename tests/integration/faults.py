@@ -330,7 +330,7 @@ def _assert_runs_and_emails(s: Settings, records: list[LogRecord]) -> dict[str, 
     now_ms = int(time.time() * 1000)
     open_runs = [r for r in started if r not in statuses and deadline[r] <= now_ms]
     assert not open_runs, f"{len(open_runs)} runs past their deadline without an end"
-    with psycopg.connect(s.database_url) as conn:  # the workers' actions live in `public`
+    with psycopg.connect(s.database_url, options=f"-c search_path={s.database_schema}") as conn:
         rows = conn.execute(
             "select run_id, idempotency_key, count(*) from agent_outbox"
             " where run_id = any(%s) group by run_id, idempotency_key",

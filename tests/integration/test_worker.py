@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
 from consumers.log_check import check_log, read_topic
 from schemas.codec import Codec
@@ -33,9 +34,10 @@ def iso(request: pytest.FixtureRequest, settings: Settings, kafka_bootstrap: str
 
 
 @pytest.fixture
-def db(database_url: str) -> str:
-    migrate(database_url)
-    return database_url
+def db(iso: Settings, database_url: str) -> str:
+    """A conninfo on the test's own schema, where its workers record their actions."""
+    migrate(database_url, schema=iso.database_schema)
+    return make_conninfo(database_url, options=f"-c search_path={iso.database_schema}")
 
 
 @pytest.fixture
