@@ -6,16 +6,17 @@ Topics, the processor, the paced producer and the percentiles come from `bench/_
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 import uuid
 from collections import Counter
+from typing import Any
 
 import psycopg
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
+from bench._harness import cpu_seconds
 from bench.bench_decider import CYCLE, build
 from schemas.commands import Command
 from sessionstream._kafka import client_config
@@ -35,6 +36,7 @@ __all__ = [
     "drop_schemas",
     "event_log",
     "fresh_schema",
+    "sink_run",
     "workload",
 ]
 
@@ -97,11 +99,27 @@ def count_rows(url: str, schema: str) -> int:
         return 0
 
 
-def delete_groups(s: Settings, groups: list[str]) -> None:
+def delete_groups(s: Settings, groups: list[str], timeout: float = 30.0) -> list[str]:
+    """Delete consumer groups; returns those that could not be deleted.
+
+    A stopped processor stays a member (static membership) until its session times out and
+    the broker refuses to delete a non-empty group, so this retries until `timeout`.
+    """
     admin = AdminClient(client_config(s))
-    for fut in admin.delete_consumer_groups(groups, request_timeout=30).values():
-        with contextlib.suppress(KafkaException):  # a group that never committed is absent
-            fut.result()
+    left, deadline = set(groups), time.monotonic() + timeout
+    errors: dict[str, str] = {}
+    while left and time.monotonic() < deadline:
+        for group, fut in admin.delete_consumer_groups(sorted(left), request_timeout=30).items():
+            try:
+                fut.result()
+                left.discard(group)
+            except KafkaException as e:
+                if e.args[0].code() == KafkaError.GROUP_ID_NOT_FOUND:  # never committed
+                    left.discard(group)
+                errors[group] = str(e)
+        if left:
+            time.sleep(1)
+    return [f"{g}: {errors.get(g)}" for g in sorted(left)]
 
 
 # -- the sink -----------------------------------------------------------------------------------
@@ -167,3 +185,31 @@ class RowPoller(threading.Thread):
         self.join(10)
         if self.error is not None:
             raise self.error
+
+
+def sink_run(s: Settings, schema: str, mode: str, n_events: int) -> tuple[SinkProc, dict[str, Any]]:
+    """Start a sink on a fresh schema; rows/s from its first batch until every event is in."""
+    sink = SinkProc(s, schema, mode).start()
+    first: tuple[float, int, float] | None = None
+    deadline = time.perf_counter() + 300
+    while True:
+        sink.assert_alive()
+        n, t = count_rows(s.database_url, schema), time.perf_counter()
+        if n and first is None:
+            first = (t, n, cpu_seconds(sink.pid))
+        if n >= n_events:
+            break
+        if t > deadline:
+            raise TimeoutError(f"{mode} sink wrote {n} of {n_events} rows in 300 s")
+        time.sleep(0.02)
+    assert first is not None and n == n_events, (n, n_events)
+    t1, n1, c1 = first
+    secs = max(t - t1, 1e-3)
+    return sink, {
+        "rows": n_events,
+        "measured_rows": n_events - n1,
+        "seconds": round(secs, 2),
+        "rows_per_s": round((n_events - n1) / secs),
+        "sink_cores": round((cpu_seconds(sink.pid) - c1) / secs, 2),
+        "startup_to_first_batch_s": round(t1 - sink.started_at, 2),
+    }

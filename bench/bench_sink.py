@@ -2,12 +2,12 @@
 
 1. Writer: `write_batch` (events + projection + offsets, one transaction per batch) over a
    real event log — the decider bench's command cycle run through `streams.decider.apply`
-   on 1000 sessions — into a fresh schema per run, per mode and batch size. Modes alternate
-   order between repetitions; the median is reported (best in the JSON). Also the events
-   insert alone (step 1 of `write_batch`, the only part the modes differ in) at batch 1000.
+   on 1000 sessions — into a fresh schema per run, per mode and batch size, 3 times, modes
+   in alternating order: best and median. Also the events insert alone (step 1 of
+   `write_batch`, the only part the modes differ in) at the sink's default batch.
 2. End to end: the same commands through a processor onto isolated topics, then a
-   `sessionstream sink --mode M` per mode, each on a fresh schema and group, reading the
-   events topic from offset 0: rows/s from its first committed batch to the last row.
+   `sessionstream sink --mode M` per mode (twice, A B B A), each on a fresh schema and group,
+   reading the events topic from offset 0: rows/s from its first batch to the last row.
 3. Latency: with the copy-mode sink (default batch and linger) caught up, producer commands
    at a steady 500/s for 20 s; per command, send -> first row visible in PostgreSQL, found
    by polling `agent_run_events` every 5 ms (so up to ~5 ms of each number is the poll);
@@ -54,11 +54,11 @@ from bench._sink_harness import (
     RowPoller,
     SinkProc,
     connect,
-    count_rows,
     delete_groups,
     drop_schemas,
     event_log,
     fresh_schema,
+    sink_run,
     workload,
 )
 from consumers.log_check import read_topic
@@ -132,36 +132,7 @@ def writer_throughput(
     }
 
 
-# -- 2. end to end ------------------------------------------------------------------------------
-def sink_run(s: Settings, schema: str, mode: str, n_events: int) -> tuple[SinkProc, dict[str, Any]]:
-    """Start a sink on a fresh schema; rows/s from its first batch until every event is in."""
-    sink = SinkProc(s, schema, mode).start()
-    first: tuple[float, int, float] | None = None
-    deadline = now() + 300
-    while True:
-        sink.assert_alive()
-        n, t = count_rows(s.database_url, schema), now()
-        if n and first is None:
-            first = (t, n, cpu_seconds(sink.pid))
-        if n >= n_events:
-            break
-        if t > deadline:
-            raise TimeoutError(f"{mode} sink wrote {n} of {n_events} rows in 300 s")
-        time.sleep(0.02)
-    assert first is not None and n == n_events, (n, n_events)
-    t1, n1, c1 = first
-    secs = max(t - t1, 1e-3)
-    return sink, {
-        "rows": n_events,
-        "measured_rows": n_events - n1,
-        "seconds": round(secs, 2),
-        "rows_per_s": round((n_events - n1) / secs),
-        "sink_cores": round((cpu_seconds(sink.pid) - c1) / secs, 2),
-        "startup_to_first_batch_s": round(t1 - sink.started_at, 2),
-    }
-
-
-# -- 3. latency ---------------------------------------------------------------------------------
+# -- 2. end to end, 3. latency -----------------------------------------------------------------
 def latency(b: Bench, schema: str, sink: SinkProc) -> dict[str, Any]:
     a, proc = b.args, b.proc
     assert proc is not None
@@ -252,10 +223,12 @@ class Bench:
         if self.proc is not None:
             self.proc.stop()
         self.client.close()
-        if keep:
-            return []
-        delete_groups(self.s, [sink.group for sink in self.sinks])
-        return delete_topics_and_groups(self.s)
+        return [] if keep else delete_topics_and_groups(self.s)
+
+    def groups(self) -> list[str]:
+        """Ours, deleted at the very end (the processor's outlives it by a session timeout)."""
+        s = self.s
+        return [s.processor_group, f"{s.processor_group}-restore", *(k.group for k in self.sinks)]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -269,6 +242,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     commands = workload(args.sessions, args.cycles)
     log = event_log(commands)
     b: Bench | None = None
+    closed, out["cleanup_failures"] = False, []
     try:
         # the Kafka parts first: they are the most sensitive to a busy machine
         b, load = Bench(args, prefix), os.getloadavg()[0]
@@ -277,15 +251,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         load = os.getloadavg()[0]
         out["latency"] = latency(b, b.schemas[-1], sink)
         out["latency"]["loadavg_1m_start"] = load
-        out["cleanup_failures"], b = b.close(args.keep), None  # nothing of ours runs in part 1
-        t0, load = now(), os.getloadavg()[0]
+        out["cleanup_failures"] = b.close(args.keep)  # nothing of ours runs in part 1
+        closed, load, t0 = True, os.getloadavg()[0], now()
         out["writer"] = writer_throughput(url, prefix, log, args.batch_sizes, args.reps)
         out["writer"].update(seconds=round(now() - t0, 1), loadavg_1m_start=load)
     finally:
-        if b is not None:
+        if b is not None and not closed:
             out["cleanup_failures"] = b.close(args.keep)
         if not args.keep:
             drop_schemas(url, prefix)
+            if b is not None:
+                out["cleanup_failures"] += delete_groups(b.s, b.groups())
         out["host"]["loadavg_end"] = os.getloadavg()
     return out
 
