@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -152,16 +152,22 @@ app.add_typer(db_app, name="db")
 def db_migrate() -> None:
     """Apply the versioned migrations that are missing (idempotent)."""
     import psycopg
+    from rich.progress import Progress
 
     from sessionstream.settings import get_settings
-    from sinks.migrate import migrate
+    from sinks.migrate import migrate, migrations
 
     try:
-        done = migrate(
-            get_settings().database_url,
-            schema=get_settings().database_schema,
-            progress=lambda m: typer.echo(f"applied {m.version:04d}_{m.name}"),
-        )
+        with Progress(transient=True) as bar:
+            task = bar.add_task("migrating", total=len(migrations()))
+
+            def applied(m: Any) -> None:
+                bar.console.print(f"applied {m.version:04d}_{m.name}")
+                bar.advance(task)
+
+            done = migrate(
+                get_settings().database_url, schema=get_settings().database_schema, progress=applied
+            )
     except psycopg.OperationalError as e:
         _fail(
             f"cannot reach PostgreSQL: {str(e).strip()}\n  (SESSIONSTREAM_DATABASE_URL;"

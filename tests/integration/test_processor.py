@@ -262,3 +262,42 @@ def test_poison_pills_go_to_the_dlq_and_the_stream_goes_on(
     assert int(by_pill["wrong-partition"].headers["source.partition"]) == wrong
     assert len(dlq) == len(pills) + 2  # + wrong partition + the SDK's oversized prompt
     procs[0].assert_alive()
+
+
+@pytest.mark.parametrize(
+    ("events_partitions", "events_policy", "problem"),
+    [(2, "compact", "partition counts differ"), (4, "delete", "cleanup.policy is 'delete'")],
+)
+def test_misconfigured_topics_stop_the_processor_at_startup(
+    settings: Settings,
+    kafka_bootstrap: str,
+    events_partitions: int,
+    events_policy: str,
+    problem: str,
+) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from sessionstream.errors import TopicMisconfigured
+    from sessionstream.topics import check_topics
+
+    tag = uuid.uuid4().hex[:8]
+    s = settings.model_copy(
+        update={
+            "commands_topic": f"it.bad.commands.{tag}",
+            "events_topic": f"it.bad.events.{tag}",
+            "state_topic": f"it.bad.state.{tag}",
+            "dlq_topic": f"it.bad.dlq.{tag}",
+            "processor_group": f"it-bad-{tag}",
+        }
+    )
+    admin = AdminClient({"bootstrap.servers": s.kafka_bootstrap})
+    # the events topic exists first, wrongly; the processor creates the rest
+    bad = NewTopic(s.events_topic, events_partitions, 1, config={"cleanup.policy": events_policy})
+    admin.create_topics([bad])[s.events_topic].result(timeout=30)
+    p = Proc(s, "processor", "--instance", "bad").start()
+    assert p.popen is not None
+    code = p.popen.wait(90)
+    assert code == 2, p.log_text()
+    assert problem in p.log_text() and s.events_topic in p.log_text(), p.log_text()
+    with pytest.raises(TopicMisconfigured, match=problem):
+        check_topics(s)
