@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
+import signal
 import threading
 import uuid
 from collections.abc import Callable
@@ -65,7 +67,10 @@ class _Thread:
         try:
             self.run()
         except Exception:
-            log.exception("%s died", self.thread.name)
+            # a worker whose feed is dead is deaf to cancels and grants: stop the whole
+            # process (gracefully: its leases are released) so a supervisor restarts it
+            log.critical("%s died; stopping the worker", self.thread.name, exc_info=True)
+            os.kill(os.getpid(), signal.SIGTERM)
             raise
 
     def run(self) -> None:
