@@ -94,3 +94,12 @@ def topic_factory(
 def pg_conn(database_url: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
     with psycopg.connect(database_url, connect_timeout=10) as conn:
         yield conn
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_isolated_worlds() -> Iterator[None]:
+    """Isolated topics and schemas live for the test session only."""
+    yield
+    from tests.integration.procs import remove_isolated
+
+    remove_isolated()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -35,7 +36,36 @@ def isolated_settings(base: Settings, tag: str, partitions: int = 4) -> Settings
         }
     )
     ensure_topics(s)
+    ISOLATED.append(s)
     return s
+
+
+#: every isolated world made in this test session, removed at its end (conftest)
+ISOLATED: list[Settings] = []
+
+
+def remove_isolated() -> None:
+    """Delete the isolated topics and PostgreSQL schemas, so reruns do not pile them up."""
+    import psycopg
+    from confluent_kafka.admin import AdminClient
+
+    if not ISOLATED:
+        return
+    admin = AdminClient({"bootstrap.servers": ISOLATED[0].kafka_bootstrap})
+    topics = [
+        t for s in ISOLATED for t in (s.commands_topic, s.events_topic, s.state_topic, s.dlq_topic)
+    ]
+    for fut in admin.delete_topics(topics, operation_timeout=30).values():
+        # already gone, or the broker is down: nothing to keep
+        with contextlib.suppress(Exception):
+            fut.result(timeout=60)
+    try:
+        with psycopg.connect(ISOLATED[0].database_url, autocommit=True) as conn:
+            for s in ISOLATED:
+                conn.execute(f'drop schema if exists "{s.database_schema}" cascade')
+    except psycopg.Error:
+        pass
+    ISOLATED.clear()
 
 
 class Proc:
