@@ -248,7 +248,12 @@ def _scene_cancel(ui: SessionClient, watch: Watch, tag: str) -> list[tuple[str, 
             _say(_event_line(e))
     _say(
         f"  cancelled {1000 * (time.monotonic() - t0):.0f} ms after the abort "
-        f"({getattr(fin.payload, 'terminal_status', '')}); the email action never ran"
+        f"({getattr(fin.payload, 'terminal_status', '')})"
+    )
+    asked = [e for e in watch.of(sid) if e.type.startswith("action.") and e.run_id == run]
+    _say(
+        f"  email actions asked for or approved in this run: {len(asked)} "
+        "(the gate refuses any from now on; scene 7 counts the outbox)"
     )
     return [(sid, run)]
 
