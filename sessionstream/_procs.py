@@ -34,6 +34,7 @@ class Service:
         self.settings = settings
         self.args = args
         self.log = log_dir / f"{name}.log"
+        self.cwd: Path | None = None
         self.popen: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Service:
@@ -42,6 +43,7 @@ class Service:
             self.popen = subprocess.Popen(
                 [str(exe), *self.args],
                 env=settings_env(self.settings),
+                cwd=self.cwd,
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
@@ -73,13 +75,15 @@ class Service:
             self.popen.send_signal(signal.SIGKILL)
             self.popen.wait(10)
 
-    def stop(self) -> None:
-        if not self.alive():
-            return
-        assert self.popen is not None
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM, then SIGKILL after `timeout`; the exit code (0 if never started)."""
+        if self.popen is None:
+            return 0
+        if self.popen.poll() is not None:
+            return self.popen.returncode
         self.popen.send_signal(signal.SIGTERM)
         try:
-            self.popen.wait(20)
+            return self.popen.wait(timeout)
         except subprocess.TimeoutExpired:
             self.popen.kill()
-            self.popen.wait(10)
+            return self.popen.wait(10)

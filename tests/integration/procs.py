@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import signal
-import subprocess
-import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -13,7 +10,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, TopicPartition
 
 from consumers.log_check import read_topic
-from sessionstream._procs import settings_env
+from sessionstream._procs import Service
 from sessionstream.settings import Settings
 from sessionstream.topics import ensure_topics
 from tests.integration.helpers import wait_until
@@ -68,29 +65,22 @@ def remove_isolated() -> None:
     ISOLATED.clear()
 
 
-class Proc:
+class Proc(Service):
     """One `sessionstream ...` subprocess with its log in a temp file."""
 
     def __init__(self, settings: Settings, *args: str) -> None:
-        self.settings = settings
-        self.args = list(args)
+        super().__init__(
+            args[0] if args else "sessionstream", settings, list(args), Path(tempfile.gettempdir())
+        )
         self.log = Path(tempfile.mkstemp(prefix="ss-proc-", suffix=".log")[1])
-        self.popen: subprocess.Popen[bytes] | None = None
+        self.cwd = REPO
 
     def start(self) -> Proc:
-        exe = Path(sys.executable).with_name("sessionstream")
-        with self.log.open("ab") as out:
-            self.popen = subprocess.Popen(
-                [str(exe), *self.args],
-                env=settings_env(self.settings),
-                cwd=REPO,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
+        super().start()
         return self
 
     def log_text(self) -> str:
-        return self.log.read_text(errors="replace")
+        return self.text()
 
     def wait_log(self, needle: str, timeout: float = 60.0, after: int = 0) -> None:
         def found() -> bool:
@@ -104,21 +94,6 @@ class Proc:
         code = self.popen.poll()
         if code is not None:
             raise AssertionError(f"{self.args} exited with {code}:\n{self.log_text()[-3000:]}")
-
-    def kill9(self) -> None:
-        assert self.popen is not None
-        self.popen.send_signal(signal.SIGKILL)
-        self.popen.wait(10)
-
-    def stop(self) -> int:
-        if self.popen is None or self.popen.poll() is not None:
-            return self.popen.returncode if self.popen else 0
-        self.popen.send_signal(signal.SIGTERM)
-        try:
-            return self.popen.wait(30)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            return self.popen.wait(10)
 
 
 def processor(settings: Settings, instance: str = "p0", engine: str = "txn") -> Proc:

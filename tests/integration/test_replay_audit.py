@@ -13,6 +13,7 @@ import pytest
 
 from consumers.log_check import read_topic
 from schemas.codec import Codec
+from sessionstream._procs import settings_env
 from sessionstream.client import SessionClient
 from sessionstream.settings import Settings
 from sinks.audit import run_audit
@@ -22,7 +23,6 @@ from tests.integration.procs import (
     Proc,
     isolated_settings,
     processor,
-    settings_env,
     sink,
     wait_processed,
     wait_sink_caught_up,
