@@ -105,6 +105,7 @@ def command_schema() -> dict[str, Any]:
             {"name": "runId", "type": opt_str, "default": None},
             {"name": "workerId", "type": opt_str, "default": None},
             {"name": "generation", "type": ["null", "long"], "default": None},
+            {"name": "actor", "type": opt_str, "default": None},
         ],
         COMMAND_PAYLOADS,
     )
@@ -125,6 +126,7 @@ def event_schema() -> dict[str, Any]:
             {"name": "commandId", "type": "string"},
             {"name": "ts", "type": "long"},
             {"name": "tenantId", "type": "string"},
+            {"name": "producerTs", "type": ["null", "long"], "default": None},
         ],
         EVENT_PAYLOADS,
     )

@@ -1,8 +1,9 @@
 """Commands: what producers (UI, scheduler, workers, the processor's timers) ask of a session.
 
-A command is an envelope (`commandId`, `sessionId`, `tenantId`, `type`, `ts`, worker fields)
-around a payload whose model is chosen by `type`. `commandId` is the producer's idempotency
-key; `ts` is the producer's clock in epoch milliseconds — the decider never reads a clock.
+A command is an envelope (`commandId`, `sessionId`, `tenantId`, `type`, `ts`, `actor`,
+`runId`, worker fields) around a payload whose model is chosen by `type`. `commandId` is the
+producer's idempotency key. `ts` is the producer's clock in epoch milliseconds, kept as
+information only: the decider's "now" is the broker's append time of the command record.
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ from schemas._base import Payload, WireModel
 
 __all__ = [
     "COMMAND_PAYLOADS",
+    "MAX_ID_CHARS",
+    "MAX_REF_CHARS",
     "MAX_WIRE_INT",
+    "PRODUCER_COMMAND_TYPES",
     "WORKER_COMMAND_TYPES",
     "AbortPayload",
     "ActionRequestPayload",
@@ -40,6 +44,12 @@ __all__ = [
     "TimerKind",
 ]
 
+#: longest id on the wire (command, session, tenant, run, worker ids, actors, idempotency keys)
+MAX_ID_CHARS: Final = 200
+
+#: longest pointer (context refs, checkpoint URIs): a pointer, never the content
+MAX_REF_CHARS: Final = 2048
+
 #: bound of every integer in a command: the largest integer JSON producers (JavaScript) hold
 #: exactly, and small enough that `ts + leaseMs` and the like stay an Avro `long`
 MAX_WIRE_INT: Final = 2**53 - 1
@@ -57,12 +67,14 @@ ProgressKind = Literal[
 
 
 class PromptPayload(Payload):
-    """A new task. `policy` says what happens while a run is active."""
+    """A new task. `policy` says what happens while a run is active. `retryOf` names a
+    recent run that ended retryable (`timed_out`, or `failed` with `retryable`)."""
 
     text: str
     policy: PromptPolicy = "reject"
-    context_ref: str | None = None
+    context_ref: str | None = Field(default=None, max_length=MAX_REF_CHARS)
     timeout_ms: int | None = Field(default=None, gt=0, le=MAX_WIRE_INT)
+    retry_of: str | None = Field(default=None, min_length=1, max_length=MAX_ID_CHARS)
 
 
 class SteerPayload(Payload):
@@ -72,17 +84,19 @@ class SteerPayload(Payload):
 
 
 class FollowUpPayload(Payload):
-    """Extra information: queued for the active run, or starts a run when idle (by policy)."""
+    """Extra information: pending for the active run, or starts a run when idle (by policy).
+    `onRunEnd` says what becomes of it if its run ends without consuming it."""
 
     text: str
     when_idle: Literal["start", "reject"] = "start"
+    on_run_end: Literal["drop", "queue"] = "drop"
 
 
 class SendPayload(Payload):
     """The single 'send' button: the runtime picks prompt / follow-up / queue by state."""
 
     text: str
-    context_ref: str | None = None
+    context_ref: str | None = Field(default=None, max_length=MAX_REF_CHARS)
     timeout_ms: int | None = Field(default=None, gt=0, le=MAX_WIRE_INT)
 
 
@@ -99,7 +113,7 @@ class CompactStartPayload(Payload):
 class CompactFinishPayload(Payload):
     """Compaction done; the checkpoint lives elsewhere, only its pointer travels."""
 
-    checkpoint_uri: str
+    checkpoint_uri: str = Field(max_length=MAX_REF_CHARS)
     tokens: int | None = Field(default=None, ge=-MAX_WIRE_INT, le=MAX_WIRE_INT)
 
 
@@ -131,15 +145,15 @@ class RunProgressPayload(Payload):
 class ActionRequestPayload(Payload):
     """Ask the gate for permission to perform an external action (email, write, ...)."""
 
-    idempotency_key: str = Field(min_length=1)
-    kind: str
+    idempotency_key: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    kind: str = Field(max_length=MAX_ID_CHARS)
     detail: str | None = None
 
 
 class ActionResultPayload(Payload):
     """Outcome of an approved external action."""
 
-    idempotency_key: str = Field(min_length=1)
+    idempotency_key: str = Field(min_length=1, max_length=MAX_ID_CHARS)
     ok: bool = True
     result: str | None = None
 
@@ -154,10 +168,12 @@ class CancelAckPayload(Payload):
 
 
 class RunCompletePayload(Payload):
-    """The holder finished the run. `consumedFollowUps` names follow-ups it already used."""
+    """The holder finished the run. `consumedFollowUps` / `consumedSteers` name the inputs
+    (by their command ids) its answer took into account."""
 
     result: str | None = None
     consumed_follow_ups: list[str] = Field(default_factory=list)
+    consumed_steers: list[str] = Field(default_factory=list)
 
 
 class RunFailPayload(Payload):
@@ -194,6 +210,12 @@ COMMAND_PAYLOADS: Final[dict[str, type[Payload]]] = {
     "run.fail": RunFailPayload,
     "timer.fired": TimerFiredPayload,
 }
+
+#: commands written by producers (UI, scheduler, gateway, ...); `runId` on one of these names
+#: the run it is meant for, and it is rejected `run_not_active` if that run is not active
+PRODUCER_COMMAND_TYPES: Final[frozenset[str]] = frozenset(
+    {"prompt", "steer", "follow_up", "send", "abort"}
+)
 
 #: commands written by the worker that holds (or asks for) a run's lease
 WORKER_COMMAND_TYPES: Final[frozenset[str]] = frozenset(
@@ -234,16 +256,19 @@ def validate_payload(registry: dict[str, type[Payload]], data: Any, kind: str) -
 
 
 class Command(WireModel):
-    """The command envelope. Worker commands also carry `runId`, `workerId`, `generation`."""
+    """The command envelope. Worker commands also carry `runId`, `workerId`, `generation`;
+    a producer command may carry `runId` to address one run only."""
 
-    command_id: str = Field(min_length=1, max_length=200)
-    session_id: str = Field(min_length=1, max_length=200)
-    tenant_id: str = Field(min_length=1, max_length=200)
+    command_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    session_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    tenant_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
     type: str
     ts: int = Field(ge=0, le=MAX_WIRE_INT)
-    run_id: str | None = None
-    worker_id: str | None = None
+    run_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_CHARS)
+    worker_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_CHARS)
     generation: int | None = Field(default=None, ge=-MAX_WIRE_INT, le=MAX_WIRE_INT)
+    #: who asked (a user or service id); the gateway sets it from the caller's credentials
+    actor: str | None = Field(default=None, min_length=1, max_length=MAX_ID_CHARS)
     payload: SerializeAsAny[Payload]
 
     @model_validator(mode="before")

@@ -1,7 +1,9 @@
 """Events: what the session processor decided, in order, per run.
 
 The envelope is the seed's (`sessionId, runId, seq, type, payload`) plus `generation`,
-`commandId` (the causing command), `ts` (the causing command's time) and `tenantId`.
+`commandId` (the causing command), `ts` (the decider's clock when it decided: the broker's
+append time of the causing command, never earlier than the session's previous event),
+`producerTs` (the causing command's own `ts`, information only) and `tenantId`.
 Events that belong to no run (rejections, queued prompts) go to the session's own log,
 whose run id is `SESSION_LOG`.
 """
@@ -9,7 +11,7 @@ whose run id is `SESSION_LOG`.
 from __future__ import annotations
 
 import builtins
-from typing import Any, Final, Literal, TypeVar
+from typing import Any, Final, Literal, TypeVar, get_args
 
 from pydantic import Field, SerializeAsAny, model_validator
 
@@ -19,6 +21,7 @@ from schemas.commands import validate_payload
 __all__ = [
     "ACTIVE_STATUSES",
     "EVENT_PAYLOADS",
+    "REJECTION_REASONS",
     "SESSION_LOG",
     "TERMINAL_STATUSES",
     "ActionCompleted",
@@ -27,17 +30,24 @@ __all__ = [
     "CancelAcknowledged",
     "CancelRequested",
     "CommandRejected",
+    "CompactionAbandoned",
     "CompactionFinished",
     "CompactionStarted",
     "ContextCheckpointed",
     "Event",
     "FollowUpDelivered",
     "FollowUpQueued",
+    "InputConsumed",
+    "InputDelivered",
+    "InputDropped",
+    "InputKind",
+    "InputRequeued",
     "LeaseExpired",
     "LeaseGranted",
     "LeaseReleased",
     "LeaseRenewed",
     "Progress",
+    "RejectionReason",
     "RunFinished",
     "RunQueued",
     "RunStarted",
@@ -59,14 +69,47 @@ ACTIVE_STATUSES: Final[frozenset[str]] = frozenset({"running", "compacting", "ca
 TERMINAL_STATUSES: Final[frozenset[str]] = frozenset(
     {"completed", "cancelled", "failed", "timed_out"}
 )
+#: a steer or a follow-up: what a producer hands to the active run
+InputKind = Literal["steer", "follow_up"]
+
+#: every reason a `command.rejected` event can carry (docs/protocol.md#rejection-reasons)
+RejectionReason = Literal[
+    "tenant_mismatch",
+    "command_id_reused",
+    "payload_too_large",
+    "run_not_active",
+    "session_busy",
+    "session_compacting",
+    "queue_full",
+    "no_active_run",
+    "run_cancelling",
+    "already_cancelling",
+    "not_retryable",
+    "stale_generation",
+    "not_lease_holder",
+    "unknown_run",
+    "run_finished",
+    "lease_held",
+    "invalid_state",
+    "unknown_action",
+    "action_already_completed",
+    "not_cancelling",
+    "timer_stale",
+]
+REJECTION_REASONS: Final[frozenset[str]] = frozenset(get_args(RejectionReason))
 
 
 class RunStarted(Payload):
+    """`actor` asked for the run (the starting command's, also for a queued one); `retryOf`
+    is the retryable run this one retries."""
+
     prompt: str
     origin: Literal["prompt", "follow_up", "send", "queued"]
     source_command_id: str
     timeout_at: int
     context_ref: str | None = None
+    actor: str | None = None
+    retry_of: str | None = None
 
 
 class RunQueued(Payload):
@@ -78,16 +121,24 @@ class RunQueued(Payload):
     front: bool = False
     context_ref: str | None = None
     timeout_ms: int | None = None
+    actor: str | None = None
+    retry_of: str | None = None
 
 
 class LeaseGranted(Payload):
+    """`leaseMs` is what was granted: the asked length, or `maxLeaseMs` when `capped`."""
+
     worker_id: str
     lease_expires_at: int
+    lease_ms: int | None = None
+    capped: bool = False
 
 
 class LeaseRenewed(Payload):
     worker_id: str
     lease_expires_at: int
+    lease_ms: int | None = None
+    capped: bool = False
 
 
 class LeaseReleased(Payload):
@@ -102,17 +153,59 @@ class LeaseExpired(Payload):
 
 
 class Steered(Payload):
+    """A steer accepted for the run: pending until the holder consumes it."""
+
     text: str
+    source_command_id: str | None = None
+    actor: str | None = None
 
 
 class FollowUpQueued(Payload):
+    """A follow-up accepted for the run: pending until the holder consumes it."""
+
     text: str
     source_command_id: str
+    actor: str | None = None
+    on_run_end: Literal["drop", "queue"] = "drop"
 
 
 class FollowUpDelivered(Payload):
+    """`run.complete` came while this follow-up was pending: the run goes on to take it."""
+
     text: str
     source_command_id: str
+
+
+class InputDelivered(Payload):
+    """A pending steer or follow-up, handed to a new lease holder right after its grant."""
+
+    source_command_id: str
+    kind: InputKind
+    text: str
+
+
+class InputConsumed(Payload):
+    """Fate: the holder's `run.complete` took the input into account."""
+
+    source_command_id: str
+    kind: InputKind
+
+
+class InputDropped(Payload):
+    """Fate: the run ended (`terminalStatus`) without consuming the input."""
+
+    source_command_id: str
+    kind: InputKind
+    reason: str
+    terminal_status: TerminalStatus
+
+
+class InputRequeued(Payload):
+    """Fate: a follow-up with `onRunEnd: queue` whose run ended without it waits as a task."""
+
+    source_command_id: str
+    kind: InputKind
+    terminal_status: TerminalStatus
 
 
 class Progress(Payload):
@@ -137,6 +230,14 @@ class ContextCheckpointed(Payload):
 
 class CompactionFinished(Payload):
     uri: str
+
+
+class CompactionAbandoned(Payload):
+    """The holder lost the lease mid-compaction: the run is `running` again, compaction to
+    be redone by the next holder."""
+
+    worker_id: str
+    reason: str
 
 
 class ActionDecision(Payload):
@@ -165,6 +266,7 @@ class ActionCompleted(Payload):
 class CancelRequested(Payload):
     reason: str
     cancel_deadline_at: int
+    actor: str | None = None
 
 
 class CancelAcknowledged(Payload):
@@ -176,18 +278,25 @@ class CancelAcknowledged(Payload):
 
 
 class RunFinished(Payload):
+    """`retryable`: the caller may start the task again (`retryOf`): `timed_out` always is,
+    `failed` when the worker said so."""
+
     terminal_status: TerminalStatus
     result: str | None = None
     error: str | None = None
+    retryable: bool = False
 
 
 class CommandRejected(Payload):
-    """The one visible outcome of a command that was not applied."""
+    """The one visible outcome of a command that was not applied. `targetStatus` is the
+    named run's status when it is known (e.g. the terminal status of a finished run)."""
 
-    reason: str
+    reason: RejectionReason
     command_type: str
     target_run_id: str | None = None
     detail: str | None = None
+    actor: str | None = None
+    target_status: str | None = None
 
 
 class StaleWriteRecorded(Payload):
@@ -209,6 +318,10 @@ EVENT_PAYLOADS: Final[dict[str, type[Payload]]] = {
     "run.steered": Steered,
     "run.follow_up_queued": FollowUpQueued,
     "run.follow_up_delivered": FollowUpDelivered,
+    "run.input_delivered": InputDelivered,
+    "run.input_consumed": InputConsumed,
+    "run.input_dropped": InputDropped,
+    "run.input_requeued": InputRequeued,
     "model.request.started": Progress,
     "model.request.finished": Progress,
     "tool.started": Progress,
@@ -218,6 +331,7 @@ EVENT_PAYLOADS: Final[dict[str, type[Payload]]] = {
     "run.compaction_started": CompactionStarted,
     "context.checkpointed": ContextCheckpointed,
     "run.compaction_finished": CompactionFinished,
+    "run.compaction_abandoned": CompactionAbandoned,
     "action.approved": ActionDecision,
     "action.denied": ActionDecision,
     "action.decision_replayed": ActionDecisionReplayed,
@@ -244,6 +358,7 @@ class Event(WireModel):
     command_id: str
     ts: int
     tenant_id: str
+    producer_ts: int | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import sys
 import threading
 from types import FrameType
 
@@ -29,15 +28,8 @@ def stop_on_signals() -> threading.Event:
     return stop
 
 
-def run_processor(engine: str, instance: str | None) -> int:
+def run_processor(instance: str | None) -> int:
     settings = get_settings()
-    if engine == "faust":
-        from streams.faust_app import build_app
-
-        app = build_app(settings)
-        sys.argv = [sys.argv[0], "worker", "--loglevel", "info"]
-        app.main()
-        return 0
     from streams.txn_processor import TransactionalProcessor
 
     proc = TransactionalProcessor(settings, instance_id=instance)

@@ -100,10 +100,6 @@ def topics_check() -> None:
 
 @app.command()
 def processor(
-    engine: Annotated[
-        str,
-        typer.Option(help="txn: confluent-kafka transactions (default); faust: faust-streaming"),
-    ] = "txn",
     instance: Annotated[
         str | None,
         typer.Option(help="stable instance id (default SESSIONSTREAM_PROCESSOR_INSTANCE or host)"),
@@ -118,9 +114,7 @@ def processor(
 
     setup_logging(log_level, json_logs)
     _serve_metrics(metrics_port)
-    if engine not in ("txn", "faust"):
-        _fail(f"unknown engine {engine!r} (txn or faust)")
-    code = run_processor(engine, instance)
+    code = run_processor(instance)
     raise typer.Exit(code=code)
 
 

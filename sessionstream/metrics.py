@@ -15,6 +15,7 @@ __all__ = [
     "COMMAND_AGE",
     "DEAD_LETTERS",
     "EVENTS",
+    "FORWARDED",
     "LEASE_EXPIRIES",
     "REJECTIONS",
     "SINK_BATCH_SECONDS",
@@ -37,6 +38,11 @@ DEAD_LETTERS = Counter(
     "sessionstream_dead_letters", "Records sent to the DLQ, by reason", ["reason"]
 )
 EVENTS = Counter("sessionstream_events", "Events written to the events topic")
+FORWARDED = Counter(
+    "sessionstream_commands_forwarded",
+    "Commands found on a partition their key does not hash to (a producer without the "
+    "murmur2 partitioner), forwarded to the right one",
+)
 TRANSACTIONS = Counter(
     "sessionstream_transactions", "Processor transactions, by result", ["result"]
 )

@@ -48,6 +48,10 @@ class Settings(BaseSettings):
     state_topic: str = "session.state"
     """Compacted changelog of the processor's per-session state, keyed by ``session_id``."""
 
+    dedup_topic: str = "session.dedup"
+    """Changelog of the command ids each session remembers (duplicate detection), keyed
+    ``{session_id}/{digest}``; compacted, and deleted after the dedup window."""
+
     processor_group: str = "sessionstream-processor"
     """Consumer group of the session processors (also the prefix of their transactional ids)."""
 
@@ -68,9 +72,13 @@ class Settings(BaseSettings):
     metrics_port: int | None = None
     """Port of the Prometheus ``/metrics`` endpoint of processor, sink and worker (off if unset)."""
 
-    max_payload_bytes: int = Field(default=262144, ge=1024)
+    max_payload_bytes: int = Field(default=262144, ge=1024, le=1024 * 1024)
     """Largest accepted command payload in bytes; a larger one is rejected with
     ``payload_too_large`` (records over the codec's 900 KiB go to the DLQ)."""
+
+    max_lease_ms: int = Field(default=300_000, ge=1000)
+    """Longest lease the processor grants; a worker asking for more gets this much, and the
+    grant says it was capped. A dead holder blocks a takeover at most this long."""
 
     worker_group: str = "sessionstream-workers"
     """Consumer group of the run workers on the events topic."""

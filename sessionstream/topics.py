@@ -5,6 +5,7 @@
 | session.commands | session_id                  | delete  | input; long retention                 |
 | session.events   | session/run/seq (unique)    | compact | the log: compaction only drops copies |
 | session.state    | session_id                  | compact | the processor's state changelog       |
+| session.dedup    | session_id/digest           | compact,delete | command ids remembered, 24 h+  |
 | session.dlq      | the original key            | delete  | dead letters with their bytes         |
 
 Commands, events and state must have the same partition count: a session's events and
@@ -45,6 +46,8 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
                 "cleanup.policy": "delete",
                 "retention.ms": str(7 * 24 * 3600 * 1000),
                 "max.message.bytes": str(2 * 1024 * 1024),
+                # the decider's clock: the broker stamps every command as it appends it
+                "message.timestamp.type": "LogAppendTime",
             },
         ),
         TopicSpec(
@@ -53,9 +56,11 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
             {
                 "cleanup.policy": "compact",
                 "min.compaction.lag.ms": "60000",
+                "max.message.bytes": str(2 * 1024 * 1024),
             },
         ),
-        # one record per session matters; compact often so a restore reads little
+        # one record per session matters; compact often so a restore reads little. Sized
+        # to the largest state the decider's bounds allow (streams.core)
         TopicSpec(
             settings.state_topic,
             n,
@@ -63,6 +68,18 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
                 "cleanup.policy": "compact",
                 "segment.ms": "60000",
                 "min.cleanable.dirty.ratio": "0.1",
+                "max.message.bytes": str(4 * 1024 * 1024),
+            },
+        ),
+        # a record per decided command id; compaction keeps the latest per id, deletion
+        # forgets ids older than the dedup window (24 h) plus a day of margin
+        TopicSpec(
+            settings.dedup_topic,
+            n,
+            {
+                "cleanup.policy": "compact,delete",
+                "retention.ms": str(2 * 24 * 3600 * 1000),
+                "segment.ms": str(3600 * 1000),
             },
         ),
         TopicSpec(
@@ -174,6 +191,15 @@ def check_topics(settings: Settings, timeout: float = 30.0) -> TopicReport:
     if state_policy != "compact":
         raise TopicMisconfigured(
             settings.state_topic, f"cleanup.policy is {state_policy!r}, must be 'compact'"
+        )
+    stamp = configs[settings.commands_topic].get("message.timestamp.type", "")
+    if stamp != "LogAppendTime":
+        raise TopicMisconfigured(
+            settings.commands_topic,
+            f"message.timestamp.type is {stamp!r}, must be 'LogAppendTime': the decider's "
+            "clock is the broker's append time, never a producer's (kafka-configs --alter "
+            f"--entity-type topics --entity-name {settings.commands_topic} --add-config "
+            "message.timestamp.type=LogAppendTime)",
         )
     partitions = {s.name: len(meta.topics[s.name].partitions) for s in specs}
     return TopicReport(partitions=partitions, configs=configs)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from schemas.events import (
     SESSION_LOG,
+    CancelRequested,
     ContextCheckpointed,
     Event,
     LeaseGranted,
@@ -46,6 +47,10 @@ class RunRow:
     terminal_at: int | None = None
     context_ref: str | None = None
     checkpoint_uri: str | None = None
+    started_by: str | None = None
+    cancelled_by: str | None = None
+    retryable: bool = False
+    retry_of: str | None = None
 
     @property
     def active(self) -> bool:
@@ -59,6 +64,8 @@ class SessionRow:
     active_run_id: str | None
     created_at: int
     updated_at: int
+    #: the actor of the session's first run
+    user_id: str | None = None
 
 
 class Projection:
@@ -96,15 +103,19 @@ class Projection:
         elif t == "context.checkpointed":
             upd["checkpoint_uri"] = e.payload_as(ContextCheckpointed).uri
         elif t == "run.cancel_requested":
-            upd.update(status="cancelling", cancel_requested_at=e.ts)
+            c = e.payload_as(CancelRequested)
+            upd.update(status="cancelling", cancel_requested_at=e.ts, cancelled_by=c.actor)
+        elif t == "run.compaction_abandoned":
+            upd["status"] = "running"
         elif t == "run.finished":
-            status = e.payload_as(RunFinished).terminal_status
+            f = e.payload_as(RunFinished)
             upd.update(
-                status=status,
-                terminal_status=status,
+                status=f.terminal_status,
+                terminal_status=f.terminal_status,
                 terminal_at=e.ts,
                 lease_owner=None,
                 lease_expires_at=None,
+                retryable=f.retryable,
             )
             session = self.sessions.get(e.session_id)
             if session is not None and session.active_run_id == e.run_id:
@@ -134,10 +145,12 @@ class Projection:
             last_seq=e.seq,
             created_at=e.ts,
             updated_at=e.ts,
+            started_by=p.actor,
+            retry_of=p.retry_of,
         )
         self.changed_runs.add(e.run_id)
         if session is None:
-            session = SessionRow(e.session_id, e.tenant_id, None, e.ts, e.ts)
+            session = SessionRow(e.session_id, e.tenant_id, None, e.ts, e.ts, user_id=p.actor)
         self._session(replace(session, active_run_id=e.run_id, updated_at=e.ts))
 
     def _session(self, row: SessionRow) -> None:

@@ -27,12 +27,12 @@ __all__ = ["RebuildReport", "events_of_run", "events_of_session", "read_range", 
 
 _EVENT_SELECT = (
     "select session_id, run_id, seq, type, payload, generation, command_id, tenant_id,"
-    " (extract(epoch from ts) * 1000)::bigint from agent_run_events"
+    " (extract(epoch from ts) * 1000)::bigint, producer_ts from agent_run_events"
 )
 
 
 def _event(row: tuple[Any, ...]) -> Event:
-    sid, rid, seq, typ, payload, gen, cid, tenant, ts = row
+    sid, rid, seq, typ, payload, gen, cid, tenant, ts, producer_ts = row
     return Event.model_validate(
         {
             "sessionId": sid,
@@ -44,6 +44,7 @@ def _event(row: tuple[Any, ...]) -> Event:
             "commandId": cid,
             "tenantId": tenant,
             "ts": ts,
+            "producerTs": producer_ts,
         }
     )
 
@@ -115,11 +116,12 @@ class RebuildReport:
 
 _COMPARE = {
     "agent_run_events": "session_id, run_id, seq, type, payload, generation, command_id,"
-    " tenant_id, ts, kafka_partition, kafka_offset",
+    " tenant_id, ts, producer_ts, kafka_partition, kafka_offset",
     "agent_runs": "run_id, session_id, tenant_id, status, generation, lease_owner,"
     " lease_expires_at, timeout_at, cancel_requested_at, terminal_status,"
-    " terminal_at, prompt, context_ref, checkpoint_uri, last_seq, created_at",
-    "agent_sessions": "session_id, tenant_id, active_run_id, created_at",
+    " terminal_at, prompt, context_ref, checkpoint_uri, last_seq, created_at,"
+    " started_by, cancelled_by, retryable, retry_of",
+    "agent_sessions": "session_id, tenant_id, active_run_id, created_at, user_id",
 }
 
 

@@ -26,7 +26,7 @@ WriteMode = Literal["copy", "executemany"]
 
 _EVENT_COLS = (
     "session_id, run_id, seq, type, payload, generation, command_id, tenant_id, ts,"
-    " kafka_partition, kafka_offset"
+    " producer_ts, kafka_partition, kafka_offset"
 )
 _RUN_COLS = [
     "run_id",
@@ -46,6 +46,10 @@ _RUN_COLS = [
     "last_seq",
     "created_at",
     "updated_at",
+    "started_by",
+    "cancelled_by",
+    "retryable",
+    "retry_of",
 ]
 _RUN_TIMES = {
     "lease_expires_at",
@@ -93,6 +97,7 @@ def _event_row(p: PendingEvent) -> tuple[object, ...]:
         e.command_id,
         e.tenant_id,
         ts(e.ts),
+        e.producer_ts,
         p.partition,
         p.offset,
     )
@@ -105,7 +110,8 @@ def _insert_events(
         cur.execute(
             "create temp table if not exists stage_events (session_id text, run_id text,"
             " seq bigint, type text, payload jsonb, generation bigint, command_id text,"
-            " tenant_id text, ts timestamptz, kafka_partition integer, kafka_offset bigint)"
+            " tenant_id text, ts timestamptz, producer_ts bigint, kafka_partition integer,"
+            " kafka_offset bigint)"
             " on commit delete rows"
         )
         with cur.copy(f"copy stage_events ({_EVENT_COLS}) from stdin") as copy:
@@ -125,7 +131,7 @@ def _insert_events(
             rows.append(tuple(row))
         cur.executemany(
             f"insert into agent_run_events ({_EVENT_COLS}) values"
-            " (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) on conflict do nothing",
+            " (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) on conflict do nothing",
             rows,
         )
 
@@ -138,17 +144,18 @@ def _load(cur: psycopg.Cursor[tuple[object, ...]], batch: Sequence[PendingEvent]
     # lock the rows we fold: a second sink (zombie) on the same partition waits, then sees
     # our last_seq and skips what we applied
     cur.execute(
-        "select session_id, tenant_id, active_run_id, created_at, updated_at from agent_sessions"
-        " where session_id = any(%s) order by session_id for update",
+        "select session_id, tenant_id, active_run_id, created_at, updated_at, user_id"
+        " from agent_sessions where session_id = any(%s) order by session_id for update",
         (session_ids,),
     )
-    for sid, tenant, active, created, updated in cur.fetchall():
+    for sid, tenant, active, created, updated, user in cur.fetchall():
         sessions[str(sid)] = SessionRow(
             str(sid),
             str(tenant),
             None if active is None else str(active),
             _ms_required(created),
             _ms_required(updated),
+            None if user is None else str(user),
         )
     if run_ids:
         cur.execute(
@@ -169,10 +176,18 @@ def _write_projection(cur: psycopg.Cursor[tuple[object, ...]], proj: Projection)
     if sessions:
         cur.executemany(
             "insert into agent_sessions (session_id, tenant_id, active_run_id, created_at,"
-            " updated_at) values (%s, %s, %s, %s, %s) on conflict (session_id) do update set"
-            " active_run_id = excluded.active_run_id, updated_at = excluded.updated_at",
+            " updated_at, user_id) values (%s, %s, %s, %s, %s, %s) on conflict (session_id)"
+            " do update set active_run_id = excluded.active_run_id,"
+            " updated_at = excluded.updated_at, user_id = excluded.user_id",
             [
-                (s.session_id, s.tenant_id, s.active_run_id, ts(s.created_at), ts(s.updated_at))
+                (
+                    s.session_id,
+                    s.tenant_id,
+                    s.active_run_id,
+                    ts(s.created_at),
+                    ts(s.updated_at),
+                    s.user_id,
+                )
                 for s in sessions
             ],
         )

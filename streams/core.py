@@ -1,26 +1,51 @@
 """One command record in, its outcome out: the step every processor runtime runs.
 
-No Kafka here. A runtime hands in the record's key, value and partition and a way to read
-the session's state; it gets back the encoded events (keyed and ordered), the new state,
-or a dead letter. Records that cannot be decided — undecodable bytes, unknown types,
-schema violations, oversized records, a key that is not the command's session, a command
-on a partition its key does not hash to — become dead letters, never exceptions.
+No Kafka here. A runtime hands in the record's key, value, partition and append time, and
+ways to read the session's state and its dedup records; it gets back the encoded events
+(keyed and ordered), the new state, the dedup record to keep, a partition to forward the
+record to, or a dead letter. Records that cannot be decided — undecodable bytes, unknown
+types, schema violations, oversized records, a key that is not the command's session, a
+decision whose records would exceed what the topics take — become dead letters, never
+exceptions. A command on a partition its key does not hash to is forwarded to the right
+one (and decided there), unless it was forwarded already.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Final
 
 from schemas.codec import Codec
 from schemas.commands import Command
 from schemas.errors import DecodeError
 from schemas.events import Event
-from streams.decider import DEFAULT_CONFIG, DeciderConfig, apply
+from streams.decider import DEFAULT_CONFIG, DeciderConfig, decide
 from streams.partitioning import partition_for
-from streams.state import SessionState
+from streams.state import SessionState, command_hash
 
-__all__ = ["CommandStep", "DeadLetter", "Outcome", "decode_state", "encode_state"]
+__all__ = [
+    "FORWARDED_HEADER",
+    "CommandStep",
+    "DeadLetter",
+    "DedupRecord",
+    "Outcome",
+    "decode_dedup",
+    "decode_state",
+    "dedup_key",
+    "encode_dedup",
+    "encode_state",
+]
+
+#: header a forwarded command carries: `{topic}/{partition}/{offset}` it was first read at
+FORWARDED_HEADER: Final = "sessionstream.forwarded-from"
+#: the largest state record / event record the topics are configured to take
+DEFAULT_MAX_STATE_BYTES: Final = 4 * 1024 * 1024 - 64 * 1024
+DEFAULT_MAX_EVENT_BYTES: Final = 2 * 1024 * 1024 - 64 * 1024
+#: JSON escapes at most this many bytes per byte of text (`\\u0001` for a control byte)
+_JSON_INFLATION: Final = 6
+_STATE_OVERHEAD: Final = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -29,6 +54,16 @@ class DeadLetter:
 
     reason: str
     error: str
+
+
+@dataclass(frozen=True)
+class DedupRecord:
+    """What a session remembers of one command id: its content digest, and when."""
+
+    session_id: str
+    id_hash: int
+    digest: int
+    at: int
 
 
 @dataclass
@@ -40,11 +75,19 @@ class Outcome:
     #: (key, value) of each event, in order, ready for the events topic
     records: list[tuple[bytes, bytes]] = field(default_factory=list)
     state: SessionState | None = None
+    remember: DedupRecord | None = None
     dead_letter: DeadLetter | None = None
+    #: the partition the record belongs to, when it was found on another one
+    forward_to: int | None = None
 
     @property
     def duplicate(self) -> bool:
-        return self.command is not None and not self.events and self.dead_letter is None
+        return (
+            self.command is not None
+            and not self.events
+            and self.dead_letter is None
+            and self.forward_to is None
+        )
 
 
 def encode_state(state: SessionState) -> bytes:
@@ -56,26 +99,58 @@ def decode_state(data: bytes) -> SessionState:
     return SessionState.model_validate_json(data)
 
 
+_DEDUP = struct.Struct(">QQ")
+
+
+def dedup_key(session_id: str, id_hash: int) -> bytes:
+    """Dedup changelog key: `{sessionId}/{commandId digest as 16 hex digits}`."""
+    return f"{session_id}/{id_hash:016x}".encode()
+
+
+def encode_dedup(record: DedupRecord) -> bytes:
+    """Dedup changelog value: content digest and decision time, 16 bytes."""
+    return _DEDUP.pack(record.digest, record.at)
+
+
+def decode_dedup(key: bytes, value: bytes) -> DedupRecord:
+    session_id, _, h = key.decode().rpartition("/")
+    digest, at = _DEDUP.unpack(value)
+    return DedupRecord(session_id, int(h, 16), digest, at)
+
+
+#: (session id, command id digest) -> (content digest, decided at), or None
+DedupLookup = Callable[[str, int], tuple[int, int] | None]
+
+
 class CommandStep:
-    """Decode, check placement, decide, fold, encode."""
+    """Decode, check placement, deduplicate, decide, fold, encode, check sizes."""
 
     def __init__(
         self,
         codec: Codec | None = None,
         config: DeciderConfig = DEFAULT_CONFIG,
         partitions: int | None = None,
+        *,
+        max_state_bytes: int = DEFAULT_MAX_STATE_BYTES,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
     ) -> None:
         self.codec = codec or Codec()
         self.config = config
-        #: when set, a command whose key hashes (murmur2) elsewhere is a dead letter
+        #: when set, a command whose key hashes (murmur2) elsewhere is forwarded there
         self.partitions = partitions
+        self.max_state_bytes = max_state_bytes
+        self.max_event_bytes = max_event_bytes
 
     def __call__(
         self,
         key: bytes | None,
         value: bytes | None,
         partition: int,
+        at: int,
         state_of: Callable[[str], SessionState | None],
+        dedup_of: DedupLookup,
+        *,
+        forwarded: bool = False,
     ) -> Outcome:
         if value is None:
             return Outcome(dead_letter=DeadLetter("malformed", "record has no value (tombstone)"))
@@ -95,16 +170,56 @@ class CommandStep:
         if self.partitions is not None:
             expected = partition_for(session_key, self.partitions)
             if expected != partition:
+                if not forwarded:
+                    return Outcome(command=command, forward_to=expected)
                 return Outcome(
                     command=command,
                     dead_letter=DeadLetter(
                         "wrong_partition",
                         f"session {command.session_id!r} belongs on partition {expected}, "
-                        f"found on {partition}: the producer does not use murmur2",
+                        f"found on {partition} after being forwarded: do the processors "
+                        "agree on the partition count?",
                     ),
                 )
-        events, new_state = apply(state_of(command.session_id), command, self.config)
-        if not events:
-            return Outcome(command=command, state=new_state)
-        records = [(e.key.encode(), self.codec.encode_event(e)) for e in events]
-        return Outcome(command=command, events=events, records=records, state=new_state)
+        return self.decide(command, at, state_of(command.session_id), dedup_of)
+
+    def decide(
+        self, command: Command, at: int, state: SessionState | None, dedup_of: DedupLookup
+    ) -> Outcome:
+        """Decide a decoded, well-placed command."""
+        id_hash = command_hash(command.command_id)
+        d = decide(state, command, self.config, at=at, seen=dedup_of(command.session_id, id_hash))
+        if not d.events:
+            return Outcome(command=command, state=d.state)
+        records = [(e.key.encode(), self.codec.encode_event(e)) for e in d.events]
+        too_big = self._too_big(d.state, records)
+        if too_big is not None:
+            return Outcome(command=command, dead_letter=too_big)
+        remember = (
+            DedupRecord(command.session_id, id_hash, d.remember, d.state.clock)
+            if d.remember is not None
+            else None
+        )
+        return Outcome(
+            command=command, events=d.events, records=records, state=d.state, remember=remember
+        )
+
+    def _too_big(
+        self, state: SessionState, records: list[tuple[bytes, bytes]]
+    ) -> DeadLetter | None:
+        """The decider bounds what a state holds; this is the backstop that keeps a record
+        the topics would refuse from wedging the partition's transactions."""
+        for k, v in records:
+            if len(k) + len(v) > self.max_event_bytes:
+                return DeadLetter(
+                    "event_too_large",
+                    f"an event of {len(k) + len(v)} bytes > {self.max_event_bytes}",
+                )
+        if _JSON_INFLATION * state.held_bytes() + _STATE_OVERHEAD > self.max_state_bytes:
+            size = len(encode_state(state))
+            if size > self.max_state_bytes:
+                return DeadLetter(
+                    "state_too_large",
+                    f"the session's state would be {size} bytes > {self.max_state_bytes}",
+                )
+        return None

@@ -1,20 +1,30 @@
-"""The session decider: `decide(state, command) -> events`, `evolve(state, event) -> state`.
+"""The session decider: `decide(state, command, at=..., seen=...) -> Decision`, and
+`evolve(state, event) -> state`.
 
-Pure and deterministic: no clock, no randomness, no I/O. Time comes in `command.ts`, run ids
-are uuid5 of the session, the causing command and the session's run counter, so the same
-commands in the same order give byte-identical events. Every command gets exactly one
-visible outcome: the events it caused, one `command.rejected` (with its reason), or nothing
-for a `commandId` already seen within the dedup window.
+Pure and deterministic: no clock, no randomness, no I/O. "Now" comes in as `at`, the
+broker's append time of the command record (`LogAppendTime`), folded monotonically per
+session: the decider's clock is `max(state.clock, at)`, so producer clocks (`command.ts`)
+never decide anything and a replay of the same log decides the same. Run ids are uuid5 of
+the session, the causing command and the session's run counter, so the same commands in the
+same order give byte-identical events.
+
+Every command gets exactly one visible outcome: the events it caused, one
+`command.rejected` (with its reason), or nothing for an exact re-send of a command id the
+session has already decided. Checks run in this order: authorization (tenant) →
+duplicates (`seen`: the content digest recorded for this command id, looked up by the
+caller) → size → the run the command names → the type's own rules.
 """
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from dataclasses import dataclass
 from typing import Any, Final
 
 from schemas._base import Payload
 from schemas.commands import (
+    PRODUCER_COMMAND_TYPES,
     AbortPayload,
     ActionRequestPayload,
     ActionResultPayload,
@@ -33,6 +43,7 @@ from schemas.commands import (
     TimerFiredPayload,
 )
 from schemas.events import (
+    REJECTION_REASONS,
     SESSION_LOG,
     ActionCompleted,
     ActionDecision,
@@ -40,30 +51,37 @@ from schemas.events import (
     CancelAcknowledged,
     CancelRequested,
     CommandRejected,
+    CompactionAbandoned,
     CompactionFinished,
     CompactionStarted,
     ContextCheckpointed,
     Event,
     FollowUpDelivered,
     FollowUpQueued,
+    InputConsumed,
+    InputDelivered,
+    InputDropped,
+    InputRequeued,
     LeaseExpired,
     LeaseGranted,
     LeaseReleased,
     LeaseRenewed,
     Progress,
+    RejectionReason,
     RunFinished,
     RunQueued,
     RunStarted,
     StaleWriteRecorded,
     Steered,
+    TerminalStatus,
 )
 from streams.state import (
     ActionRecord,
     FinishedRun,
+    PendingInput,
     QueueEntry,
     RunState,
     SessionState,
-    command_hash,
 )
 
 __all__ = [
@@ -71,7 +89,9 @@ __all__ = [
     "REJECTION_REASONS",
     "RUN_ID_NAMESPACE",
     "DeciderConfig",
+    "Decision",
     "apply",
+    "command_digest",
     "decide",
     "evolve",
     "fold",
@@ -80,29 +100,8 @@ __all__ = [
 #: namespace of run ids: uuid5(RUN_ID_NAMESPACE, "{session}/{command}/{n}")
 RUN_ID_NAMESPACE: Final = uuid.UUID("6f0c2d4e-5b1a-5c8e-9a57-0d1f2e3c4b5a")
 
-#: every reason a `command.rejected` event can carry
-REJECTION_REASONS: Final[frozenset[str]] = frozenset(
-    {
-        "tenant_mismatch",
-        "payload_too_large",
-        "session_busy",
-        "session_compacting",
-        "queue_full",
-        "no_active_run",
-        "run_cancelling",
-        "already_cancelling",
-        "stale_generation",
-        "not_lease_holder",
-        "unknown_run",
-        "run_finished",
-        "lease_held",
-        "invalid_state",
-        "unknown_action",
-        "action_already_completed",
-        "not_cancelling",
-        "timer_stale",
-    }
-)
+#: the gate's refusal once a run has asked for `max_actions` keys; not recorded per key
+_TOO_MANY_ACTIONS: Final = "too_many_actions"
 
 
 @dataclass(frozen=True)
@@ -116,15 +115,61 @@ class DeciderConfig:
     max_run_timeout_ms: int = 24 * 60 * 60 * 1000
     #: how long a holder has to acknowledge a cancel before its lease is taken away
     cancel_grace_ms: int = 30 * 1000
-    #: command ids remembered per session for duplicate detection (64-bit digests)
-    dedup_window: int = 512
-    #: prompts / follow-ups that may wait per session
-    max_queue: int = 100
+    #: the longest lease a worker is granted (a longer ask is capped, and the grant says so)
+    max_lease_ms: int = 5 * 60 * 1000
+    #: how long a command id is remembered for duplicate detection (by the decider's clock);
+    #: the caller's dedup store forgets records older than this
+    dedup_ttl_ms: int = 24 * 60 * 60 * 1000
+    #: waiting prompts / follow-ups per session
+    max_queue: int = 32
+    #: steers and follow-ups pending for the active run
+    max_inputs: int = 32
+    #: producer text the session's state may hold (active prompt + inputs + queue), UTF-8
+    max_held_bytes: int = 512 * 1024
+    #: idempotency keys the gate decides per run
+    max_actions: int = 64
     #: terminal runs remembered per session, to answer their late writers precisely
     finished_window: int = 16
 
 
 DEFAULT_CONFIG: Final = DeciderConfig()
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one command decided."""
+
+    events: list[Event]
+    #: the session's state after the events
+    state: SessionState
+    #: the content digest the caller records for this command id (see `command_digest`),
+    #: with `state.clock` as its time; or None: nothing to record (a duplicate, a reused
+    #: id, a command from another tenant, a timer that was not due)
+    remember: int | None
+
+    @property
+    def duplicate(self) -> bool:
+        return not self.events
+
+
+def command_digest(command: Command, payload_json: bytes | None = None) -> int:
+    """64-bit digest of what a command asks (not when): an exact re-send has the same one,
+    the same id with another type, target or payload does not."""
+    if payload_json is None:
+        payload_json = command.payload.__pydantic_serializer__.to_json(command.payload)
+    h = hashlib.blake2b(digest_size=8)
+    for part in (
+        command.type,
+        command.tenant_id,
+        command.run_id,
+        command.worker_id,
+        command.generation,
+        command.actor,
+    ):
+        h.update(b"\x00" if part is None else f"\x01{part}".encode())
+        h.update(b"\x1f")
+    h.update(payload_json)
+    return int.from_bytes(h.digest(), "big")
 
 
 # ------------------------------------------------------------------------------------------
@@ -136,11 +181,9 @@ def evolve(
     state: SessionState, event: Event, config: DeciderConfig = DEFAULT_CONFIG
 ) -> SessionState:
     """Apply one event. One branch per event type; unknown types cannot reach here."""
-    h = command_hash(event.command_id)
-    recent = state.recent_commands
-    if not recent or recent[-1] != h:
-        recent = (*recent, h)[-config.dedup_window :]
-    update: dict[str, Any] = {"recent_commands": recent}
+    update: dict[str, Any] = {}
+    if event.ts > state.clock:
+        update["clock"] = event.ts
 
     if event.run_id == SESSION_LOG:
         update["log_seq"] = event.seq
@@ -152,10 +195,12 @@ def evolve(
                 text=q.text,
                 context_ref=q.context_ref,
                 timeout_ms=q.timeout_ms,
+                actor=q.actor,
+                retry_of=q.retry_of,
             )
             update["queue"] = (entry, *state.queue) if q.front else (*state.queue, entry)
-        # command.rejected, run.stale_write_recorded, action.denied / action.decision_replayed
-        # for finished runs: recorded outcomes that change nothing else
+        # command.rejected, action.denied for finished runs: recorded outcomes that change
+        # nothing else
         return state.model_copy(update=update)
 
     if event.type == "run.started":
@@ -191,29 +236,39 @@ def evolve(
         r["lease_expires_at"] = event.payload_as(LeaseRenewed).lease_expires_at
     elif t in ("run.lease_released", "run.lease_expired"):
         r.update(lease_owner=None, lease_expires_at=None)
+    elif t == "run.steered":
+        s = event.payload_as(Steered)
+        pending = PendingInput(
+            source_command_id=s.source_command_id or event.command_id, kind="steer", text=s.text
+        )
+        r["inputs"] = (*run.inputs, pending)
     elif t == "run.follow_up_queued":
         f = event.payload_as(FollowUpQueued)
-        entry = QueueEntry(
-            source_command_id=f.source_command_id, kind="follow_up", text=f.text, run_id=run.run_id
+        pending = PendingInput(
+            source_command_id=f.source_command_id,
+            kind="follow_up",
+            text=f.text,
+            on_run_end=f.on_run_end,
         )
-        update["queue"] = (*state.queue, entry)
-    elif t == "run.follow_up_delivered":
-        src = event.payload_as(FollowUpDelivered).source_command_id
-        update["queue"] = tuple(q for q in state.queue if q.source_command_id != src)
+        r["inputs"] = (*run.inputs, pending)
+    elif t in ("run.input_consumed", "run.input_dropped", "run.input_requeued"):
+        fate = event.payload
+        assert isinstance(fate, InputConsumed | InputDropped | InputRequeued)
+        r["inputs"] = tuple(i for i in run.inputs if i.source_command_id != fate.source_command_id)
     elif t == "run.compaction_started":
         r["status"] = "compacting"
-    elif t == "run.compaction_finished":
+    elif t in ("run.compaction_finished", "run.compaction_abandoned"):
         r["status"] = "running"
-    elif t in ("action.approved", "action.denied") and (
-        event.payload_as(ActionDecision).idempotency_key not in run.actions
-    ):
-        # only a key's first decision is recorded (a retry refused while cancelling is not)
+    elif t in ("action.approved", "action.denied"):
         d = event.payload_as(ActionDecision)
-        decision = "approved" if t == "action.approved" else "denied"
-        r["actions"] = {
-            **run.actions,
-            d.idempotency_key: ActionRecord(kind=d.kind, decision=decision),
-        }
+        # only a key's first decision is recorded (a retry refused while cancelling is
+        # not, nor the refusal of a run that asked for too many keys)
+        if d.idempotency_key not in run.actions and d.reason != _TOO_MANY_ACTIONS:
+            decision = "approved" if t == "action.approved" else "denied"
+            r["actions"] = {
+                **run.actions,
+                d.idempotency_key: ActionRecord(kind=d.kind, decision=decision),
+            }
     elif t == "action.completed":
         key = event.payload_as(ActionCompleted).idempotency_key
         r["actions"] = {**run.actions, key: run.actions[key].model_copy(update={"completed": True})}
@@ -225,18 +280,19 @@ def evolve(
             cancel_deadline_at=c.cancel_deadline_at,
         )
     elif t == "run.finished":
-        status = event.payload_as(RunFinished).terminal_status
-        done = FinishedRun(run_id=run.run_id, status=status, generation=event.generation)
+        f_ = event.payload_as(RunFinished)
+        done = FinishedRun(
+            run_id=run.run_id,
+            status=f_.terminal_status,
+            generation=event.generation,
+            retryable=f_.retryable,
+        )
         update["active"] = None
         update["finished"] = (*state.finished, done)[-config.finished_window :]
-        # follow-ups the run never got become ordinary waiting entries, in their order
-        update["queue"] = tuple(
-            q.model_copy(update={"run_id": None}) if q.run_id == run.run_id else q
-            for q in state.queue
-        )
         return state.model_copy(update=update)
-    # run.steered, model.*, tool.*, subtask.*, context.checkpointed, action.decision_replayed,
-    # run.cancel_acknowledged, run.stale_write_recorded: appended to the run, seq advances
+    # model.*, tool.*, subtask.*, context.checkpointed, action.decision_replayed,
+    # run.input_delivered, run.follow_up_delivered, run.cancel_acknowledged,
+    # run.stale_write_recorded: appended to the run, seq advances
     update["active"] = run.model_copy(update=r)
     return state.model_copy(update=update)
 
@@ -259,10 +315,13 @@ def fold(
 class _Emitter:
     """Builds events for one command, folding each into the state as it goes."""
 
-    def __init__(self, state: SessionState, command: Command, config: DeciderConfig) -> None:
+    def __init__(
+        self, state: SessionState, command: Command, config: DeciderConfig, now: int
+    ) -> None:
         self.state = state
         self.cmd = command
         self.config = config
+        self.now = now
         self.events: list[Event] = []
 
     def emit(
@@ -283,8 +342,9 @@ class _Emitter:
             payload=payload,
             generation=gen if generation is None else generation,
             command_id=self.cmd.command_id,
-            ts=self.cmd.ts,
+            ts=self.now,
             tenant_id=self.state.tenant_id or self.cmd.tenant_id,
+            producer_ts=self.cmd.ts,
         )
         self.events.append(event)
         self.state = evolve(self.state, event, self.config)
@@ -294,8 +354,13 @@ class _Emitter:
         assert run is not None
         self.emit(run.run_id, type_, payload, generation=generation)
 
-    def reject(self, reason: str, detail: str | None = None) -> None:
-        assert reason in REJECTION_REASONS, reason
+    def reject(
+        self,
+        reason: RejectionReason,
+        detail: str | None = None,
+        *,
+        target_status: str | None = None,
+    ) -> None:
         self.emit(
             SESSION_LOG,
             "command.rejected",
@@ -304,46 +369,92 @@ class _Emitter:
                 command_type=self.cmd.type,
                 target_run_id=self.cmd.run_id,
                 detail=detail,
+                actor=self.cmd.actor,
+                target_status=target_status,
             ),
         )
 
 
 def decide(
-    state: SessionState | None, command: Command, config: DeciderConfig = DEFAULT_CONFIG
-) -> list[Event]:
-    """The events `command` causes in `state` (empty for a duplicate `commandId`)."""
-    return apply(state, command, config)[0]
+    state: SessionState | None,
+    command: Command,
+    config: DeciderConfig = DEFAULT_CONFIG,
+    *,
+    at: int | None = None,
+    seen: tuple[int, int] | None = None,
+) -> Decision:
+    """Decide `command` in `state`.
 
-
-def apply(
-    state: SessionState | None, command: Command, config: DeciderConfig = DEFAULT_CONFIG
-) -> tuple[list[Event], SessionState]:
-    """`decide` and the state after folding its events, in one pass."""
+    `at` is the broker's append time of the command record (the processor always passes
+    it; tests and tools that have no log fall back to the command's `ts`). `seen` is what
+    the caller's dedup store holds for this command id: (content digest, decided at), or
+    None. A record older than `dedup_ttl_ms` is not looked at. Whatever `Decision.remember`
+    says is to be stored as (`remember`, `Decision.state.clock`).
+    """
     if state is None:
         state = SessionState.initial(command.session_id)
     if state.session_id != command.session_id:
         raise ValueError(f"command for {command.session_id} given state of {state.session_id}")
-    if command_hash(command.command_id) in state.recent_commands:
-        return [], state
-    em = _Emitter(state, command, config)
-    _route(em, command)
-    return em.events, em.state
-
-
-def _route(em: _Emitter, cmd: Command) -> None:
-    state = em.state
-    if state.tenant_id is not None and cmd.tenant_id != state.tenant_id:
-        em.reject("tenant_mismatch", f"session belongs to another tenant than {cmd.tenant_id!r}")
-        return
-    size = len(cmd.payload.__pydantic_serializer__.to_json(cmd.payload))
-    if size > em.config.max_payload_bytes:
-        em.reject("payload_too_large", f"{size} bytes > {em.config.max_payload_bytes}")
-        return
-    handler = _HANDLERS.get(cmd.type)
-    if handler is not None:
-        handler(em, cmd)
+    now = max(state.clock, command.ts if at is None else at)
+    em = _Emitter(state, command, config, now)
+    # Step 1: authorization, before anything is remembered of the command: a foreign
+    # command must never take an id from the session's owner
+    if state.tenant_id is not None and command.tenant_id != state.tenant_id:
+        em.reject(
+            "tenant_mismatch", f"session belongs to another tenant than {command.tenant_id!r}"
+        )
+        return Decision(em.events, em.state, None)
+    # Step 2: duplicates compare content: an exact re-send decides nothing, another
+    # command under a used id is refused (the id keeps its first meaning)
+    payload_json = command.payload.__pydantic_serializer__.to_json(command.payload)
+    digest = command_digest(command, payload_json)
+    if seen is not None and now - seen[1] <= config.dedup_ttl_ms:
+        if seen[0] == digest:
+            return Decision([], state, None)
+        em.reject("command_id_reused", "this commandId was used before for another command")
+        return Decision(em.events, em.state, None)
+    # Step 3: size, then the command's own rules
+    if len(payload_json) > config.max_payload_bytes:
+        em.reject("payload_too_large", f"{len(payload_json)} bytes > {config.max_payload_bytes}")
+    elif command.type in PRODUCER_COMMAND_TYPES and not _names_active_run(em):
+        pass
     else:
-        _worker(em, cmd)
+        handler = _HANDLERS.get(command.type)
+        if handler is not None:
+            handler(em, command)
+        else:
+            _worker(em, command)
+    remember: int | None = digest
+    if command.type == "timer.fired" and em.events[0].type == "command.rejected":
+        remember = None  # a timer that was not due (yet) may come again and decide then
+    return Decision(em.events, em.state, remember)
+
+
+def apply(
+    state: SessionState | None,
+    command: Command,
+    config: DeciderConfig = DEFAULT_CONFIG,
+    *,
+    at: int | None = None,
+    seen: tuple[int, int] | None = None,
+) -> tuple[list[Event], SessionState]:
+    """`decide`, as (events, state after them)."""
+    d = decide(state, command, config, at=at, seen=seen)
+    return d.events, d.state
+
+
+def _names_active_run(em: _Emitter) -> bool:
+    """A producer command naming a run acts on that run only; False (and rejected) if that
+    run is not the active one."""
+    target = em.cmd.run_id
+    run = em.state.active
+    if target is None or (run is not None and run.run_id == target):
+        return True
+    done = em.state.finished_run(target)
+    status = done.status if done is not None else None
+    what = f"has finished: {status}" if status else "is not a run of this session we know"
+    em.reject("run_not_active", f"run {target} {what}", target_status=status or "unknown")
+    return False
 
 
 # -- runs starting and ending -----------------------------------------------------------------
@@ -357,6 +468,8 @@ def _start_run(
     source_command_id: str,
     context_ref: str | None,
     timeout_ms: int | None,
+    actor: str | None,
+    retry_of: str | None = None,
 ) -> None:
     state = em.state
     run_id = str(
@@ -370,18 +483,58 @@ def _start_run(
             prompt=text,
             origin=origin,
             source_command_id=source_command_id,
-            timeout_at=em.cmd.ts + timeout,
+            timeout_at=em.now + timeout,
             context_ref=context_ref,
+            actor=actor,
+            retry_of=retry_of,
         ),
     )
 
 
 def _finish(
-    em: _Emitter, status: str, *, result: str | None = None, error: str | None = None
+    em: _Emitter,
+    status: TerminalStatus,
+    *,
+    result: str | None = None,
+    error: str | None = None,
+    retryable: bool = False,
 ) -> None:
-    """Write the terminal event, then start the next waiting prompt or follow-up, in order."""
-    em.on_run("run.finished", RunFinished(terminal_status=status, result=result, error=error))
-    waiting = em.state.waiting()
+    """Give every pending input its fate, write the terminal event, then start the next
+    waiting task, in order."""
+    run = em.state.active
+    assert run is not None
+    requeue: list[PendingInput] = []
+    room = em.config.max_queue - len(em.state.queue)
+    for i in run.inputs:
+        if i.kind == "follow_up" and i.on_run_end == "queue" and len(requeue) < room:
+            em.on_run(
+                "run.input_requeued",
+                InputRequeued(
+                    source_command_id=i.source_command_id, kind=i.kind, terminal_status=status
+                ),
+            )
+            requeue.append(i)
+        else:
+            em.on_run(
+                "run.input_dropped",
+                InputDropped(
+                    source_command_id=i.source_command_id,
+                    kind=i.kind,
+                    reason="run_ended",
+                    terminal_status=status,
+                ),
+            )
+    em.on_run(
+        "run.finished",
+        RunFinished(terminal_status=status, result=result, error=error, retryable=retryable),
+    )
+    for i in requeue:  # their text was already held: the bytes bound still holds
+        em.emit(
+            SESSION_LOG,
+            "run.queued",
+            RunQueued(source_command_id=i.source_command_id, kind="follow_up", text=i.text),
+        )
+    waiting = em.state.queue
     if waiting:
         nxt = waiting[0]
         _start_run(
@@ -391,7 +544,28 @@ def _finish(
             source_command_id=nxt.source_command_id,
             context_ref=nxt.context_ref,
             timeout_ms=nxt.timeout_ms,
+            actor=nxt.actor,
+            retry_of=nxt.retry_of,
         )
+
+
+def _room_for(em: _Emitter, text: str, *, queue: bool) -> bool:
+    """The bounds of what producers may make the session hold; rejects `queue_full`."""
+    state, cfg = em.state, em.config
+    if queue and len(state.queue) >= cfg.max_queue:
+        em.reject("queue_full", f"{len(state.queue)} tasks waiting (maxQueue {cfg.max_queue})")
+        return False
+    if not queue and state.active is not None and len(state.active.inputs) >= cfg.max_inputs:
+        em.reject(
+            "queue_full",
+            f"{len(state.active.inputs)} steers/follow-ups pending (maxInputs {cfg.max_inputs})",
+        )
+        return False
+    held = state.held_bytes() + len(text.encode())
+    if held > cfg.max_held_bytes:
+        em.reject("queue_full", f"{held} bytes of text held > maxHeldBytes {cfg.max_held_bytes}")
+        return False
+    return True
 
 
 def _enqueue(
@@ -402,10 +576,10 @@ def _enqueue(
     front: bool = False,
     context_ref: str | None = None,
     timeout_ms: int | None = None,
-) -> None:
-    if len(em.state.queue) >= em.config.max_queue:
-        em.reject("queue_full", f"{len(em.state.queue)} entries waiting")
-        return
+    retry_of: str | None = None,
+) -> bool:
+    if not _room_for(em, text, queue=True):
+        return False
     em.emit(
         SESSION_LOG,
         "run.queued",
@@ -416,8 +590,11 @@ def _enqueue(
             front=front,
             context_ref=context_ref,
             timeout_ms=timeout_ms,
+            actor=em.cmd.actor,
+            retry_of=retry_of,
         ),
     )
+    return True
 
 
 def _request_cancel(em: _Emitter, reason: str) -> None:
@@ -425,7 +602,9 @@ def _request_cancel(em: _Emitter, reason: str) -> None:
     assert run is not None
     em.on_run(
         "run.cancel_requested",
-        CancelRequested(reason=reason, cancel_deadline_at=em.cmd.ts + em.config.cancel_grace_ms),
+        CancelRequested(
+            reason=reason, cancel_deadline_at=em.now + em.config.cancel_grace_ms, actor=em.cmd.actor
+        ),
     )
     if run.lease_owner is None:
         # nobody executes it: nothing to propagate, cancelled at once
@@ -437,6 +616,8 @@ def _request_cancel(em: _Emitter, reason: str) -> None:
 
 def _prompt(em: _Emitter, cmd: Command) -> None:
     p = cmd.payload_as(PromptPayload)
+    if p.retry_of is not None and not _retryable(em, p.retry_of):
+        return
     run = em.state.active
     if run is None:
         _start_run(
@@ -446,18 +627,50 @@ def _prompt(em: _Emitter, cmd: Command) -> None:
             source_command_id=cmd.command_id,
             context_ref=p.context_ref,
             timeout_ms=p.timeout_ms,
+            actor=cmd.actor,
+            retry_of=p.retry_of,
         )
     elif p.policy == "reject":
-        reason = "session_compacting" if run.status == "compacting" else "session_busy"
+        reason: RejectionReason = (
+            "session_compacting" if run.status == "compacting" else "session_busy"
+        )
         em.reject(reason, f"run {run.run_id} is {run.status}")
     elif p.policy == "enqueue":
-        _enqueue(em, "prompt", p.text, context_ref=p.context_ref, timeout_ms=p.timeout_ms)
-    else:  # interrupt: queue in front, then cancel the active run
         _enqueue(
-            em, "prompt", p.text, front=True, context_ref=p.context_ref, timeout_ms=p.timeout_ms
+            em,
+            "prompt",
+            p.text,
+            context_ref=p.context_ref,
+            timeout_ms=p.timeout_ms,
+            retry_of=p.retry_of,
         )
-        if em.events[-1].type == "run.queued" and run.status != "cancelling":
+    else:  # interrupt: queue in front, then cancel the active run
+        queued = _enqueue(
+            em,
+            "prompt",
+            p.text,
+            front=True,
+            context_ref=p.context_ref,
+            timeout_ms=p.timeout_ms,
+            retry_of=p.retry_of,
+        )
+        if queued and run.status != "cancelling":
             _request_cancel(em, "interrupted")
+
+
+def _retryable(em: _Emitter, run_id: str) -> bool:
+    done = em.state.finished_run(run_id)
+    if done is None:
+        em.reject("unknown_run", f"run {run_id} is not a recent finished run of this session")
+        return False
+    if not done.retryable:
+        em.reject(
+            "not_retryable",
+            f"run {run_id} ended {done.status}, not retryable",
+            target_status=done.status,
+        )
+        return False
+    return True
 
 
 def _send(em: _Emitter, cmd: Command) -> None:
@@ -471,19 +684,25 @@ def _send(em: _Emitter, cmd: Command) -> None:
             source_command_id=cmd.command_id,
             context_ref=p.context_ref,
             timeout_ms=p.timeout_ms,
+            actor=cmd.actor,
         )
     elif run.status == "cancelling":
         _enqueue(em, "prompt", p.text, context_ref=p.context_ref, timeout_ms=p.timeout_ms)
     else:
-        _queue_follow_up(em, p.text)
+        _accept_follow_up(em, p.text, "drop")
 
 
-def _queue_follow_up(em: _Emitter, text: str) -> None:
-    if len(em.state.queue) >= em.config.max_queue:
-        em.reject("queue_full", f"{len(em.state.queue)} entries waiting")
+def _accept_follow_up(em: _Emitter, text: str, on_run_end: str) -> None:
+    if not _room_for(em, text, queue=False):
         return
     em.on_run(
-        "run.follow_up_queued", FollowUpQueued(text=text, source_command_id=em.cmd.command_id)
+        "run.follow_up_queued",
+        FollowUpQueued(
+            text=text,
+            source_command_id=em.cmd.command_id,
+            actor=em.cmd.actor,
+            on_run_end=on_run_end,
+        ),
     )
 
 
@@ -494,8 +713,10 @@ def _steer(em: _Emitter, cmd: Command) -> None:
         em.reject("no_active_run")
     elif run.status == "cancelling":
         em.reject("run_cancelling", f"run {run.run_id} is cancelling")
-    else:
-        em.on_run("run.steered", Steered(text=p.text))
+    elif _room_for(em, p.text, queue=False):
+        em.on_run(
+            "run.steered", Steered(text=p.text, source_command_id=cmd.command_id, actor=cmd.actor)
+        )
 
 
 def _follow_up(em: _Emitter, cmd: Command) -> None:
@@ -512,12 +733,17 @@ def _follow_up(em: _Emitter, cmd: Command) -> None:
                 source_command_id=cmd.command_id,
                 context_ref=None,
                 timeout_ms=None,
+                actor=cmd.actor,
             )
     elif run.status == "cancelling":
-        # the cancelled run will never take it: it waits for the next run
-        _enqueue(em, "follow_up", p.text)
+        # the cancelled run will never take it: by `whenIdle` it waits as a task of its
+        # own (in arrival order, explicitly queued) or is refused
+        if p.when_idle == "reject":
+            em.reject("run_cancelling", f"run {run.run_id} is cancelling")
+        else:
+            _enqueue(em, "follow_up", p.text)
     else:
-        _queue_follow_up(em, p.text)
+        _accept_follow_up(em, p.text, p.on_run_end)
 
 
 def _abort(em: _Emitter, cmd: Command) -> None:
@@ -534,26 +760,26 @@ def _abort(em: _Emitter, cmd: Command) -> None:
 
 
 def _timer(em: _Emitter, cmd: Command) -> None:
+    """A timer is honoured only if it is due by the decider's own clock, for the active run
+    at its current generation: a forged or early one changes nothing."""
     p = cmd.payload_as(TimerFiredPayload)
     run = em.state.active
     if run is None or run.run_id != cmd.run_id:
         em.reject("timer_stale", f"run {cmd.run_id} is not active")
         return
-    now = cmd.ts
+    if cmd.generation != run.generation:
+        em.reject("timer_stale", f"generation {cmd.generation} != current {run.generation}")
+        return
+    now = em.now
     if p.kind == "lease_expiry":
-        fresh = cmd.generation is None or cmd.generation == run.generation
-        if (
-            run.lease_owner is None
-            or run.lease_expires_at is None
-            or run.lease_expires_at > now
-            or not fresh
-        ):
-            em.reject("timer_stale", "lease renewed, released or already expired")
+        if run.lease_owner is None or run.lease_expires_at is None or run.lease_expires_at > now:
+            em.reject("timer_stale", f"lease renewed, released or not expired at {now}")
             return
-        em.on_run(
+        _lose_lease(
+            em,
+            run,
             "run.lease_expired",
             LeaseExpired(worker_id=run.lease_owner, reason="lease_expiry"),
-            generation=run.generation + 1,
         )
         if run.status == "cancelling":
             _finish(em, "cancelled")
@@ -561,14 +787,14 @@ def _timer(em: _Emitter, cmd: Command) -> None:
         if run.timeout_at > now:
             em.reject("timer_stale", f"deadline {run.timeout_at} not reached at {now}")
             return
-        _finish(em, "timed_out", error=f"deadline {run.timeout_at} passed")
+        _finish(em, "timed_out", error=f"deadline {run.timeout_at} passed", retryable=True)
     else:  # cancel_deadline
         if (
             run.status != "cancelling"
             or run.cancel_deadline_at is None
             or run.cancel_deadline_at > now
         ):
-            em.reject("timer_stale", "run not cancelling or cancel deadline not reached")
+            em.reject("timer_stale", f"run not cancelling or cancel deadline not reached at {now}")
             return
         if run.lease_owner is not None:
             em.on_run(
@@ -577,6 +803,17 @@ def _timer(em: _Emitter, cmd: Command) -> None:
                 generation=run.generation + 1,
             )
         _finish(em, "cancelled")
+
+
+def _lose_lease(em: _Emitter, run: RunState, type_: str, payload: Payload) -> None:
+    """The holder is gone (released or expired): the generation moves on, fencing it. A
+    compaction it had begun is abandoned, so the next holder finds the run `running`."""
+    em.on_run(type_, payload, generation=run.generation + 1)
+    if run.status == "compacting":
+        em.on_run(
+            "run.compaction_abandoned",
+            CompactionAbandoned(worker_id=run.lease_owner or "", reason="lease_lost"),
+        )
 
 
 # -- worker commands ----------------------------------------------------------------------------
@@ -604,7 +841,9 @@ def _worker(em: _Emitter, cmd: Command) -> None:
                 ),
             )
         else:
-            em.reject("run_finished", f"run {done.run_id} is {done.status}")
+            em.reject(
+                "run_finished", f"run {done.run_id} is {done.status}", target_status=done.status
+            )
         return
     if cmd.type == "lease.acquire":
         _acquire(em, cmd, run)
@@ -634,9 +873,15 @@ def _stale(em: _Emitter, cmd: Command, run: RunState) -> None:
     )
 
 
+def _lease_length(em: _Emitter, asked: int) -> tuple[int, bool]:
+    cap = em.config.max_lease_ms
+    return (cap, True) if asked > cap else (asked, False)
+
+
 def _acquire(em: _Emitter, cmd: Command, run: RunState) -> None:
     p = cmd.payload_as(LeaseAcquirePayload)
     worker = cmd.worker_id or ""
+    ms, capped = _lease_length(em, p.lease_ms)
     if cmd.generation is not None and cmd.generation != run.generation:
         # an old holder coming back asks with the generation it had: fenced, and recorded
         _stale(em, cmd, run)
@@ -645,31 +890,39 @@ def _acquire(em: _Emitter, cmd: Command, run: RunState) -> None:
     elif run.lease_owner is None:
         em.on_run(
             "run.lease_granted",
-            LeaseGranted(worker_id=worker, lease_expires_at=cmd.ts + p.lease_ms),
+            LeaseGranted(
+                worker_id=worker, lease_expires_at=em.now + ms, lease_ms=ms, capped=capped
+            ),
         )
+        # what earlier holders never consumed goes to the new one, in arrival order
+        for i in run.inputs:
+            em.on_run(
+                "run.input_delivered",
+                InputDelivered(source_command_id=i.source_command_id, kind=i.kind, text=i.text),
+            )
     elif run.lease_owner == worker:
         em.on_run(
             "run.lease_renewed",
-            LeaseRenewed(worker_id=worker, lease_expires_at=cmd.ts + p.lease_ms),
+            LeaseRenewed(
+                worker_id=worker, lease_expires_at=em.now + ms, lease_ms=ms, capped=capped
+            ),
         )
     else:
         em.reject("lease_held", f"held by {run.lease_owner} until {run.lease_expires_at}")
 
 
 def _renew(em: _Emitter, cmd: Command, run: RunState) -> None:
-    p = cmd.payload_as(LeaseRenewPayload)
+    ms, capped = _lease_length(em, cmd.payload_as(LeaseRenewPayload).lease_ms)
     em.on_run(
         "run.lease_renewed",
-        LeaseRenewed(worker_id=cmd.worker_id or "", lease_expires_at=cmd.ts + p.lease_ms),
+        LeaseRenewed(
+            worker_id=cmd.worker_id or "", lease_expires_at=em.now + ms, lease_ms=ms, capped=capped
+        ),
     )
 
 
 def _release(em: _Emitter, cmd: Command, run: RunState) -> None:
-    em.on_run(
-        "run.lease_released",
-        LeaseReleased(worker_id=cmd.worker_id or ""),
-        generation=run.generation + 1,
-    )
+    _lose_lease(em, run, "run.lease_released", LeaseReleased(worker_id=cmd.worker_id or ""))
     if run.status == "cancelling":
         _finish(em, "cancelled")
 
@@ -726,6 +979,16 @@ def _action_request(em: _Emitter, cmd: Command, run: RunState) -> None:
                 idempotency_key=p.idempotency_key, kind=first.kind, decision=first.decision
             ),
         )
+    elif len(run.actions) >= em.config.max_actions:
+        em.on_run(
+            "action.denied",
+            ActionDecision(
+                idempotency_key=p.idempotency_key,
+                kind=p.kind,
+                reason=_TOO_MANY_ACTIONS,
+                detail=f"the run has asked for {len(run.actions)} keys (maxActions)",
+            ),
+        )
     elif run.status == "running":
         em.on_run(
             "action.approved",
@@ -775,18 +1038,28 @@ def _cancel_ack(em: _Emitter, cmd: Command, run: RunState) -> None:
 def _complete(em: _Emitter, cmd: Command, run: RunState) -> None:
     p = cmd.payload_as(RunCompletePayload)
     if run.status != "running":
-        reason = "run_cancelling" if run.status == "cancelling" else "invalid_state"
+        reason: RejectionReason = (
+            "run_cancelling" if run.status == "cancelling" else "invalid_state"
+        )
         em.reject(reason, f"run.complete while {run.status}")
         return
-    pending = em.state.pending_follow_ups(run.run_id)
-    consumed = set(p.consumed_follow_ups)
-    for q in pending:
-        em.on_run(
-            "run.follow_up_delivered",
-            FollowUpDelivered(text=q.text, source_command_id=q.source_command_id),
-        )
-    if any(q.source_command_id not in consumed for q in pending):
-        # follow-ups arrive before the run would finish: the run goes on to handle them
+    consumed = {*p.consumed_follow_ups, *p.consumed_steers}
+    for i in run.inputs:
+        if i.source_command_id in consumed:
+            em.on_run(
+                "run.input_consumed",
+                InputConsumed(source_command_id=i.source_command_id, kind=i.kind),
+            )
+    active = em.state.active
+    assert active is not None
+    missed = [i for i in active.inputs if i.kind == "follow_up"]
+    if missed:
+        # follow-ups arrive before the run would finish: the run goes on to take them
+        for i in missed:
+            em.on_run(
+                "run.follow_up_delivered",
+                FollowUpDelivered(text=i.text, source_command_id=i.source_command_id),
+            )
         return
     _finish(em, "completed", result=p.result)
 
@@ -796,7 +1069,7 @@ def _fail(em: _Emitter, cmd: Command, run: RunState) -> None:
     if run.status == "cancelling":
         em.reject("run_cancelling", "a cancelling run ends with cancel.ack")
         return
-    _finish(em, "failed", error=p.error)
+    _finish(em, "failed", error=p.error, retryable=p.retryable)
 
 
 _HANDLERS = {

@@ -1,7 +1,10 @@
-"""Per-session state folded from events: the active run, its lease and generation, the queue.
+"""Per-session state folded from events: the active run, its lease and generation, its
+pending inputs, the queue of waiting work, the session's clock.
 
-Frozen models, serialisable as JSON for the state table. Everything here is rebuilt by
-`evolve` from the event log alone, so the table is a cache of the log, never a source.
+Frozen models. Everything here is rebuilt by `evolve` from the event log alone, so the state
+table is a cache of the log, never a source. Every collection is bounded by `DeciderConfig`
+(queue, pending inputs, held text bytes, actions per run, finished runs remembered), so no
+producer can grow a session's record without limit.
 """
 
 from __future__ import annotations
@@ -12,11 +15,12 @@ from typing import Literal
 from pydantic import Field
 
 from schemas._base import WireModel
-from schemas.events import RunStatus, TerminalStatus
+from schemas.events import InputKind, RunStatus, TerminalStatus
 
 __all__ = [
     "ActionRecord",
     "FinishedRun",
+    "PendingInput",
     "QueueEntry",
     "RunState",
     "SessionState",
@@ -25,14 +29,25 @@ __all__ = [
 
 
 class QueueEntry(WireModel):
-    """A prompt or follow-up waiting. `runId` set: a follow-up pending for that active run."""
+    """A prompt (or a follow-up that will start its own run) waiting for the session."""
 
     source_command_id: str
     kind: Literal["prompt", "follow_up"]
     text: str
     context_ref: str | None = None
     timeout_ms: int | None = None
-    run_id: str | None = None
+    actor: str | None = None
+    retry_of: str | None = None
+
+
+class PendingInput(WireModel):
+    """A steer or follow-up accepted for the active run and not consumed yet."""
+
+    source_command_id: str
+    kind: InputKind
+    text: str
+    #: follow-ups only: what happens if the run ends without consuming it
+    on_run_end: Literal["drop", "queue"] = "drop"
 
 
 class ActionRecord(WireModel):
@@ -60,6 +75,13 @@ class RunState(WireModel):
     context_ref: str | None = None
     source_command_id: str
     actions: dict[str, ActionRecord] = Field(default_factory=dict)
+    inputs: tuple[PendingInput, ...] = ()
+
+    def input(self, source_command_id: str) -> PendingInput | None:
+        for i in self.inputs:
+            if i.source_command_id == source_command_id:
+                return i
+        return None
 
 
 class FinishedRun(WireModel):
@@ -68,6 +90,7 @@ class FinishedRun(WireModel):
     run_id: str
     status: TerminalStatus
     generation: int
+    retryable: bool = False
 
 
 class SessionState(WireModel):
@@ -79,7 +102,8 @@ class SessionState(WireModel):
     queue: tuple[QueueEntry, ...] = ()
     log_seq: int = 0
     runs_started: int = 0
-    recent_commands: tuple[int, ...] = ()
+    #: the decider's clock: the latest time any of the session's events was decided at
+    clock: int = 0
     finished: tuple[FinishedRun, ...] = ()
 
     @classmethod
@@ -92,14 +116,16 @@ class SessionState(WireModel):
                 return f
         return None
 
-    def pending_follow_ups(self, run_id: str) -> list[QueueEntry]:
-        return [q for q in self.queue if q.run_id == run_id]
-
-    def waiting(self) -> list[QueueEntry]:
-        """Entries that will start runs, in order (not follow-ups pending for the active run)."""
-        return [q for q in self.queue if q.run_id is None]
+    def held_bytes(self) -> int:
+        """UTF-8 bytes of producer text the state holds: the active prompt, its pending
+        inputs and the queue. Bounded by `DeciderConfig.max_held_bytes`."""
+        n = sum(len(q.text.encode()) for q in self.queue)
+        if self.active is not None:
+            n += len(self.active.prompt.encode())
+            n += sum(len(i.text.encode()) for i in self.active.inputs)
+        return n
 
 
 def command_hash(command_id: str) -> int:
-    """64-bit digest of a command id: the dedup window stores these, not the ids."""
+    """64-bit digest of a command id: dedup records are keyed by these, not by the ids."""
     return int.from_bytes(hashlib.blake2b(command_id.encode(), digest_size=8).digest(), "big")

@@ -1,9 +1,14 @@
 """The session processor as a confluent-kafka consume-decide-produce loop, exactly once.
 
 Each batch of commands is one Kafka transaction holding the events (on the command's
-partition number), the new session states (changelog `session.state`), dead letters, fired
-timers and the input offsets (`send_offsets_to_transaction` with the group metadata,
-KIP-447). Either all of it is visible to `read_committed` readers or none of it is.
+partition number), the new session states (changelog `session.state`), the command ids to
+remember (`session.dedup`), dead letters, forwarded misplaced commands, fired timers and the
+input offsets (`send_offsets_to_transaction` with the group metadata, KIP-447). Either all
+of it is visible to `read_committed` readers or none of it is.
+
+Time: the decider's "now" is each command record's timestamp, which the broker stamps at
+append (`message.timestamp.type=LogAppendTime` on the commands topic), so the same log
+replays to the same decisions and no producer clock decides anything.
 
 Zombies: the transactional id is stable per instance (`{group}-{instance}`), so a restarted
 instance aborts its predecessor's open transaction at `init_transactions`; a processor that
@@ -11,8 +16,8 @@ lost its partitions is fenced by the group generation when it sends offsets.
 
 Restore: on assignment, committed offsets are fetched first (read_committed asks the broker
 for stable offsets, so a predecessor's pending transaction is resolved before we go on),
-then the state partition is read to its end. State and offsets come from one transaction,
-so they agree.
+then the state and dedup partitions are read to their ends. State and offsets come from one
+transaction, so they agree.
 """
 
 from __future__ import annotations
@@ -42,7 +47,17 @@ from sessionstream._kafka import client_config, data_messages
 from sessionstream.errors import KafkaUnavailable
 from sessionstream.settings import Settings
 from sessionstream.topics import check_topics, ensure_topics
-from streams.core import CommandStep, Outcome, decode_state, encode_state
+from streams.core import (
+    FORWARDED_HEADER,
+    CommandStep,
+    DedupRecord,
+    Outcome,
+    decode_dedup,
+    decode_state,
+    dedup_key,
+    encode_dedup,
+    encode_state,
+)
 from streams.decider import DeciderConfig
 from streams.state import SessionState
 from streams.timers import due_timers, timer_command
@@ -72,6 +87,7 @@ class ProcessorStats:
     duplicates: int = 0
     rejections: int = 0
     timers_fired: int = 0
+    forwarded: int = 0
     transactions: int = 0
     aborts: int = 0
     rejections_by_reason: dict[str, int] = field(default_factory=dict)
@@ -79,16 +95,34 @@ class ProcessorStats:
 
 
 class _Partition:
-    """What one assigned partition holds: its sessions' states and pending timers."""
+    """What one assigned partition holds: its sessions' states, the command ids they
+    remember, and pending timers."""
 
     def __init__(self) -> None:
         self.states: dict[str, SessionState] = {}
+        self.dedup: dict[tuple[str, int], tuple[int, int]] = {}
+        #: the latest decision time on this partition (to expire dedup records)
+        self.clock = 0
         self.timers: list[tuple[int, str]] = []  # heap of (due_at, session_id)
         self.fired: dict[str, int] = {}  # timer command id -> when fired
 
     def schedule(self, state: SessionState) -> None:
         for t in due_timers(state):
             heapq.heappush(self.timers, (t.due_at, state.session_id))
+
+    def remember(self, r: DedupRecord) -> None:
+        self.dedup[(r.session_id, r.id_hash)] = (r.digest, r.at)
+        if r.at > self.clock:
+            self.clock = r.at
+
+    def forget_expired(self, ttl_ms: int) -> None:
+        """Drop dedup records the decider would no longer look at (older than the TTL by
+        the partition's latest decision time; a session's own clock is never behind it by
+        more than its idle time, so nothing still inside a session's window goes)."""
+        if self.dedup:
+            self.clock = max(self.clock, max(at for _d, at in self.dedup.values()))
+        horizon = self.clock - ttl_ms
+        self.dedup = {k: v for k, v in self.dedup.items() if v[1] >= horizon}
 
 
 class TransactionalProcessor:
@@ -106,7 +140,9 @@ class TransactionalProcessor:
         self.settings = settings
         self.instance_id = instance_id or settings.processor_instance or default_instance_id()
         self.codec = Codec()
-        self.config = config or DeciderConfig(max_payload_bytes=settings.max_payload_bytes)
+        self.config = config or DeciderConfig(
+            max_payload_bytes=settings.max_payload_bytes, max_lease_ms=settings.max_lease_ms
+        )
         self.batch_size = batch_size
         self.clock = clock
         self.stats = ProcessorStats()
@@ -118,6 +154,8 @@ class TransactionalProcessor:
         self._consumer: Consumer | None = None
         self._renewed_at: float | None = None
         self._consumer_renewed_at: float | None = None
+        self._forward_logged_at = 0.0
+        self._transactions_since_sweep = 0
 
     # -- setup ------------------------------------------------------------------------------
     def _now(self) -> int:
@@ -221,6 +259,7 @@ class TransactionalProcessor:
         log.info("revoked %s", sorted(tp.partition for tp in partitions))
 
     def _restore(self, partitions: list[int]) -> dict[int, _Partition]:
+        """Read the state and dedup changelogs of `partitions` to their ends."""
         s = self.settings
         parts = {p: _Partition() for p in partitions}
         if not partitions:
@@ -237,32 +276,41 @@ class TransactionalProcessor:
                 },
             )
         )
+        topics = (s.state_topic, s.dedup_topic)
         try:
             # metadata first: assigning before the leader is known costs librdkafka's
             # 500 ms offset-query back-off per partition
-            reader.list_topics(s.state_topic, timeout=30)
-            reader.assign([TopicPartition(s.state_topic, p, OFFSET_BEGINNING) for p in partitions])
-            pending = set(partitions)
+            for t in topics:
+                reader.list_topics(t, timeout=30)
+            reader.assign(
+                [TopicPartition(t, p, OFFSET_BEGINNING) for t in topics for p in partitions]
+            )
+            pending = {(t, p) for t in topics for p in partitions}
             while pending:
                 msg = reader.poll(1.0)
                 if msg is None:
                     continue
                 err = msg.error()
-                _topic, p, _offset = _coords(msg)
+                topic, p, _offset = _coords(msg)
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
-                        pending.discard(p)
+                        pending.discard((topic, p))
                         continue
                     raise KafkaException(err)
-                value = msg.value()
-                if value is None:
-                    parts[p].states.pop((msg.key() or b"").decode(), None)
+                key, value = msg.key() or b"", msg.value()
+                if topic == s.dedup_topic:
+                    if value is not None:
+                        r = decode_dedup(key, value)
+                        parts[p].dedup[(r.session_id, r.id_hash)] = (r.digest, r.at)
+                elif value is None:
+                    parts[p].states.pop(key.decode(), None)
                 else:
                     state = decode_state(value)
                     parts[p].states[state.session_id] = state
         finally:
             reader.close()
         for part in parts.values():
+            part.forget_expired(self.config.dedup_ttl_ms)
             for state in part.states.values():
                 part.schedule(state)
         return parts
@@ -320,6 +368,7 @@ class TransactionalProcessor:
         s = self.settings
         producer = self._producer
         staged: dict[tuple[int, str], SessionState] = {}
+        remembered: dict[tuple[int, str, int], DedupRecord] = {}
         offsets: dict[tuple[str, int], int] = {}
         outcomes: list[Outcome] = []
         # Step 1: open the transaction
@@ -335,18 +384,46 @@ class TransactionalProcessor:
                 def state_of(sid: str, p: int = p, part: _Partition = part) -> SessionState | None:
                     return staged.get((p, sid)) or part.states.get(sid)
 
-                outcome = self._step(msg.key(), msg.value(), p, state_of)
+                def dedup_of(
+                    sid: str, h: int, p: int = p, part: _Partition = part
+                ) -> tuple[int, int] | None:
+                    r = remembered.get((p, sid, h))
+                    return (r.digest, r.at) if r is not None else part.dedup.get((sid, h))
+
+                headers = msg.headers()
+                forwarded = headers is not None and any(h[0] == FORWARDED_HEADER for h in headers)
+                outcome = self._step(
+                    msg.key(),
+                    msg.value(),
+                    p,
+                    _log_time(msg),
+                    state_of,
+                    dedup_of,
+                    forwarded=forwarded,
+                )
                 outcomes.append(outcome)
                 for key, value in outcome.records:
                     producer.produce(s.events_topic, key=key, value=value, partition=p)
                 if outcome.events and outcome.state is not None:
                     staged[(p, outcome.state.session_id)] = outcome.state
+                if outcome.remember is not None:
+                    r = outcome.remember
+                    remembered[(p, r.session_id, r.id_hash)] = r
                 if outcome.dead_letter is not None:
                     self._dead_letter(msg, outcome)
+                if outcome.forward_to is not None:
+                    self._forward(msg, outcome.forward_to)
                 offsets[(topic, p)] = offset + 1
             for (p, sid), state in staged.items():
                 producer.produce(
                     s.state_topic, key=sid.encode(), value=encode_state(state), partition=p
+                )
+            for (p, _sid, _h), r in remembered.items():
+                producer.produce(
+                    s.dedup_topic,
+                    key=dedup_key(r.session_id, r.id_hash),
+                    value=encode_dedup(r),
+                    partition=p,
                 )
             # Step 3: timers become commands on the session's own partition
             for p, _cid, key, value in timers:
@@ -354,7 +431,8 @@ class TransactionalProcessor:
             # Step 4: the input offsets join the transaction
             if offsets:
                 self._send_offsets([TopicPartition(t, p, o) for (t, p), o in offsets.items()])
-            # Step 5: commit — events, state, dead letters, timers and offsets at once
+            # Step 5: commit — events, state, dedup, dead letters, forwards, timers and
+            # offsets at once
             self._commit()
         except KafkaException as e:
             self._abort(e, batch)
@@ -369,7 +447,16 @@ class TransactionalProcessor:
                 metrics.ACTIVE_RUNS.inc(int(state.active is not None) - int(was_active))
                 owner.states[sid] = state
                 owner.schedule(state)
+        for (p, _sid, _h), r in remembered.items():
+            owner = self.partitions.get(p)
+            if owner is not None:
+                owner.remember(r)
         self._count(outcomes, len(timers))
+        self._transactions_since_sweep += 1
+        if self._transactions_since_sweep >= 1000:
+            self._transactions_since_sweep = 0
+            for part in self.partitions.values():
+                part.forget_expired(self.config.dedup_ttl_ms)
 
     def _send_offsets(self, offsets: list[TopicPartition]) -> None:
         """`send_offsets_to_transaction`, bounded for real. After a broker restart librdkafka
@@ -428,6 +515,38 @@ class TransactionalProcessor:
             ],
         )
         log.warning("dead letter %s/%s@%s: %s", topic, partition, offset, d.error)
+
+    def _forward(self, msg: Message, partition: int) -> None:
+        """A command produced without the murmur2 partitioner sits where its session's
+        processor never looks for it: it goes, in this transaction, to the partition its key
+        hashes to, and is decided there in its turn."""
+        assert self._producer is not None
+        topic, source, offset = _coords(msg)
+        self._producer.produce(
+            topic,
+            key=msg.key(),
+            value=msg.value(),
+            partition=partition,
+            headers=[
+                *(msg.headers() or []),
+                (FORWARDED_HEADER, f"{topic}/{source}/{offset}".encode()),
+            ],
+        )
+        metrics.FORWARDED.inc()
+        self.stats.forwarded += 1
+        now = time.monotonic()
+        if now - self._forward_logged_at > 10.0:
+            self._forward_logged_at = now
+            log.warning(
+                "command for session %r found on %s[%s] belongs on partition %s: forwarded. "
+                "Its producer does not place keys with murmur2 (librdkafka clients need "
+                "partitioner=murmur2_random); %s commands forwarded so far",
+                (msg.key() or b"").decode(errors="replace"),
+                topic,
+                source,
+                partition,
+                self.stats.forwarded,
+            )
 
     def _abort(self, error: KafkaException, batch: list[Message]) -> None:
         assert self._producer is not None and self._consumer is not None
@@ -541,6 +660,9 @@ class TransactionalProcessor:
                 metrics.COMMANDS.labels("dead_letter").inc()
                 metrics.DEAD_LETTERS.labels(r).inc()
                 continue
+            if o.forward_to is not None:
+                metrics.COMMANDS.labels("forwarded").inc()
+                continue
             if o.duplicate:
                 st.duplicates += 1
                 metrics.COMMANDS.labels("duplicate").inc()
@@ -579,6 +701,13 @@ class TransactionalProcessor:
             with contextlib.suppress(KafkaException):  # a fatal producer cannot flush
                 self._producer.flush(5)
             self._producer = None
+
+
+def _log_time(msg: Message) -> int:
+    """The record's timestamp: the broker's append time on a `LogAppendTime` topic (the
+    commands topic is created so; `topics check` verifies it)."""
+    _kind, ts = msg.timestamp()
+    return max(0, int(ts))
 
 
 def _coords(msg: Message) -> tuple[str, int, int]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from consumers.worker._signal import RunAborted
-from consumers.worker.context import FollowUp, RunContext
+from consumers.worker.context import FollowUp, RunContext, Steer
 from schemas.commands import Command
 from schemas.events import (
     SESSION_LOG,
@@ -21,6 +21,8 @@ from schemas.events import (
     CommandRejected,
     Event,
     FollowUpDelivered,
+    FollowUpQueued,
+    InputDelivered,
     LeaseExpired,
     LeaseGranted,
     RunFinished,
@@ -70,7 +72,7 @@ class Execution:
         self._handler: asyncio.Task[str | None] | None = None
         self._complete_cmd: str | None = None
         self._round_end: asyncio.Future[str] | None = None
-        self._early_steers: list[str] = []
+        self._early_steers: list[Steer] = []
         self._cancelling_task: asyncio.Task[None] | None = None
         self._early_follow_ups: list[FollowUp] = []
 
@@ -138,8 +140,8 @@ class Execution:
             io=self,
             executor=self.w.executor,
         )
-        for text in self._early_steers:
-            ctx._deliver_steer(text)
+        for steer in self._early_steers:
+            ctx._deliver_steer(steer)
         for f in self._early_follow_ups:
             ctx._deliver_follow_up(f)
         self.ctx = ctx
@@ -169,7 +171,11 @@ class Execution:
             metrics.WORKER_RUNS.labels("completed").inc()
             self._complete_cmd = self.send(
                 "run.complete",
-                {"result": result, "consumedFollowUps": list(ctx.consumed_follow_ups)},
+                {
+                    "result": result,
+                    "consumedFollowUps": list(ctx.consumed_follow_ups),
+                    "consumedSteers": list(ctx.consumed_steers),
+                },
             )
             if await self._round_end != "follow_ups":
                 return
@@ -287,18 +293,24 @@ class Execution:
             if sw.worker_id == me and sw.stale_generation == self.generation:
                 self._stop(f"stale generation {sw.stale_generation}", fenced=True)
         elif t == "run.steered":
-            text = e.payload_as(Steered).text
-            if self.ctx is not None:
-                self.ctx._deliver_steer(text)
+            st = e.payload_as(Steered)
+            self._take_steer(Steer(st.text, st.source_command_id or e.command_id))
+        elif t == "run.follow_up_queued":
+            fq = e.payload_as(FollowUpQueued)
+            self._take_follow_up(FollowUp(fq.text, fq.source_command_id))
+        elif t == "run.input_delivered":
+            # what earlier holders never consumed, handed to us right after our grant
+            given = e.payload_as(InputDelivered)
+            if given.kind == "steer":
+                self._take_steer(Steer(given.text, given.source_command_id))
             else:
-                self._early_steers.append(text)
+                self._take_follow_up(FollowUp(given.text, given.source_command_id))
         elif t == "run.follow_up_delivered":
             p = e.payload_as(FollowUpDelivered)
             f = FollowUp(p.text, p.source_command_id)
-            if self.ctx is None:
-                self._early_follow_ups.append(f)
+            if not self._take_follow_up(f):
                 return
-            self.ctx._deliver_follow_up(f)
+            assert self.ctx is not None
             if (
                 e.command_id == self._complete_cmd
                 and p.source_command_id not in self.ctx.consumed_follow_ups
@@ -321,6 +333,21 @@ class Execution:
             if self._round_end is not None and not self._round_end.done():
                 self._round_end.set_result("finished")
             self._stop(f"run finished: {status}", fenced=False)
+
+    def _take_steer(self, s: Steer) -> None:
+        if self.ctx is not None:
+            self.ctx._deliver_steer(s)
+        elif s not in self._early_steers:
+            self._early_steers.append(s)
+
+    def _take_follow_up(self, f: FollowUp) -> bool:
+        """Hand `f` to the context (True), or keep it for the context to come (False)."""
+        if self.ctx is not None:
+            self.ctx._deliver_follow_up(f)
+            return True
+        if f not in self._early_follow_ups:
+            self._early_follow_ups.append(f)
+        return False
 
     def _decide(self, key: str, decision: str, reason: str | None) -> None:
         fut = self._gate.get(key)

@@ -19,7 +19,15 @@ from consumers.worker._signal import AbortSignal, RunCancelled
 from consumers.worker.executor import ActionExecutor, ActionFn
 from consumers.worker.model import Model
 
-__all__ = ["ActionDenied", "CancelReport", "FollowUp", "ModelCall", "RunContext", "RunIO"]
+__all__ = [
+    "ActionDenied",
+    "CancelReport",
+    "FollowUp",
+    "ModelCall",
+    "RunContext",
+    "RunIO",
+    "Steer",
+]
 
 T = TypeVar("T")
 
@@ -45,6 +53,12 @@ class RunIO(Protocol):
 
 @dataclass(frozen=True)
 class FollowUp:
+    text: str
+    command_id: str
+
+
+@dataclass(frozen=True)
+class Steer:
     text: str
     command_id: str
 
@@ -109,9 +123,11 @@ class RunContext:
         self._io = io
         self._executor = executor
         self._ids = itertools.count(1)
-        self._steers: list[str] = []
+        self._steers: list[Steer] = []
         self._follow_ups: list[FollowUp] = []
         self.consumed_follow_ups: list[str] = []
+        #: steers the handler took (`steering()`); `run.complete` reports them consumed
+        self.consumed_steers: list[str] = []
         self._models: dict[str, AbortSignal] = {}
         self._tools: dict[str, tuple[str, AbortSignal]] = {}
         self._subtasks: dict[str, asyncio.Task[Any]] = {}
@@ -120,9 +136,11 @@ class RunContext:
 
     # -- messages delivered to the run ----------
     def steering(self) -> list[str]:
-        """Steering texts delivered since the last call (check before each step)."""
+        """Steering texts delivered since the last call (check before each step); taking
+        them consumes them."""
         out, self._steers = self._steers, []
-        return out
+        self.consumed_steers += [s.command_id for s in out]
+        return [s.text for s in out]
 
     def follow_ups(self) -> list[FollowUp]:
         """Follow-ups delivered to this run and not yet taken; taking them consumes them."""
@@ -130,8 +148,9 @@ class RunContext:
         self.consumed_follow_ups += [f.command_id for f in out]
         return out
 
-    def _deliver_steer(self, text: str) -> None:
-        self._steers.append(text)
+    def _deliver_steer(self, s: Steer) -> None:
+        if s.command_id not in self.consumed_steers and s not in self._steers:
+            self._steers.append(s)
 
     def _deliver_follow_up(self, f: FollowUp) -> None:
         if f.command_id not in self.consumed_follow_ups and f not in self._follow_ups:

@@ -256,10 +256,18 @@ def _wait_for_outcomes(s: Settings, ids: set[str], pipe: Pipeline) -> None:
     wait_until(missing, timeout=180, interval=1.0, what="an outcome for every acknowledged command")
 
 
-def _runs_settled(s: Settings, pipe: Pipeline) -> bool:
+def _runs_settled(s: Settings, pipe: Pipeline, unsettled: list[str] | None = None) -> bool:
     pipe.assert_alive()
     folded = fold_log(read_topic(s, s.events_topic))
-    return all(st.active is None for st in folded.values())
+    open_runs = [st for st in folded.values() if st.active is not None]
+    if unsettled is not None:
+        unsettled[:] = [
+            f"{st.session_id}: {st.active.run_id} {st.active.status} gen {st.active.generation}"
+            f" holder {st.active.lease_owner} until {st.active.lease_expires_at}"
+            for st in open_runs[:5]
+            if st.active is not None
+        ]
+    return not open_runs
 
 
 def assert_consistent(
@@ -273,7 +281,13 @@ def assert_consistent(
     assert acked == load.command_ids(), f"{len(load.command_ids() - acked)} commands not acked"
     # Step 1: every acknowledged command got its outcome; every run came to an end
     _wait_for_outcomes(s, acked, pipe)
-    wait_until(lambda: _runs_settled(s, pipe), timeout=180, interval=1.0, what="runs to finish")
+    unsettled: list[str] = []
+    try:
+        wait_until(
+            lambda: _runs_settled(s, pipe, unsettled), timeout=180, interval=1.0, what="runs to end"
+        )
+    except AssertionError as e:
+        raise AssertionError(f"{e}; still active: {unsettled}") from None
     wait_processed(s, timeout=180, procs=pipe.current)
     wait_sink_caught_up(s, timeout=180, procs=pipe.current)
     vstate = verifier.finish()

@@ -26,6 +26,7 @@ def isolated_settings(base: Settings, tag: str, partitions: int = 4) -> Settings
             "commands_topic": f"it.commands.{suffix}",
             "events_topic": f"it.events.{suffix}",
             "state_topic": f"it.state.{suffix}",
+            "dedup_topic": f"it.dedup.{suffix}",
             "dlq_topic": f"it.dlq.{suffix}",
             "processor_group": f"it-processor-{suffix}",
             "partitions": partitions,
@@ -50,7 +51,9 @@ def remove_isolated() -> None:
         return
     admin = AdminClient({"bootstrap.servers": ISOLATED[0].kafka_bootstrap})
     topics = [
-        t for s in ISOLATED for t in (s.commands_topic, s.events_topic, s.state_topic, s.dlq_topic)
+        t
+        for s in ISOLATED
+        for t in (s.commands_topic, s.events_topic, s.state_topic, s.dedup_topic, s.dlq_topic)
     ]
     for fut in admin.delete_topics(topics, operation_timeout=30).values():
         # already gone, or the broker is down: nothing to keep
@@ -96,9 +99,9 @@ class Proc(Service):
             raise AssertionError(f"{self.args} exited with {code}:\n{self.log_text()[-3000:]}")
 
 
-def processor(settings: Settings, instance: str = "p0", engine: str = "txn") -> Proc:
+def processor(settings: Settings, instance: str = "p0") -> Proc:
     """Start a processor and wait until it owns partitions."""
-    p = Proc(settings, "processor", "--instance", instance, "--engine", engine).start()
+    p = Proc(settings, "processor", "--instance", instance).start()
     return p
 
 

@@ -49,7 +49,7 @@ def assert_rows_equal_log(s: Settings) -> int:
             r[0]: r
             for r in conn.execute(
                 "select run_id, status, generation, lease_owner, terminal_status, last_seq, prompt,"
-                " checkpoint_uri from agent_runs"
+                " checkpoint_uri, started_by, cancelled_by, retryable, retry_of from agent_runs"
             ).fetchall()
         }
         offsets = {
@@ -81,5 +81,9 @@ def assert_rows_equal_log(s: Settings) -> int:
             r.last_seq,
             r.prompt,
             r.checkpoint_uri,
+            r.started_by,
+            r.cancelled_by,
+            r.retryable,
+            r.retry_of,
         ), run_id
     return len(rows)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import uuid
@@ -227,12 +228,15 @@ def test_poison_pills_go_to_the_dlq_and_the_stream_goes_on(
             partition=part,
             headers=[("pill", name.encode())],
         )
-    # a command on a partition its key does not hash to (a producer without murmur2)
+    # a command on a partition its key does not hash to (a producer without murmur2): it is
+    # forwarded to the session's partition and decided there, never dead-lettered
     wrong = (part + 1) % iso.partitions
+    misplaced = good.model_copy(update={"command_id": "misplaced-1", "type": "steer"})
+    misplaced = Command.model_validate({**misplaced.model_dump(), "payload": {"text": "s"}})
     prod.produce(
         iso.commands_topic,
         key=sid.encode(),
-        value=avro,
+        value=codec.encode_command(misplaced),
         partition=wrong,
         headers=[("pill", b"wrong-partition")],
     )
@@ -258,9 +262,27 @@ def test_poison_pills_go_to_the_dlq_and_the_stream_goes_on(
         assert int(r.headers["source.partition"]) == part
         assert int(r.headers["source.offset"]) >= 0
         assert r.headers["error.message"]
-    assert by_pill["wrong-partition"].headers["error.reason"] == b"wrong_partition"
-    assert int(by_pill["wrong-partition"].headers["source.partition"]) == wrong
-    assert len(dlq) == len(pills) + 2  # + wrong partition + the SDK's oversized prompt
+    assert "wrong-partition" not in by_pill
+    assert len(dlq) == len(pills) + 1  # + the SDK's oversized prompt
+    # the misplaced command: copied once to its session's partition, with where it came from,
+    # and decided there: one outcome (steered, or refused if it came before the prompt)
+    copies = [
+        r
+        for r in read_topic(iso, iso.commands_topic)
+        if r.headers.get("pill") == b"wrong-partition" and r.partition == part
+    ]
+    assert len(copies) == 1
+    origin = copies[0].headers["sessionstream.forwarded-from"].decode()
+    assert origin.startswith(f"{iso.commands_topic}/{wrong}/")
+    events = [codec.decode_event(r.value or b"") for r in read_topic(iso, iso.events_topic)]
+    decided = [e for e in events if e.command_id == "misplaced-1"]
+    assert len(decided) == 1 and decided[0].type in ("run.steered", "command.rejected")
+    assert all(
+        r.partition == part
+        for r in read_topic(iso, iso.events_topic)
+        if codec.decode_event(r.value or b"").command_id == "misplaced-1"
+    )
+    assert "forwarded" in procs[0].log_text() and "murmur2" in procs[0].log_text()
     procs[0].assert_alive()
 
 
@@ -286,6 +308,7 @@ def test_misconfigured_topics_stop_the_processor_at_startup(
             "commands_topic": f"it.bad.commands.{tag}",
             "events_topic": f"it.bad.events.{tag}",
             "state_topic": f"it.bad.state.{tag}",
+            "dedup_topic": f"it.bad.dedup.{tag}",
             "dlq_topic": f"it.bad.dlq.{tag}",
             "processor_group": f"it-bad-{tag}",
         }
@@ -301,3 +324,36 @@ def test_misconfigured_topics_stop_the_processor_at_startup(
     assert problem in p.log_text() and s.events_topic in p.log_text(), p.log_text()
     with pytest.raises(TopicMisconfigured, match=problem):
         check_topics(s)
+
+
+def test_a_commands_topic_stamped_by_producers_stops_the_processor(
+    settings: Settings, kafka_bootstrap: str
+) -> None:
+    """The decider's clock is the broker's append time: CreateTime would hand it to
+    producers, so the processor refuses to start on such a topic."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    tag = uuid.uuid4().hex[:8]
+    s = settings.model_copy(
+        update={
+            "commands_topic": f"it.ct.commands.{tag}",
+            "events_topic": f"it.ct.events.{tag}",
+            "state_topic": f"it.ct.state.{tag}",
+            "dedup_topic": f"it.ct.dedup.{tag}",
+            "dlq_topic": f"it.ct.dlq.{tag}",
+            "processor_group": f"it-ct-{tag}",
+        }
+    )
+    admin = AdminClient({"bootstrap.servers": s.kafka_bootstrap})
+    bad = NewTopic(s.commands_topic, 4, 1, config={"message.timestamp.type": "CreateTime"})
+    admin.create_topics([bad])[s.commands_topic].result(timeout=30)
+    p = Proc(s, "processor", "--instance", "ct").start()
+    assert p.popen is not None
+    try:
+        assert p.popen.wait(90) == 2, p.log_text()
+        assert "LogAppendTime" in p.log_text() and s.commands_topic in p.log_text()
+    finally:
+        topics = [s.commands_topic, s.events_topic, s.state_topic, s.dedup_topic, s.dlq_topic]
+        for fut in admin.delete_topics(topics, operation_timeout=30).values():
+            with contextlib.suppress(Exception):  # a topic the processor never created
+                fut.result(timeout=30)

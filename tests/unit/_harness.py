@@ -11,10 +11,33 @@ from typing import Any
 
 from schemas.commands import Command
 from schemas.events import Event
-from streams.decider import DEFAULT_CONFIG, DeciderConfig, apply, decide, evolve, fold
-from streams.state import SessionState
+from streams.decider import DEFAULT_CONFIG, DeciderConfig, Decision, decide, evolve, fold
+from streams.state import SessionState, command_hash
 from streams.timers import due_timers, timer_command
 from tests.unit._model import LogModel
+
+
+class Dedup:
+    """The caller's side of duplicate detection, as the processor keeps it: per command id
+    digest, the content digest and when it was decided."""
+
+    def __init__(self) -> None:
+        self.records: dict[tuple[str, int], tuple[int, int]] = {}
+
+    def decide(
+        self,
+        state: SessionState | None,
+        cmd: Command,
+        config: DeciderConfig = DEFAULT_CONFIG,
+        *,
+        at: int | None = None,
+    ) -> Decision:
+        key = (cmd.session_id, command_hash(cmd.command_id))
+        d = decide(state, cmd, config, at=at, seen=self.records.get(key))
+        if d.remember is not None:
+            self.records[key] = (d.remember, d.state.clock)
+        return d
+
 
 SID = "s-1"
 TENANT = "acme"
@@ -62,6 +85,7 @@ class Harness:
         self.log: list[Event] = []
         self.commands: list[Command] = []
         self.last_run: str | None = None
+        self.dedup = Dedup()
         self._n = 0
 
     # -- plumbing -------------------------------------------------------------------------------
@@ -76,6 +100,7 @@ class Harness:
         ts: int | None = None,
         tenant: str | None = None,
         command_id: str | None = None,
+        actor: str | None = None,
     ) -> Command:
         self._n += 1
         return Command(
@@ -87,12 +112,18 @@ class Harness:
             run_id=run_id,
             worker_id=worker,
             generation=generation,
+            actor=actor,
             payload=payload or {},
         )
 
-    def apply(self, cmd: Command) -> list[Event]:
-        events, after = apply(self.state, cmd, self.config)
-        assert decide(self.state, cmd, self.config) == events
+    def apply(self, cmd: Command, *, at: int | None = None) -> list[Event]:
+        """Decide `cmd` as appended to the log at `at` (default: the harness's clock)."""
+        at = self.now if at is None else at
+        key = (cmd.session_id, command_hash(cmd.command_id))
+        seen = self.dedup.records.get(key)
+        d = self.dedup.decide(self.state, cmd, self.config, at=at)
+        events, after = d.events, d.state
+        assert decide(self.state, cmd, self.config, at=at, seen=seen).events == events
         for e in events:
             self.state = evolve(self.state, e, self.config)
             if e.type == "run.started":
@@ -104,8 +135,10 @@ class Harness:
         assert fold(self.log, self.session_id, self.config) == self.state
         return events
 
-    def do(self, type_: str, payload: dict[str, Any] | None = None, **kw: Any) -> list[Event]:
-        return self.apply(self.command(type_, payload, **kw))
+    def do(
+        self, type_: str, payload: dict[str, Any] | None = None, *, at: int | None = None, **kw: Any
+    ) -> list[Event]:
+        return self.apply(self.command(type_, payload, **kw), at=at)
 
     @property
     def status(self) -> str | None:

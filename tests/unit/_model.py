@@ -1,146 +1,307 @@
 """A reference model of the protocol, rebuilt from a session's events alone.
 
-It shares no code with `streams.decider.evolve`: it reads the log the way an auditor would
-and fails on anything the protocol forbids: a seq gap, two active runs, an event after a run
-ended, a generation that moves without a lease being lost, a lease granted while held or
-while cancelling, an approval outside `running` or a second decision for one idempotency
-key, completion with follow-ups undelivered, `cancelled` before the ack or the loss of the
-lease, a deadline or lease taken early, a cancelling run nobody holds, and queued work
-started out of arrival order.
+It shares no code with `streams.decider` and was written from the protocol's text
+(docs/protocol.md, issue 11), not from the decider: it reads the log the way an auditor
+would and fails on anything the protocol forbids:
+
+- a seq gap; an event after its run ended; two active runs; time going backwards;
+- a generation that moves without the lease being lost; a lease granted while held or while
+  cancelling, or longer than the cap; a lease taken (or a deadline passed) early;
+- an approval outside `running`, or a second decision for one idempotency key;
+- a steer or follow-up that does not end with exactly one fate (consumed, dropped with
+  its run, or re-queued) before its run's `run.finished`; a fate for an input that was
+  not pending; a dropped input whose terminal status is not its run's; inputs not handed to
+  a new holder right after its grant, in arrival order;
+- `completed` with a follow-up the run never consumed; `cancelled` before the ack or the
+  loss of the lease; a compacting run nobody holds; a cancelling run nobody holds;
+- queued work started out of arrival order (interrupts go first), or anything starting a
+  run that was never queued; a follow-up turning into a run without being queued;
+- a retry naming a run that did not end retryable; `timed_out` not retryable;
+- more waiting tasks, pending inputs or held text than the bounds allow.
 """
 
 from __future__ import annotations
 
-from schemas.events import SESSION_LOG, Event, RunQueued, RunStarted
+from dataclasses import dataclass, field
+from typing import Any
+
+from schemas.events import SESSION_LOG, Event
 
 SESSION_LOG_TYPES = {"command.rejected", "run.queued", "action.denied"}
+FATES = {"run.input_consumed", "run.input_dropped", "run.input_requeued"}
 
 #: event -> (statuses it may follow, status after it)
 MOVES = {
     "run.compaction_started": (("running",), "compacting"),
     "run.compaction_finished": (("compacting",), "running"),
+    "run.compaction_abandoned": (("compacting",), "running"),
     "run.cancel_requested": (("running", "compacting"), "cancelling"),
 }
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """The limits a log must respect (None: not checked)."""
+
+    max_queue: int | None = None
+    max_inputs: int | None = None
+    max_held_bytes: int | None = None
+    max_lease_ms: int | None = None
+
+
+def _size(text: str) -> int:
+    return len(text.encode())
+
+
+@dataclass
+class Waiting:
+    """A task waiting in the session's queue."""
+
+    source: str
+    kind: str
+    text: str
+    actor: str | None
+    retry_of: str | None
+
+
+@dataclass
 class RunModel:
-    """What the protocol allows one run to do, rebuilt from its events alone (not `evolve`)."""
+    """What the protocol allows one run to do."""
 
-    HOLDER_ONLY = {"run.compaction_started", "run.cancel_acknowledged", "action.approved"}
-
-    def __init__(self, started: Event) -> None:
-        self.status = "running"
-        self.generation = started.generation
-        self.timeout_at = started.payload_as(RunStarted).timeout_at
-        self.holder: str | None = None
-        self.expires_at = 0
-        self.decided: set[str] = set()
-        self.last = started.type
-
-    def step(self, e: Event, queue: list[tuple[str, str | None]]) -> None:
-        t, p = e.type, e.payload.model_dump()
-        bump = t in ("run.lease_released", "run.lease_expired")
-        assert e.generation == self.generation + bump, f"{t}: generation {e.generation}"
-        self.generation = e.generation
-        assert t not in self.HOLDER_ONLY or self.holder is not None, f"{t} without a holder"
-        if t in ("run.lease_granted", "run.lease_renewed"):
-            expected = None if t == "run.lease_granted" else p["worker_id"]
-            assert self.holder == expected, f"{t} while {self.holder} holds the lease"
-            assert t == "run.lease_renewed" or self.status != "cancelling", "lease while cancelling"
-            self.holder, self.expires_at = p["worker_id"], p["lease_expires_at"]
-        elif bump:
-            assert self.holder is not None
-            if p.get("reason") == "lease_expiry":
-                assert e.ts >= self.expires_at, "lease taken before it expired"
-            self.holder = None
-        elif t in MOVES:
-            before, after = MOVES[t]
-            assert self.status in before, f"{t} while {self.status}"
-            self.status = after
-        elif t in ("action.approved", "action.denied"):
-            retry_refused = t == "action.denied" and self.status == "cancelling"
-            # a key is decided once; only a retry of it while cancelling may be refused again
-            assert retry_refused or p["idempotency_key"] not in self.decided, (
-                "an idempotency key decided twice"
-            )
-            assert (t == "action.approved") == (self.status == "running")
-            self.decided.add(p["idempotency_key"])
-        elif t == "action.decision_replayed":
-            assert p["idempotency_key"] in self.decided
-        elif t == "run.steered":
-            assert self.status != "cancelling"
-        elif t == "run.cancel_acknowledged":
-            assert self.status == "cancelling"
-        elif t == "run.follow_up_queued":
-            queue.append((p["source_command_id"], e.run_id))
-        elif t == "run.follow_up_delivered":
-            queue.remove((p["source_command_id"], e.run_id))
-        elif t == "run.finished":
-            self.finish(e, p["terminal_status"], queue)
-        self.last = t
-
-    def finish(self, e: Event, status: str, queue: list[tuple[str, str | None]]) -> None:
-        if status == "completed":
-            assert self.status == "running"
-            assert all(r != e.run_id for _, r in queue), "completed with follow-ups undelivered"
-        elif status == "cancelled":
-            assert self.status == "cancelling"
-            assert self.holder is None or self.last == "run.cancel_acknowledged"
-        elif status == "failed":
-            assert self.status != "cancelling"
-        else:
-            assert e.ts >= self.timeout_at, "timed out before its deadline"
-        # what the run never got waits for the next runs, in arrival order
-        queue[:] = [(src, None if r == e.run_id else r) for src, r in queue]
+    run_id: str
+    status: str
+    generation: int
+    timeout_at: int
+    prompt: str
+    holder: str | None = None
+    expires_at: int = 0
+    decided: set[str] = field(default_factory=set)
+    #: accepted inputs without a fate yet: source command id -> (kind, text)
+    pending: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: after a grant: the pending inputs still to be handed to the new holder, in order
+    to_deliver: list[str] | None = None
+    requeued: list[str] = field(default_factory=list)
+    #: the terminal status the end-of-run fates named, and the kinds they dropped
+    ending_as: str | None = None
+    dropped_kinds: set[str] = field(default_factory=set)
+    last: str = "run.started"
+    ack_seen: bool = False
 
 
 class LogModel:
-    """Feed it events in log order; it asserts the protocol and tracks the active run."""
+    """Feed it one command's events at a time, in log order; it asserts the protocol."""
 
-    def __init__(self) -> None:
-        self.active: str | None = None
+    def __init__(self, bounds: Bounds | None = None) -> None:
+        self.bounds = bounds or Bounds()
+        self.active: RunModel | None = None
         self.last_run: str | None = None
-        self.finished: set[str] = set()
-        self.last_seq: dict[str, int] = {}
         self.runs: dict[str, RunModel] = {}
-        self.queue: list[tuple[str, str | None]] = []  # (source command, run it waits for)
+        self.ended: dict[str, tuple[str, bool]] = {}  # run -> (terminal status, retryable)
+        self.last_seq: dict[str, int] = {}
+        self.queue: list[Waiting] = []
+        self.clock = 0
+        #: every input accepted, and how many fates it got
+        self.fates: dict[str, int] = {}
 
+    # -- per command ----------------------------------------------------------------------------
     def feed(self, events: list[Event]) -> None:
         for e in events:
-            assert e.seq == self.last_seq.get(e.run_id, 0) + 1, f"seq gap in {e.run_id}"
-            self.last_seq[e.run_id] = e.seq
-            assert e.run_id not in self.finished, f"{e.type} after {e.run_id} ended"
-            if e.run_id == SESSION_LOG:
-                self.session_event(e)
-                continue
-            if e.type == "run.started":
-                self.start(e)
-            else:
-                self.runs[e.run_id].step(e, self.queue)
-            assert e.run_id == self.active, f"{e.type} for {e.run_id}, active is {self.active}"
-            if e.type == "run.finished":
-                self.finished.add(e.run_id)
-                self.active = None
-        # checked between commands: within one, cancel_requested precedes the finish
-        run = self.runs.get(self.active or "")
-        assert run is None or run.status != "cancelling" or run.holder is not None, (
-            "a cancelling run nobody executes would never end"
-        )
+            self.event(e)
+        self.between_commands()
 
-    def session_event(self, e: Event) -> None:
-        assert e.type in SESSION_LOG_TYPES, e.type
-        if e.type == "run.queued":
-            q = e.payload_as(RunQueued)
-            self.queue.insert(0 if q.front else len(self.queue), (q.source_command_id, None))
-
-    def start(self, e: Event) -> None:
-        assert self.active is None, f"run {e.run_id} started while {self.active} is active"
-        self.active = self.last_run = e.run_id
-        self.runs[e.run_id] = RunModel(e)
-        started = e.payload_as(RunStarted)
-        waiting = [src for src, r in self.queue if r is None]
-        if started.origin == "queued":
-            assert waiting[:1] == [started.source_command_id], "queued work started out of order"
-            self.queue.remove((started.source_command_id, None))
+    def between_commands(self) -> None:
+        run = self.active
+        if run is not None:
+            assert run.to_deliver in (None, []), f"inputs never handed over: {run.to_deliver}"
+            run.to_deliver = None
+            if run.status == "cancelling":
+                assert run.holder is not None, "a cancelling run nobody executes would never end"
+            if run.status == "compacting":
+                assert run.holder is not None, "a compacting run nobody holds is stuck"
         else:
-            assert not waiting, "a new run jumped the queue"
+            assert not self.queue, "the session sits idle with work waiting"
+        b = self.bounds
+        if b.max_queue is not None:
+            assert len(self.queue) <= b.max_queue, f"{len(self.queue)} tasks waiting"
+        if b.max_inputs is not None and run is not None:
+            assert len(run.pending) <= b.max_inputs, f"{len(run.pending)} inputs pending"
+        if b.max_held_bytes is not None:
+            held = sum(_size(w.text) for w in self.queue)
+            if run is not None:
+                held += _size(run.prompt) + sum(_size(t) for _k, t in run.pending.values())
+            assert held <= b.max_held_bytes, f"{held} bytes of text held"
+
+    # -- per event ------------------------------------------------------------------------------
+    def event(self, e: Event) -> None:
+        assert e.seq == self.last_seq.get(e.run_id, 0) + 1, f"seq gap in {e.run_id}"
+        self.last_seq[e.run_id] = e.seq
+        assert e.ts >= self.clock, f"{e.type} at {e.ts}: the session's clock went back"
+        self.clock = e.ts
+        assert e.run_id not in self.ended, f"{e.type} after {e.run_id} ended"
+        p = e.payload.model_dump()
+        if e.run_id == SESSION_LOG:
+            self.session_event(e, p)
+        elif e.type == "run.started":
+            self.start(e, p)
+        else:
+            run = self.active
+            assert run is not None and run.run_id == e.run_id, (
+                f"{e.type} for {e.run_id}, active is {run and run.run_id}"
+            )
+            self.run_event(run, e, p)
+
+    def session_event(self, e: Event, p: dict[str, Any]) -> None:
+        assert e.type in SESSION_LOG_TYPES, e.type
+        assert e.generation == 0
+        if e.type == "run.queued":
+            w = Waiting(p["source_command_id"], p["kind"], p["text"], p["actor"], p["retry_of"])
+            requeued = [r for r in self.runs.values() if w.source in r.requeued]
+            if requeued:
+                assert w.kind == "follow_up" and not p["front"]
+                for r in requeued:
+                    r.requeued.remove(w.source)
+            self.queue.insert(0 if p["front"] else len(self.queue), w)
+
+    def start(self, e: Event, p: dict[str, Any]) -> None:
+        assert self.active is None, f"run {e.run_id} started while {self.active} is active"
+        assert e.seq == 1 and e.generation == 1
+        if p["origin"] == "queued":
+            assert self.queue, "a queued run started with nothing queued"
+            first = self.queue.pop(0)
+            assert first.source == p["source_command_id"], "queued work started out of order"
+            assert (first.text, first.actor, first.retry_of) == (
+                p["prompt"],
+                p["actor"],
+                p["retry_of"],
+            ), "a queued run started with another task's text, actor or retry link"
+        else:
+            assert not self.queue, "a new run jumped the queue"
+        if p["retry_of"] is not None:
+            ended = self.ended.get(p["retry_of"])
+            assert ended is not None and ended[1], "a retry of a run that did not end retryable"
+        run = RunModel(e.run_id, "running", 1, p["timeout_at"], p["prompt"])
+        self.active = self.runs[e.run_id] = run
+        self.last_run = e.run_id
+
+    def run_event(self, run: RunModel, e: Event, p: dict[str, Any]) -> None:
+        t = e.type
+        lost = t in ("run.lease_released", "run.lease_expired")
+        assert e.generation == run.generation + lost, f"{t}: generation {e.generation}"
+        run.generation = e.generation
+        if run.to_deliver and t != "run.input_delivered":
+            raise AssertionError(f"{t} before the new holder got its inputs {run.to_deliver}")
+        if t in ("run.compaction_started", "run.cancel_acknowledged", "action.approved"):
+            assert run.holder is not None, f"{t} without a holder"
+        if t in ("run.lease_granted", "run.lease_renewed"):
+            self.lease(run, e, p)
+        elif lost:
+            assert run.holder is not None, f"{t} with no holder"
+            if p.get("reason") == "lease_expiry":
+                assert e.ts >= run.expires_at, "lease taken before it expired"
+            run.holder = None
+        elif t in MOVES:
+            before, after = MOVES[t]
+            assert run.status in before, f"{t} while {run.status}"
+            if t == "run.compaction_abandoned":
+                assert run.last in ("run.lease_released", "run.lease_expired"), (
+                    "compaction abandoned without the lease being lost"
+                )
+            run.status = after
+        elif t in ("action.approved", "action.denied"):
+            key = p["idempotency_key"]
+            refusal = t == "action.denied" and (
+                run.status == "cancelling" or p["reason"] == "too_many_actions"
+            )
+            assert refusal or key not in run.decided, "an idempotency key decided twice"
+            assert (t == "action.approved") == (run.status == "running") or refusal
+            if p["reason"] != "too_many_actions":
+                run.decided.add(key)
+        elif t == "action.decision_replayed":
+            assert p["idempotency_key"] in run.decided
+        elif t in ("run.steered", "run.follow_up_queued"):
+            assert run.status != "cancelling", f"{t} while cancelling"
+            src = p["source_command_id"] or e.command_id
+            assert src not in self.fates, "one input accepted twice"
+            kind = "steer" if t == "run.steered" else "follow_up"
+            run.pending[src] = (kind, p["text"])
+            self.fates[src] = 0
+        elif t == "run.input_delivered":
+            assert run.to_deliver, "an input delivered outside a grant"
+            src = run.to_deliver.pop(0)
+            assert p["source_command_id"] == src, "inputs handed over out of arrival order"
+            assert (p["kind"], p["text"]) == run.pending[src]
+        elif t == "run.follow_up_delivered":
+            src = p["source_command_id"]
+            assert run.pending.get(src, ("", ""))[0] == "follow_up", "delivered unknown follow-up"
+        elif t in FATES:
+            self.fate(run, e, p)
+        elif t == "run.cancel_acknowledged":
+            assert run.status == "cancelling"
+            run.ack_seen = True
+        elif t == "run.finished":
+            self.finish(run, e, p)
+        run.last = t
+
+    def lease(self, run: RunModel, e: Event, p: dict[str, Any]) -> None:
+        granted = e.type == "run.lease_granted"
+        if granted:
+            assert run.holder is None, f"lease granted while {run.holder} holds it"
+            assert run.status != "cancelling", "lease granted while cancelling"
+            # everything not consumed yet goes to the new holder, in arrival order
+            run.to_deliver = list(run.pending)
+        else:
+            assert run.holder == p["worker_id"], f"renewed by {p['worker_id']}, not the holder"
+        if p["lease_ms"] is not None:
+            assert p["lease_expires_at"] == e.ts + p["lease_ms"], "lease not counted from now"
+            cap = self.bounds.max_lease_ms
+            if cap is not None:
+                assert p["lease_ms"] <= cap and p["capped"] == (p["lease_ms"] == cap)
+        run.holder, run.expires_at = p["worker_id"], p["lease_expires_at"]
+
+    def fate(self, run: RunModel, e: Event, p: dict[str, Any]) -> None:
+        src = p["source_command_id"]
+        assert src in run.pending, f"{e.type} for {src}, which is not pending"
+        assert run.pending[src][0] == p["kind"]
+        self.fates[src] += 1
+        if e.type == "run.input_consumed":
+            assert run.status == "running", "consumed outside a completion"
+        else:
+            # fates at the run's end: nothing but other fates until run.finished
+            if e.type == "run.input_requeued":
+                assert p["kind"] == "follow_up", "only a follow-up is re-queued"
+                run.requeued.append(src)
+            if run.ending_as is None:
+                run.ending_as = p["terminal_status"]
+            assert run.ending_as == p["terminal_status"], "fates name two endings"
+            run.dropped_kinds.add(p["kind"])
+        del run.pending[src]
+
+    def finish(self, run: RunModel, e: Event, p: dict[str, Any]) -> None:
+        status = p["terminal_status"]
+        assert not run.pending, f"run ended with inputs without a fate: {list(run.pending)}"
+        assert run.ending_as in (None, status), "fates name another ending"
+        if status == "completed":
+            assert run.status == "running"
+            assert "follow_up" not in run.dropped_kinds, "completed with a follow-up unconsumed"
+        elif status == "cancelled":
+            assert run.status == "cancelling"
+            assert (
+                run.holder is None
+                or run.last == "run.cancel_acknowledged"
+                or (run.last in FATES and run.ack_seen)
+            ), "cancelled before the holder acknowledged or lost the lease"
+        elif status == "failed":
+            assert run.status != "cancelling"
+        else:
+            assert e.ts >= run.timeout_at, "timed out before its deadline"
+            assert p["retryable"], "timed_out is retryable"
+        if status in ("completed", "cancelled"):
+            assert not p["retryable"]
+        self.ended[run.run_id] = (status, p["retryable"])
+        self.active = None
+
+    # -- what the stateful test asks at the end -------------------------------------------------
+    def inputs_without_exactly_one_fate(self) -> list[str]:
+        """Accepted inputs whose fate count is not 1 (the active run's pending ones aside)."""
+        pending = set(self.active.pending) if self.active is not None else set()
+        return [src for src, n in self.fates.items() if n != 1 and src not in pending]

@@ -14,12 +14,17 @@ from schemas.events import (
     CancelAcknowledged,
     CancelRequested,
     CommandRejected,
+    CompactionAbandoned,
     CompactionFinished,
     CompactionStarted,
     ContextCheckpointed,
     Event,
     FollowUpDelivered,
     FollowUpQueued,
+    InputConsumed,
+    InputDelivered,
+    InputDropped,
+    InputRequeued,
     LeaseExpired,
     LeaseGranted,
     LeaseReleased,
@@ -42,11 +47,15 @@ _COMMANDS: dict[str, tuple[dict[str, Any], bool]] = {
             "policy": "interrupt",
             "context_ref": "ctx://1",
             "timeout_ms": 5_000,
+            "retry_of": "r-0",
         },
         False,
     ),
     "steer": ({"text": "don't search that"}, False),
-    "follow_up": ({"text": "also the last 7 days", "when_idle": "reject"}, False),
+    "follow_up": (
+        {"text": "also the last 7 days", "when_idle": "reject", "on_run_end": "queue"},
+        False,
+    ),
     "send": ({"text": "hi", "context_ref": "ctx://2", "timeout_ms": 9_000}, False),
     "abort": ({"reason": "deadline"}, False),
     "compact.start": ({}, True),
@@ -69,7 +78,10 @@ _COMMANDS: dict[str, tuple[dict[str, Any], bool]] = {
         },
         True,
     ),
-    "run.complete": ({"result": "done", "consumed_follow_ups": ["c-9"]}, True),
+    "run.complete": (
+        {"result": "done", "consumed_follow_ups": ["c-9"], "consumed_steers": ["c-8"]},
+        True,
+    ),
     "run.fail": ({"error": "boom", "retryable": True}, True),
     "timer.fired": ({"kind": "cancel_deadline", "due_at": 1_700_000_030_000}, False),
 }
@@ -86,6 +98,7 @@ def command(type_: str) -> Command:
         tenant_id="acme",
         type=type_,
         ts=1_700_000_000_000,
+        actor="user:ana",
         payload=payload,
         **extra,
     )
@@ -97,7 +110,13 @@ _PROGRESS = Progress(worker_id="w-1", name="web", call_id="call-1", detail="q=x"
 _DECISION = ActionDecision(idempotency_key="k-1", kind="email", reason="cancelling", detail="d")
 _PAYLOADS: dict[type[Payload], Payload] = {
     RunStarted: RunStarted(
-        prompt="p", origin="queued", source_command_id="c-1", timeout_at=99, context_ref="ctx://1"
+        prompt="p",
+        origin="queued",
+        source_command_id="c-1",
+        timeout_at=99,
+        context_ref="ctx://1",
+        actor="user:ana",
+        retry_of="r-0",
     ),
     RunQueued: RunQueued(
         source_command_id="c-2",
@@ -106,24 +125,37 @@ _PAYLOADS: dict[type[Payload], Payload] = {
         front=True,
         context_ref="ctx://2",
         timeout_ms=5,
+        actor="user:bo",
+        retry_of="r-9",
     ),
-    LeaseGranted: LeaseGranted(worker_id="w-1", lease_expires_at=10),
-    LeaseRenewed: LeaseRenewed(worker_id="w-1", lease_expires_at=20),
+    LeaseGranted: LeaseGranted(worker_id="w-1", lease_expires_at=10, lease_ms=9, capped=True),
+    LeaseRenewed: LeaseRenewed(worker_id="w-1", lease_expires_at=20, lease_ms=8, capped=True),
     LeaseReleased: LeaseReleased(worker_id="w-1"),
     LeaseExpired: LeaseExpired(worker_id="w-1", reason="cancel_deadline"),
-    Steered: Steered(text="other way"),
-    FollowUpQueued: FollowUpQueued(text="f", source_command_id="c-3"),
+    Steered: Steered(text="other way", source_command_id="c-4", actor="user:ana"),
+    FollowUpQueued: FollowUpQueued(
+        text="f", source_command_id="c-3", actor="user:bo", on_run_end="queue"
+    ),
     FollowUpDelivered: FollowUpDelivered(text="f", source_command_id="c-3"),
+    InputDelivered: InputDelivered(source_command_id="c-3", kind="follow_up", text="f"),
+    InputConsumed: InputConsumed(source_command_id="c-4", kind="steer"),
+    InputDropped: InputDropped(
+        source_command_id="c-3", kind="follow_up", reason="run_ended", terminal_status="failed"
+    ),
+    InputRequeued: InputRequeued(
+        source_command_id="c-5", kind="follow_up", terminal_status="cancelled"
+    ),
     Progress: _PROGRESS,
     CompactionStarted: CompactionStarted(worker_id="w-1"),
     ContextCheckpointed: ContextCheckpointed(uri="s3://ck/1", tokens=77),
     CompactionFinished: CompactionFinished(uri="s3://ck/1"),
+    CompactionAbandoned: CompactionAbandoned(worker_id="w-1", reason="lease_lost"),
     ActionDecision: _DECISION,
     ActionDecisionReplayed: ActionDecisionReplayed(
         idempotency_key="k", kind="e", decision="denied"
     ),
     ActionCompleted: ActionCompleted(idempotency_key="k", ok=False, result="r"),
-    CancelRequested: CancelRequested(reason="user", cancel_deadline_at=30),
+    CancelRequested: CancelRequested(reason="user", cancel_deadline_at=30, actor="user:ana"),
     CancelAcknowledged: CancelAcknowledged(
         worker_id="w-1",
         model_request_aborted=True,
@@ -131,9 +163,14 @@ _PAYLOADS: dict[type[Payload], Payload] = {
         subtasks_cancelled=["s"],
         actions_blocked=["a"],
     ),
-    RunFinished: RunFinished(terminal_status="timed_out", result="r", error="e"),
+    RunFinished: RunFinished(terminal_status="timed_out", result="r", error="e", retryable=True),
     CommandRejected: CommandRejected(
-        reason="session_busy", command_type="prompt", target_run_id="r-0", detail="d"
+        reason="run_not_active",
+        command_type="prompt",
+        target_run_id="r-0",
+        detail="d",
+        actor="user:ana",
+        target_status="completed",
     ),
     StaleWriteRecorded: StaleWriteRecorded(
         worker_id="w-0", command_type="run.progress", stale_generation=1, current_generation=2
@@ -152,6 +189,7 @@ def event(type_: str) -> Event:
         command_id="c-7",
         ts=1_700_000_000_000,
         tenant_id="acme",
+        producer_ts=1_699_999_999_000,
     )
 
 

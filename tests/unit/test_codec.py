@@ -76,6 +76,7 @@ def test_json_command_from_another_language() -> None:
         "policy": "enqueue",
         "context_ref": None,
         "timeout_ms": 60_000,
+        "retry_of": None,
     }
 
 
@@ -91,6 +92,7 @@ def test_seed_event_json_is_camel_case() -> None:
         "commandId",
         "ts",
         "tenantId",
+        "producerTs",
     }
     assert out["payload"]["terminalStatus"] == "timed_out"
 
@@ -287,7 +289,7 @@ def test_largest_wire_ints_still_encode_after_the_decider_adds_to_them() -> None
         ts=MAX_WIRE_INT,
         payload={"text": "x", "timeout_ms": MAX_WIRE_INT},
     )
-    [started] = decide(None, start)
+    [started] = decide(None, start).events
     acquire = Command(
         command_id="c2",
         session_id="s",
@@ -299,5 +301,5 @@ def test_largest_wire_ints_still_encode_after_the_decider_adds_to_them() -> None
         payload={"lease_ms": MAX_WIRE_INT},
     )
     state = evolve(SessionState.initial("s"), started)
-    for e in [started, *decide(state, acquire)]:
+    for e in [started, *decide(state, acquire).events]:
         assert CODEC.decode_event(CODEC.encode_event(e)) == e

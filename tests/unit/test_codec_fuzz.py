@@ -96,5 +96,5 @@ def test_accepted_json_commands_can_be_decided_and_written(type_: str, data: st.
         return
     assert CODEC.decode_command(CODEC.encode_command(cmd)) == cmd
     assert isinstance(cmd, Command)
-    for e in decide(None, cmd):
+    for e in decide(None, cmd).events:
         CODEC.encode_event(e)

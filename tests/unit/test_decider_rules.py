@@ -15,6 +15,7 @@ from schemas.events import (
     CancelAcknowledged,
     CancelRequested,
     CommandRejected,
+    InputDropped,
     LeaseGranted,
     RunStarted,
 )
@@ -58,39 +59,89 @@ ENDINGS: list[tuple[str, Callable[[Harness], Any], str]] = [
 
 
 @pytest.mark.parametrize(("end", "status"), [pytest.param(e, s, id=i) for i, e, s in ENDINGS])
-def test_waiting_work_starts_next_runs_in_order(end: Callable[[Harness], Any], status: str) -> None:
+def test_waiting_tasks_start_in_order_and_the_runs_follow_ups_go_with_it(
+    end: Callable[[Harness], Any], status: str
+) -> None:
     h = Harness()
     leased(h)
     h.prompt("P1", policy="enqueue")
-    h.follow_up("F1")  # pending for the active run: it never got it
+    f1 = h.follow_up("F1")[0].command_id  # pending for the active run: it never got it
     h.prompt("P2", policy="enqueue")
     events = end(h)
-    assert tokens(events)[-2:] == [f"run.finished:{status}", "run.started:queued"]
+    assert tokens(events)[-3:] == [
+        "run.input_dropped",
+        f"run.finished:{status}",
+        "run.started:queued",
+    ]
+    dropped = events[-3].payload_as(InputDropped)
+    assert (dropped.source_command_id, dropped.kind, dropped.terminal_status) == (
+        f1,
+        "follow_up",
+        status,
+    )
     # each following run ends at once (unleased abort), freeing the session for the next
-    for _ in range(3):
+    for _ in range(2):
         h.abort()
-    assert started_prompts(h) == ["p0", "P1", "F1", "P2"] and h.state.queue == ()
+    # the follow-up never became a task of its own: only the prompts ran, in their order
+    assert started_prompts(h) == ["p0", "P1", "P2"] and h.state.queue == ()
+
+
+def test_follow_up_with_on_run_end_queue_waits_behind_the_queued_prompts() -> None:
+    h = Harness()
+    leased(h)
+    h.prompt("P1", policy="enqueue")
+    h.do("follow_up", {"text": "F1", "on_run_end": "queue"})
+    h.abort()
+    events = h.work("cancel.ack")
+    assert tokens(events) == [
+        "run.cancel_acknowledged",
+        "run.input_requeued",
+        "run.finished:cancelled",
+        "run.queued",
+        "run.started:queued",
+    ]
+    h.abort()
+    h.abort()
+    assert started_prompts(h) == ["p0", "P1", "F1"]
 
 
 def test_complete_delivers_follow_up_then_queue_continues() -> None:
     h = Harness()
     leased(h)
     h.prompt("P1", policy="enqueue")
-    h.follow_up("F1")
+    f1 = h.follow_up("F1")[0].command_id
     h.prompt("P2", policy="enqueue")
     assert tokens(h.work("run.complete")) == ["run.follow_up_delivered"]
-    assert tokens(h.work("run.complete")) == ["run.finished:completed", "run.started:queued"]
+    # still not consumed: the run goes on again, the follow-up is not silently lost
+    assert tokens(h.work("run.complete")) == ["run.follow_up_delivered"]
+    assert tokens(h.work("run.complete", {"consumed_follow_ups": [f1]})) == [
+        "run.input_consumed",
+        "run.finished:completed",
+        "run.started:queued",
+    ]
     h.abort()
     assert started_prompts(h) == ["p0", "P1", "P2"]
 
 
-def test_follow_up_while_cancelling_waits_for_the_next_run() -> None:
+def test_follow_up_while_cancelling_waits_as_a_task_in_arrival_order() -> None:
     h = Harness()
     leased(h)
     h.abort()
-    h.follow_up("F-late")
+    assert tokens(h.follow_up("F-late")) == ["run.queued"]
+    h.send("NEW")
     h.work("cancel.ack")
     assert started_prompts(h) == ["p0", "F-late"]
+    h.abort()
+    assert started_prompts(h) == ["p0", "F-late", "NEW"]
+
+
+def test_follow_up_when_idle_reject_is_refused_while_cancelling() -> None:
+    h = Harness()
+    leased(h)
+    h.abort()
+    assert tokens(h.follow_up("F", when_idle="reject")) == ["rejected:run_cancelling"]
+    h.work("cancel.ack")
+    assert started_prompts(h) == ["p0"] and h.state.active is None
 
 
 def test_interrupt_goes_in_front_of_enqueued_prompts() -> None:
@@ -125,7 +176,6 @@ def test_generation_lifecycle_and_takeover() -> None:
         h.state.model_copy(
             update={
                 "log_seq": before.log_seq,
-                "recent_commands": before.recent_commands,
                 "active": h.state.active.model_copy(update={"seq": before.active.seq}),
             }
         )
@@ -209,25 +259,55 @@ def test_exact_duplicate_decides_nothing() -> None:
     first = h.command("prompt", {"text": "p"})
     assert tokens(h.apply(first)) == ["run.started:prompt"]
     assert h.apply(first) == []
-    # same id, other content: still the same command to us
+    # a re-send whose producer stamped it again is still the same command
     assert h.apply(first.model_copy(update={"ts": first.ts + 5})) == []
-    rejected = h.command("abort", {}, tenant="x")
-    assert tokens(h.apply(rejected)) == ["rejected:tenant_mismatch"]
-    assert h.apply(rejected) == []
+    rejected = h.command("steer", {"text": "x"}, run_id="r-old")
+    assert tokens(h.apply(rejected)) == ["rejected:run_not_active"]
+    assert h.apply(rejected) == []  # a rejection is an outcome too: not decided twice
     timer = h.timer("run_deadline")
     assert tokens(h.apply(timer)) == ["run.finished:timed_out"]
     assert h.apply(timer) == []  # the processor re-fired it after a restart
 
 
-def test_dedup_window_is_bounded() -> None:
-    h = Harness(DeciderConfig(dedup_window=2))
+@pytest.mark.parametrize(
+    "other",
+    [
+        pytest.param({"type": "abort", "payload": {}}, id="type"),
+        pytest.param({"payload": {"text": "q"}}, id="payload"),
+        pytest.param({"run_id": "r-x"}, id="run"),
+        pytest.param({"actor": "user:eve"}, id="actor"),
+    ],
+)
+def test_same_command_id_with_other_content_is_refused(other: dict[str, Any]) -> None:
+    h = Harness()
+    first = h.command("prompt", {"text": "p"})
+    h.apply(first)
+    data = {**first.model_dump(), **other}
+    events = h.apply(type(first).model_validate(data))
+    assert tokens(events) == ["rejected:command_id_reused"]
+    # the id keeps its first meaning: the first command re-sent is still a duplicate
+    assert h.apply(first) == []
+
+
+def test_a_foreign_tenants_command_takes_no_id_from_the_owner() -> None:
+    h = Harness()
+    h.prompt("mine")
+    forged = h.command("abort", {}, tenant="intruder", command_id="owner-abort-1")
+    assert tokens(h.apply(forged)) == ["rejected:tenant_mismatch"]
+    assert tokens(h.apply(forged)) == ["rejected:tenant_mismatch"]  # refused every time
+    # the owner's command with that id is decided as if the intruder never sent it
+    own = h.command("abort", {}, command_id="owner-abort-1")
+    assert tokens(h.apply(own)) == ["run.cancel_requested", "run.finished:cancelled"]
+
+
+def test_dedup_window_is_bounded_in_time() -> None:
+    h = Harness(DeciderConfig(dedup_ttl_ms=60_000))
     first = h.command("steer", {"text": "x"})
     h.apply(first)
-    assert h.apply(first) == []
-    h.steer()
-    h.steer()
-    assert len(h.state.recent_commands) == 2
-    # forgotten after `dedup_window` later commands: decided again (the documented bound)
+    h.now += 60_000
+    assert h.apply(first) == []  # inside the window (inclusive)
+    h.now += 1
+    # forgotten once the window has passed by the decider's clock: decided again
     assert tokens(h.apply(first)) == ["rejected:no_active_run"]
 
 
@@ -281,11 +361,17 @@ def test_cancel_carries_what_was_aborted_and_its_deadline() -> None:
     assert acked.model_dump() == {"worker_id": "w1", **ack, "actions_blocked": []}
 
 
-def test_events_carry_the_commands_time_and_tenant() -> None:
+def test_events_carry_the_log_time_the_producer_time_and_the_tenant() -> None:
     h = Harness()
     h.now = 42
-    [e] = h.prompt()
-    assert (e.ts, e.tenant_id, e.session_id, e.generation) == (42, "acme", "s-1", 1)
+    [e] = h.prompt(ts=7)
+    assert (e.ts, e.producer_ts, e.tenant_id, e.session_id, e.generation) == (
+        42,
+        7,
+        "acme",
+        "s-1",
+        1,
+    )
     [r] = h.prompt()
     assert (r.run_id, r.generation) == (SESSION_LOG, 0)
 

@@ -1,12 +1,18 @@
-"""Random interleavings of producers, workers and the timer clock against one session.
+"""Random interleavings of producers, workers, intruders and the log's clock on one session.
 
-Workers remember the generation they were granted, so once a lease moves on they write
-stale. After every command: exactly one outcome; the processor's state (`apply`) is the fold
-of the events; stale writes change nothing; the state survives the state table (JSON) and
-decides the same bytes from there; and the log passes the reference model (`_model`): seq
-contiguous per run and in the session log, never two active runs, nothing after a terminal
-event, and the rest of the protocol. At the end of each example: fold(whole log) == state,
-and a replay from scratch gives byte-identical events.
+Producers' clocks are skewed at random (minutes behind, an hour ahead, seconds instead of
+milliseconds): the decider's clock is the log's, so nothing may depend on them. Workers
+remember the generation they were granted, so once a lease moves on they write stale.
+Producers name runs (the active one, an old one, none). Intruders from another tenant reuse
+command ids the owner will use. Ids are re-sent exactly, and reused for other content.
+
+After every command: exactly one outcome; the processor's state is the fold of the events;
+a command naming run R touched no other run; stale writes, rejections and duplicates change
+nothing; no state exceeds its bounds; the state survives the state table and decides the
+same bytes from there; and the log passes the reference model (`_model`, written from the
+protocol, not from the decider). At the end: every steer and follow-up of a finished run
+had exactly one fate, fold(whole log) == state, and a replay from scratch gives
+byte-identical events.
 """
 
 from __future__ import annotations
@@ -18,90 +24,139 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from schemas.codec import Codec
-from schemas.commands import WORKER_COMMAND_TYPES, Command
+from schemas.commands import PRODUCER_COMMAND_TYPES, WORKER_COMMAND_TYPES, Command
 from schemas.events import ACTIVE_STATUSES, SESSION_LOG, CommandRejected, Event
-from streams.decider import REJECTION_REASONS, DeciderConfig, apply, decide, evolve, fold
-from streams.state import SessionState
+from streams.core import encode_state
+from streams.decider import REJECTION_REASONS, DeciderConfig, decide, evolve, fold
+from streams.state import SessionState, command_hash
 from streams.timers import DueTimer, due_timers, timer_command
-from tests.unit._model import LogModel
+from tests.unit._harness import Dedup
+from tests.unit._model import Bounds, LogModel
 
 SID = "s-prop"
 TENANT = "acme"
 CONFIG = DeciderConfig(
-    max_queue=4, cancel_grace_ms=5_000, default_run_timeout_ms=120_000, max_payload_bytes=256
+    max_queue=4,
+    max_inputs=3,
+    max_held_bytes=1_000,
+    max_actions=2,
+    max_lease_ms=20_000,
+    finished_window=3,
+    cancel_grace_ms=5_000,
+    default_run_timeout_ms=120_000,
+    max_payload_bytes=400,
 )
+BOUNDS = Bounds(
+    max_queue=CONFIG.max_queue,
+    max_inputs=CONFIG.max_inputs,
+    max_held_bytes=CONFIG.max_held_bytes,
+    max_lease_ms=CONFIG.max_lease_ms,
+)
+#: the largest state record these bounds allow (JSON; generous for the ids and metadata)
+MAX_STATE_BYTES = 2 * CONFIG.max_held_bytes + 12_000
 CODEC = Codec()
 #: "holder" is whoever holds the lease now: most writes come from it, the rest race it
 WORKERS = st.sampled_from(["holder", "holder", "w1", "w2", "w3"])
 KEYS = st.sampled_from(["k1", "k2", "k3"])
 TEXT = st.sampled_from(["a", "b", "look at the last 7 days", "é✓", "x" * 300])
+#: producer clock offsets: in sync, 20 min behind, an hour ahead, and a clock in seconds
+SKEW = st.sampled_from([0, 0, -20 * 60_000, 3_600_000, "seconds"])
+#: which run a producer command names
+TARGET = st.sampled_from(["none", "none", "active", "old"])
 
 
-def replay(commands: list[Command]) -> list[bytes]:
+def replay(commands: list[tuple[Command, int]]) -> list[bytes]:
     state = SessionState.initial(SID)
+    dedup = Dedup()
     out = []
-    for c in commands:
-        for e in decide(state, c, CONFIG):
+    for c, at in commands:
+        for e in dedup.decide(state, c, CONFIG, at=at).events:
             state = evolve(state, e, CONFIG)
             out.append(CODEC.encode_event(e))
     return out
 
 
 def core(state: SessionState) -> SessionState:
-    """The state without what every recorded outcome advances (seqs, the dedup window)."""
+    """The state without what every recorded outcome advances (seqs, the clock)."""
     active = state.active.model_copy(update={"seq": 0}) if state.active else None
-    return state.model_copy(update={"log_seq": 0, "recent_commands": (), "active": active})
+    return state.model_copy(update={"log_seq": 0, "clock": 0, "active": active})
 
 
 class SessionMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.state = SessionState.initial(SID)
-        self.now = 1_000
+        self.dedup = Dedup()
+        self.now = 1_000_000
         self.n = 0
-        self.commands: list[Command] = []
+        self.commands: list[tuple[Command, int]] = []
         self.log: list[Event] = []
         self.encoded: list[bytes] = []
-        self.ids: set[str] = set()
+        #: command id -> the command the session remembers under it
+        self.decided: dict[str, Command] = {}
         self.memory: dict[str, tuple[str, int]] = {}  # worker -> (run id, generation granted)
         self.seen_timers: list[DueTimer] = []
-        self.model = LogModel()  # the protocol, rebuilt from the events alone
+        self.finished_runs: list[str] = []
+        self.owner_ids: list[str] = []  # ids an intruder used first, for the owner to use
+        self.model = LogModel(BOUNDS)  # the protocol, rebuilt from the events alone
 
     # -- plumbing -----------------------------------------------------------------------------
-    def cmd(self, type_: str, payload: dict[str, Any], **kw: Any) -> Command:
+    def cmd(self, type_: str, payload: dict[str, Any], skew: int | str = 0, **kw: Any) -> Command:
         self.n += 1
         kw.setdefault("tenant_id", TENANT)
-        return Command(
-            command_id=f"c{self.n}", session_id=SID, type=type_, ts=self.now, payload=payload, **kw
-        )
+        kw.setdefault("command_id", f"c{self.n}")
+        ts = self.now // 1000 if skew == "seconds" else max(0, self.now + int(skew))
+        return Command(session_id=SID, type=type_, ts=ts, payload=payload, **kw)
+
+    def target(self, which: str) -> str | None:
+        if which == "active":
+            return self.state.active.run_id if self.state.active else None
+        if which == "old":
+            return self.finished_runs[-1] if self.finished_runs else "r-never"
+        return None
 
     def apply(self, cmd: Command) -> list[Event]:
         pre = self.state
-        events, after = apply(pre, cmd, CONFIG)  # what the processor keeps in its table
+        seen = self.dedup.records.get((SID, _h(cmd)))
+        d = self.dedup.decide(pre, cmd, CONFIG, at=self.now)
+        events = d.events
         encoded = [CODEC.encode_event(e) for e in events]
-        restored = SessionState.model_validate_json(pre.model_dump_json())
+        restored = SessionState.model_validate_json(encode_state(pre))
         assert restored == pre
-        assert [CODEC.encode_event(e) for e in decide(restored, cmd, CONFIG)] == encoded
+        again = decide(restored, cmd, CONFIG, at=self.now, seen=seen).events
+        assert [CODEC.encode_event(e) for e in again] == encoded
         for e in events:
             self.state = evolve(self.state, e, CONFIG)
-        assert after == self.state, "the processor's state is not the fold of its events"
+        assert d.state == self.state, "the processor's state is not the fold of its events"
         self.check_outcome(cmd, pre, events)
         self.model.feed(events)
-        self.ids.add(cmd.command_id)
-        self.commands.append(cmd)
+        if d.remember is not None:
+            assert cmd.command_id not in self.decided or self.decided[cmd.command_id] is None
+            self.decided[cmd.command_id] = cmd
+        self.commands.append((cmd, self.now))
         self.log.extend(events)
         self.encoded.extend(encoded)
         for e in events:
             if e.type in ("run.lease_granted", "run.lease_renewed"):
                 self.memory[cmd.worker_id or ""] = (e.run_id, e.generation)
+            if e.type == "run.finished":
+                self.finished_runs.append(e.run_id)
         return events
 
     def check_outcome(self, cmd: Command, pre: SessionState, events: list[Event]) -> None:
-        if cmd.command_id in self.ids:
-            assert events == [], "a duplicate commandId decides nothing"
+        first = self.decided.get(cmd.command_id)
+        foreign = pre.tenant_id is not None and cmd.tenant_id != pre.tenant_id
+        if first is not None and not foreign:
+            if _same(first, cmd):
+                assert events == [], "an exact re-send decides nothing"
+            else:
+                assert _reasons(events) == ["command_id_reused"], "an id reused for other content"
+                assert core(self.state) == core(pre)
             return
         assert events, "every new command has a visible outcome"
         assert all(e.command_id == cmd.command_id for e in events)
+        assert all(e.ts == max(pre.clock, self.now) for e in events), "now is the log's clock"
+        assert all(e.producer_ts == cmd.ts for e in events)
         rejected = [e for e in events if e.type == "command.rejected"]
         stale_active, stale_done = self.stale(cmd, pre)
         if stale_active:
@@ -116,9 +171,19 @@ class SessionMachine(RuleBasedStateMachine):
             if len(events) > 1:
                 assert [e.type for e in events[1:]] == ["run.stale_write_recorded"]
             assert core(self.state) == core(pre), f"{reason} changed the state"
-        if pre.tenant_id is not None and cmd.tenant_id != pre.tenant_id:
-            assert [e.type for e in events] == ["command.rejected"]
-            assert rejected[0].payload_as(CommandRejected).reason == "tenant_mismatch"
+        if foreign:
+            assert _reasons(events) == ["tenant_mismatch"]
+        if cmd.type in PRODUCER_COMMAND_TYPES and cmd.run_id is not None and not foreign:
+            active = pre.active.run_id if pre.active else None
+            if cmd.run_id != active:
+                # refused: for that reason, unless a check that comes first (size) refused it
+                assert _reasons(events) in (["run_not_active"], ["payload_too_large"]), (
+                    "a command for another run acted"
+                )
+            # a command naming run R changes no other run (a follow-on run it starts aside)
+            touched = {e.run_id for e in events if e.run_id != SESSION_LOG}
+            started = {e.run_id for e in events if e.type == "run.started"}
+            assert touched - started <= {cmd.run_id}, f"{cmd.type} for {cmd.run_id} hit {touched}"
 
     @staticmethod
     def stale(cmd: Command, pre: SessionState) -> tuple[bool, bool]:
@@ -141,44 +206,110 @@ class SessionMachine(RuleBasedStateMachine):
     def work(self, worker: str, type_: str, payload: dict[str, Any] | None = None) -> None:
         worker = self.who(worker)
         run = self.state.active
-        fallback = (run.run_id, run.generation) if run else (self.model.last_run or "r-unknown", 1)
-        run_id, generation = self.memory.get(worker, fallback)
+        if run is not None and run.lease_owner == worker:
+            run_id, generation = run.run_id, run.generation  # the holder knows its run
+        else:
+            fallback = (
+                (run.run_id, run.generation) if run else (self.model.last_run or "r-unknown", 1)
+            )
+            run_id, generation = self.memory.get(worker, fallback)
+            if self.state.finished_run(run_id) is None and (run is None or run_id != run.run_id):
+                run_id, generation = fallback  # a worker long gone writes no more
         self.apply(
             self.cmd(type_, payload or {}, run_id=run_id, worker_id=worker, generation=generation)
         )
 
+    def producer(self, type_: str, payload: dict[str, Any], skew: Any, which: str) -> None:
+        cid = self.owner_ids.pop() if self.owner_ids else None
+        kw: dict[str, Any] = {"run_id": self.target(which), "actor": "user:ana"}
+        if cid is not None:
+            kw["command_id"] = cid
+        self.apply(self.cmd(type_, payload, skew, **kw))
+
     # -- producers ----------------------------------------------------------------------------
-    @rule(text=TEXT, policy=st.sampled_from(["reject", "enqueue", "interrupt"]))
-    def prompt(self, text: str, policy: str) -> None:
-        self.apply(self.cmd("prompt", {"text": text, "policy": policy}))
+    @rule(
+        text=TEXT,
+        policy=st.sampled_from(["reject", "enqueue", "interrupt"]),
+        skew=SKEW,
+        which=TARGET,
+        retry=st.booleans(),
+    )
+    def prompt(self, text: str, policy: str, skew: Any, which: str, retry: bool) -> None:
+        payload: dict[str, Any] = {"text": text, "policy": policy}
+        if retry:
+            payload["retry_of"] = self.finished_runs[-1] if self.finished_runs else "r-never"
+        self.producer("prompt", payload, skew, which)
 
-    @rule(text=TEXT)
-    def send(self, text: str) -> None:
-        self.apply(self.cmd("send", {"text": text}))
+    @rule(text=TEXT, skew=SKEW, which=TARGET)
+    def send(self, text: str, skew: Any, which: str) -> None:
+        self.producer("send", {"text": text}, skew, which)
 
-    @rule(text=TEXT)
-    def steer(self, text: str) -> None:
-        self.apply(self.cmd("steer", {"text": text}))
+    @rule(text=TEXT, skew=SKEW, which=TARGET)
+    def steer(self, text: str, skew: Any, which: str) -> None:
+        self.producer("steer", {"text": text}, skew, which)
 
-    @rule(text=TEXT, when_idle=st.sampled_from(["start", "reject"]))
-    def follow_up(self, text: str, when_idle: str) -> None:
-        self.apply(self.cmd("follow_up", {"text": text, "when_idle": when_idle}))
+    @rule(
+        text=TEXT,
+        when_idle=st.sampled_from(["start", "reject"]),
+        on_run_end=st.sampled_from(["drop", "queue"]),
+        skew=SKEW,
+        which=TARGET,
+    )
+    def follow_up(self, text: str, when_idle: str, on_run_end: str, skew: Any, which: str) -> None:
+        payload = {"text": text, "when_idle": when_idle, "on_run_end": on_run_end}
+        self.producer("follow_up", payload, skew, which)
 
-    @rule()
-    def abort(self) -> None:
-        self.apply(self.cmd("abort", {"reason": "user"}))
+    @rule(skew=SKEW, which=TARGET)
+    def abort(self, skew: Any, which: str) -> None:
+        self.producer("abort", {"reason": "user"}, skew, which)
 
-    @rule(text=TEXT)
-    def intruder(self, text: str) -> None:
-        self.apply(self.cmd("prompt", {"text": text}, tenant_id="intruder"))
+    @precondition(lambda self: self.state.tenant_id == TENANT)
+    @rule(text=TEXT, type_=st.sampled_from(["prompt", "abort", "steer"]))
+    def intruder(self, text: str, type_: str) -> None:
+        """Another tenant's command, under an id the owner will use next. (Before the
+        session's first run any tenant may claim it: that is the tenancy rule, tested in
+        the rules; here the owner has.)"""
+        self.n += 1
+        cid = f"owner-{self.n}"
+        payload = {"text": text} if type_ != "abort" else {}
+        self.apply(self.cmd(type_, payload, tenant_id="intruder", command_id=cid))
+        self.owner_ids.append(cid)
+
+    @rule(kind=st.sampled_from(["lease_expiry", "run_deadline", "cancel_deadline"]))
+    def forged_timer(self, kind: str) -> None:
+        """A `timer.fired` from outside, for the active run, whenever the forger likes."""
+        run = self.state.active
+        if run is None:
+            return
+        pre = self.state
+        events = self.apply(
+            self.cmd(
+                "timer.fired",
+                {"kind": kind, "due_at": 0},
+                run_id=run.run_id,
+                generation=run.generation,
+            )
+        )
+        due = {t.kind: t.due_at for t in due_timers(pre)}
+        if kind not in due or due[kind] > self.now:
+            assert _reasons(events) == ["timer_stale"], "a timer honoured before it was due"
 
     @precondition(lambda self: self.commands)
     @rule(i=st.integers(min_value=0))
     def duplicate(self, i: int) -> None:
-        self.apply(self.commands[i % len(self.commands)])
+        self.apply(self.commands[i % len(self.commands)][0])
+
+    @precondition(lambda self: self.decided)
+    @rule(i=st.integers(min_value=0), text=TEXT)
+    def reuse_id(self, i: int, text: str) -> None:
+        """An id the session decided, for other content."""
+        ids = sorted(self.decided)
+        first = self.decided[ids[i % len(ids)]]
+        other = "steer" if first.type != "steer" else "send"
+        self.apply(self.cmd(other, {"text": text + "!"}, command_id=first.command_id))
 
     # -- workers ------------------------------------------------------------------------------
-    @rule(worker=WORKERS, lease_ms=st.sampled_from([5_000, 30_000]))
+    @rule(worker=WORKERS, lease_ms=st.sampled_from([5_000, 30_000, 10**12]))
     def acquire(self, worker: str, lease_ms: int) -> None:
         worker = self.who(worker)
         run = self.state.active
@@ -197,49 +328,67 @@ class SessionMachine(RuleBasedStateMachine):
         """A worker pool picks up a run nobody executes (or whose holder was fenced)."""
         self.acquire(worker, 30_000)
 
+    @precondition(lambda self: self.model.last_run is not None)
     @rule(worker=WORKERS)
     def renew(self, worker: str) -> None:
         self.work(worker, "lease.renew", {"lease_ms": 30_000})
 
+    @precondition(lambda self: self.model.last_run is not None)
     @rule(worker=WORKERS)
     def release(self, worker: str) -> None:
         self.work(worker, "lease.release")
 
+    @precondition(lambda self: self.model.last_run is not None)
     @rule(worker=WORKERS, kind=st.sampled_from(["model.request.started", "tool.started"]))
     def progress(self, worker: str, kind: str) -> None:
         self.work(worker, "run.progress", {"kind": kind, "name": "x"})
 
+    @precondition(lambda self: self.model.last_run is not None)
     @rule(worker=WORKERS)
     def compact_start(self, worker: str) -> None:
         self.work(worker, "compact.start")
 
+    @precondition(lambda self: self.model.last_run is not None)
     @rule(worker=WORKERS)
     def compact_finish(self, worker: str) -> None:
         self.work(worker, "compact.finish", {"checkpoint_uri": f"s3://ck/{self.n}"})
 
+    @precondition(lambda self: self.model.last_run is not None)
     @rule(worker=WORKERS, key=KEYS)
     def action_request(self, worker: str, key: str) -> None:
         self.work(worker, "action.request", {"idempotency_key": key, "kind": "email"})
 
+    @precondition(lambda self: self.model.last_run is not None)
     @rule(worker=WORKERS, key=KEYS, ok=st.booleans())
     def action_result(self, worker: str, key: str, ok: bool) -> None:
         self.work(worker, "action.result", {"idempotency_key": key, "ok": ok})
 
+    @precondition(lambda self: self.model.last_run is not None)
     @rule(worker=WORKERS)
     def cancel_ack(self, worker: str) -> None:
         self.work(worker, "cancel.ack", {"model_request_aborted": True})
 
-    @rule(worker=WORKERS, consume=st.booleans())
-    def complete(self, worker: str, consume: bool) -> None:
-        consumed = [q.source_command_id for q in self.state.queue] if consume else []
-        self.work(worker, "run.complete", {"consumed_follow_ups": consumed})
+    @precondition(lambda self: self.model.last_run is not None)
+    @rule(worker=WORKERS, consume=st.sampled_from(["none", "follow_ups", "all"]))
+    def complete(self, worker: str, consume: str) -> None:
+        run = self.state.active
+        inputs = run.inputs if run else ()
+        payload: dict[str, Any] = {}
+        if consume != "none":
+            payload["consumed_follow_ups"] = [
+                i.source_command_id for i in inputs if i.kind == "follow_up"
+            ]
+        if consume == "all":
+            payload["consumed_steers"] = [i.source_command_id for i in inputs if i.kind == "steer"]
+        self.work(worker, "run.complete", payload)
 
-    @rule(worker=WORKERS)
-    def fail(self, worker: str) -> None:
-        self.work(worker, "run.fail", {"error": "boom"})
+    @precondition(lambda self: self.model.last_run is not None)
+    @rule(worker=WORKERS, retryable=st.booleans())
+    def fail(self, worker: str, retryable: bool) -> None:
+        self.work(worker, "run.fail", {"error": "boom", "retryable": retryable})
 
     # -- the clock ----------------------------------------------------------------------------
-    @rule(ms=st.sampled_from([500, 4_000, 6_000, 31_000, 125_000]))
+    @rule(ms=st.sampled_from([500, 4_000, 6_000, 21_000, 31_000, 125_000]))
     def advance(self, ms: int) -> None:
         self.seen_timers.extend(due_timers(self.state))
         self.now += ms
@@ -250,6 +399,11 @@ class SessionMachine(RuleBasedStateMachine):
             events = self.apply(timer_command(self.state, due[0], self.now))
             assert events and events[0].type != "command.rejected", "a due timer always decides"
         assert not [t for t in due_timers(self.state) if t.due_at <= self.now]
+
+    @rule(ms=st.sampled_from([1, 300]))
+    def clock_steps_back(self, ms: int) -> None:
+        """The broker's clock stepped back (or a new leader's is behind): the fold holds."""
+        self.now -= ms
 
     @precondition(lambda self: self.seen_timers)
     @rule(i=st.integers(min_value=0))
@@ -265,23 +419,48 @@ class SessionMachine(RuleBasedStateMachine):
     @invariant()
     def one_active_run_and_no_idle_backlog(self) -> None:
         run = self.state.active
-        assert (run.run_id if run else None) == self.model.active
+        assert (run.run_id if run else None) == (self.model.active and self.model.active.run_id)
         if run is None:
             assert self.state.queue == (), "the session sits idle with work waiting"
         else:
             assert run.status in ACTIVE_STATUSES
-            assert all(q.run_id in (None, run.run_id) for q in self.state.queue)
-        assert len(self.state.queue) <= CONFIG.max_queue
+
+    @invariant()
+    def bounded(self) -> None:
+        st_ = self.state
+        assert len(st_.queue) <= CONFIG.max_queue
+        assert st_.held_bytes() <= CONFIG.max_held_bytes
+        assert len(st_.finished) <= CONFIG.finished_window
+        if st_.active is not None:
+            assert len(st_.active.inputs) <= CONFIG.max_inputs
+            assert len(st_.active.actions) <= CONFIG.max_actions
+            if st_.active.lease_expires_at is not None:
+                assert st_.active.lease_expires_at <= st_.clock + CONFIG.max_lease_ms
+        assert len(encode_state(st_)) <= MAX_STATE_BYTES, "a state record beyond its bound"
 
     def teardown(self) -> None:
+        assert self.model.inputs_without_exactly_one_fate() == []
         assert fold(self.log, SID, CONFIG) == self.state
         assert replay(self.commands) == self.encoded
         assert [CODEC.decode_event(b) for b in self.encoded] == self.log
 
 
+def _h(cmd: Command) -> int:
+    return command_hash(cmd.command_id)
+
+
+def _same(a: Command, b: Command) -> bool:
+    """The same command, re-sent (its producer may have stamped it again)."""
+    return a.model_copy(update={"ts": 0}) == b.model_copy(update={"ts": 0})
+
+
+def _reasons(events: list[Event]) -> list[str]:
+    return [e.payload_as(CommandRejected).reason for e in events if e.type == "command.rejected"]
+
+
 SessionMachine.TestCase.settings = settings(
-    max_examples=200,
-    stateful_step_count=40,
+    max_examples=300,
+    stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

@@ -28,6 +28,9 @@ from tests.unit._harness import (
 
 Act = Callable[[Harness], Any]
 QUEUE1 = DeciderConfig(max_queue=1)
+INPUTS1 = DeciderConfig(max_inputs=1)
+HELD = DeciderConfig(max_held_bytes=8)  # the arranged prompt "p0" holds 2 bytes
+ACTIONS1 = DeciderConfig(max_actions=1)
 SMALL = DeciderConfig(max_payload_bytes=128)
 
 
@@ -81,8 +84,46 @@ def timer_for_unknown_run(h: Harness) -> Any:
 
 def complete_consuming_all(h: Harness) -> Any:
     """The worker already used every pending follow-up in its answer."""
-    consumed = [q.source_command_id for q in h.state.queue]
+    assert h.state.active is not None
+    consumed = [i.source_command_id for i in h.state.active.inputs]
     return h.work("run.complete", {"consumed_follow_ups": consumed})
+
+
+def next_run_then(act: Act) -> Act:
+    """The arranged run completes and a new one starts: `act` then names the old one."""
+
+    def go(h: Harness) -> Any:
+        h.old_run = h.last_run  # type: ignore[attr-defined]
+        h.work("run.complete", {"result": "done"})
+        h.prompt("next")
+        return act(h)
+
+    return go
+
+
+def naming_old(type_: str, payload: dict[str, Any]) -> Act:
+    return next_run_then(lambda h: h.do(type_, payload, run_id=h.old_run))
+
+
+def reused_id(h: Harness) -> Any:
+    h.do("steer", {"text": "a"}, command_id="same")
+    return h.do("steer", {"text": "b"}, command_id="same")
+
+
+def retry_of(end: Act) -> Act:
+    def go(h: Harness) -> Any:
+        old = h.last_run
+        end(h)
+        return h.do("prompt", {"text": "again", "retry_of": old})
+
+    return go
+
+
+def with_steer_and_follow_up_then_expired(h: Harness) -> None:
+    leased(h)
+    h.steer("s1")
+    h.follow_up("f1")
+    h.fire("lease_expiry")
 
 
 def approve_then(act: Act) -> Act:
@@ -113,6 +154,8 @@ CASES: list[tuple[str, Callable[[Harness], None], Act, list[str], str | None, De
     ("compacting-compact.finish", compacting,
      lambda h: h.work("compact.finish", {"checkpoint_uri": "s3://b/ck1", "tokens": 900}),
      ["context.checkpointed", "run.compaction_finished"], "running", DEFAULT_CONFIG),
+    ("compacting-lease.release", compacting, lambda h: h.work("lease.release"),
+     ["run.lease_released", "run.compaction_abandoned"], "running", DEFAULT_CONFIG),
     ("compacting-compact.start", compacting, lambda h: h.work("compact.start"),
      ["rejected:invalid_state"], "compacting", DEFAULT_CONFIG),
     ("running-compact.finish", leased,
@@ -189,7 +232,13 @@ CASES: list[tuple[str, Callable[[Harness], None], Act, list[str], str | None, De
      lambda h: (h.prompt(policy="enqueue"), h.prompt(policy="interrupt"))[1],
      ["rejected:queue_full"], "running", QUEUE1),
     ("running-follow_up-queue_full", leased, twice(lambda h: h.follow_up()),
-     ["rejected:queue_full"], "running", QUEUE1),
+     ["rejected:queue_full"], "running", INPUTS1),
+    ("running-steer-queue_full", leased, twice(lambda h: h.steer()),
+     ["rejected:queue_full"], "running", INPUTS1),
+    ("running-enqueue-held-bytes", leased, lambda h: h.prompt("1234567", policy="enqueue"),
+     ["rejected:queue_full"], "running", HELD),
+    ("running-steer-held-bytes", leased, lambda h: h.steer("1234567"),
+     ["rejected:queue_full"], "running", HELD),
     # send picks the mode from the state
     ("running-send", leased, lambda h: h.send(), ["run.follow_up_queued"], "running",
      DEFAULT_CONFIG),
@@ -204,11 +253,50 @@ CASES: list[tuple[str, Callable[[Harness], None], Act, list[str], str | None, De
      "compacting", DEFAULT_CONFIG),
     ("cancelling-follow_up", cancelling, lambda h: h.follow_up(), ["run.queued"], "cancelling",
      DEFAULT_CONFIG),
+    ("cancelling-follow_up-when_idle_reject", cancelling,
+     lambda h: h.follow_up(when_idle="reject"), ["rejected:run_cancelling"], "cancelling",
+     DEFAULT_CONFIG),
+    ("cancel.ack-drops-pending-follow_up", with_follow_up,
+     lambda h: (h.abort(), h.work("cancel.ack"))[1],
+     ["run.cancel_acknowledged", "run.input_dropped", f"{FIN}:cancelled"], None, DEFAULT_CONFIG),
     ("complete-delivers-follow_up-not-finish", with_follow_up, lambda h: h.work("run.complete"),
      ["run.follow_up_delivered"], "running", DEFAULT_CONFIG),
     ("complete-consumed-follow_up-finishes", with_follow_up,
      complete_consuming_all,
-     ["run.follow_up_delivered", f"{FIN}:completed"], None, DEFAULT_CONFIG),
+     ["run.input_consumed", f"{FIN}:completed"], None, DEFAULT_CONFIG),
+    ("complete-unconsumed-steer-dropped", leased, lambda h: (h.steer(), h.work("run.complete"))[1],
+     ["run.input_dropped", f"{FIN}:completed"], None, DEFAULT_CONFIG),
+    ("complete-consumed-steer", leased,
+     lambda h: h.work("run.complete", {"consumed_steers": [h.steer()[0].command_id]}),
+     ["run.input_consumed", f"{FIN}:completed"], None, DEFAULT_CONFIG),
+    ("takeover-redelivers-pending-inputs", with_steer_and_follow_up_then_expired,
+     lambda h: h.acquire("w2"),
+     ["run.lease_granted", "run.input_delivered", "run.input_delivered"], "running",
+     DEFAULT_CONFIG),
+    # commands that name a run act on that run only
+    ("abort-naming-finished-run", leased, naming_old("abort", {}), ["rejected:run_not_active"],
+     "running", DEFAULT_CONFIG),
+    ("steer-naming-finished-run", leased, naming_old("steer", {"text": "x"}),
+     ["rejected:run_not_active"], "running", DEFAULT_CONFIG),
+    ("follow_up-naming-finished-run", leased, naming_old("follow_up", {"text": "x"}),
+     ["rejected:run_not_active"], "running", DEFAULT_CONFIG),
+    ("abort-naming-active-run", leased, lambda h: h.do("abort", {}, run_id=h.last_run),
+     ["run.cancel_requested"], "cancelling", DEFAULT_CONFIG),
+    ("abort-naming-unknown-run", idle, lambda h: h.do("abort", {}, run_id="r-never"),
+     ["rejected:run_not_active"], None, DEFAULT_CONFIG),
+    # duplicates compare content
+    ("reused-command-id", leased, reused_id, ["rejected:command_id_reused"], "running",
+     DEFAULT_CONFIG),
+    # retries
+    ("retry-of-timed_out", leased, retry_of(lambda h: h.fire("run_deadline")),
+     ["run.started:prompt"], "running", DEFAULT_CONFIG),
+    ("retry-of-retryable-failure", leased,
+     retry_of(lambda h: h.work("run.fail", {"error": "503", "retryable": True})),
+     ["run.started:prompt"], "running", DEFAULT_CONFIG),
+    ("retry-of-completed", leased, retry_of(lambda h: h.work("run.complete")),
+     ["rejected:not_retryable"], None, DEFAULT_CONFIG),
+    ("retry-of-unknown-run", idle, lambda h: h.do("prompt", {"text": "x", "retry_of": "r-x"}),
+     ["rejected:unknown_run"], None, DEFAULT_CONFIG),
     # steer
     ("running-steer", leased, lambda h: h.steer(), ["run.steered"], "running", DEFAULT_CONFIG),
     ("compacting-steer", compacting, lambda h: h.steer(), ["run.steered"], "compacting",
@@ -232,7 +320,7 @@ CASES: list[tuple[str, Callable[[Harness], None], Act, list[str], str | None, De
     ("running-lease_expiry", leased, lambda h: h.fire("lease_expiry"),
      ["run.lease_expired:lease_expiry"], "running", DEFAULT_CONFIG),
     ("compacting-lease_expiry", compacting, lambda h: h.fire("lease_expiry"),
-     ["run.lease_expired:lease_expiry"], "compacting", DEFAULT_CONFIG),
+     ["run.lease_expired:lease_expiry", "run.compaction_abandoned"], "running", DEFAULT_CONFIG),
     ("non-holder-progress", leased,
      lambda h: h.work("run.progress", {"kind": "tool.started"}, worker="w2"),
      ["rejected:not_lease_holder"], "running", DEFAULT_CONFIG),
@@ -279,6 +367,9 @@ CASES: list[tuple[str, Callable[[Harness], None], Act, list[str], str | None, De
      ["action.denied"], None, DEFAULT_CONFIG),
     ("action-repeated-key", leased, approve_then(lambda h: h.work("action.request", REQ)),
      ["action.decision_replayed:approved"], "running", DEFAULT_CONFIG),
+    ("action-too-many-keys", leased,
+     approve_then(lambda h: h.work("action.request", {**REQ, "idempotency_key": "k2"})),
+     ["action.denied"], "running", ACTIONS1),
     ("action-result", leased, approve_then(lambda h: h.work("action.result", RES)),
      ["action.completed"], "running", DEFAULT_CONFIG),
     ("action-result-unknown", leased, lambda h: h.work("action.result", RES),

@@ -17,10 +17,10 @@ import pytest
 
 from schemas.codec import Codec
 from schemas.events import Event
-from streams.decider import decide, evolve, fold
+from streams.decider import evolve, fold
 from streams.state import SessionState
 from streams.timers import due_timers, timer_command
-from tests.unit._harness import check_log
+from tests.unit._harness import Dedup, check_log
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 FILES = sorted(GOLDEN.glob("*.jsonl"))
@@ -43,6 +43,7 @@ def replay(lines: list[Line]) -> tuple[list[Line], list[Event], SessionState | N
     out: list[Line] = []
     log: list[Event] = []
     state: SessionState | None = None
+    dedup = Dedup()
     for line in lines:
         if "event" in line:
             continue
@@ -54,7 +55,10 @@ def replay(lines: list[Line]) -> tuple[list[Line], list[Event], SessionState | N
             assert state is not None
             built = [timer_command(state, t, cmd.ts) for t in due_timers(state)]
             assert cmd in built, f"{cmd.command_id} is not a timer streams.timers would send"
-        for e in decide(state, cmd):
+        # the broker's append time of the record; a story that does not say is one whose
+        # producers' clocks agree with the broker's
+        at = line.get("logTime", cmd.ts)
+        for e in dedup.decide(state, cmd, at=at).events:
             state = evolve(state or SessionState.initial(cmd.session_id), e)
             log.append(e)
             out.append({"event": Codec.event_to_json(e)})
