@@ -201,6 +201,24 @@ def worker(
     raise typer.Exit(code=run_worker(settings, agent, worker_id, lease_ms))
 
 
+@app.command("model-server")
+def model_server(
+    port: Annotated[int, typer.Option(help="port on 127.0.0.1 (0: a free one, logged)")] = 0,
+    token_ms: Annotated[
+        float, typer.Option(help="pause before each streamed word (a prompt's model_ms wins)")
+    ] = 25.0,
+    log_level: LogLevel = "INFO",
+) -> None:
+    """Serve a local OpenAI-compatible streaming chat API (for the demo and tests)."""
+    import asyncio
+
+    from sessionstream._logging import setup_logging
+    from sessionstream._model_server import serve
+
+    setup_logging(log_level)
+    asyncio.run(serve("127.0.0.1", port, token_ms, None))
+
+
 from sessionstream._cli_data import register as _register_data  # noqa: E402
 
 _register_data(app)

@@ -21,6 +21,7 @@ from rich.table import Table
 from schemas.codec import Codec
 from schemas.events import Event, FollowUpDelivered
 from sessionstream._kafka import client_config
+from sessionstream._model_server import free_port
 from sessionstream._procs import Service
 from sessionstream.client import Outcome, SessionClient
 from sessionstream.settings import Settings
@@ -120,22 +121,31 @@ def run_demo(settings: Settings, keep: bool = False) -> int:
     migrate(s.database_url, schema=s.database_schema)
     ensure_topics(s)
     check_topics(s)
+    # The workers stream their model calls from a local OpenAI-compatible server, unless
+    # SESSIONSTREAM_MODEL_BASE_URL already names a provider.
+    ws, local_model = s, None
+    if not s.model_base_url:
+        port = free_port()
+        local_model = Service("model-server", s, ["model-server", "--port", str(port)], log_dir)
+        ws = s.model_copy(update={"model_base_url": f"http://127.0.0.1:{port}/v1"})
     services = {
         "processor": Service("processor", s, ["processor", "--instance", "demo"], log_dir),
         "sink": Service("sink", s, ["sink"], log_dir),
         "worker-a": Service(
             "worker-a",
-            s,
+            ws,
             ["worker", "--worker-id", "worker-a", "--lease-ms", str(LEASE_MS)],
             log_dir,
         ),
         "worker-b": Service(
             "worker-b",
-            s,
+            ws,
             ["worker", "--worker-id", "worker-b", "--lease-ms", str(LEASE_MS)],
             log_dir,
         ),
     }
+    if local_model is not None:
+        services = {"model-server": local_model, **services}
     watch = Watch(s)
     runs: list[tuple[str, str]] = []
     try:
@@ -146,6 +156,9 @@ def run_demo(settings: Settings, keep: bool = False) -> int:
         for w in ("worker-a", "worker-b"):
             services[w].wait_for("worker assigned")
         _say("started: processor (exactly-once), sink, worker-a, worker-b (reference agent)")
+        if local_model is not None:
+            local_model.wait_for("listening")
+        _say(f"  model calls stream from {ws.model_base_url} ({ws.model_name})")
         watch.thread.start()
         watch.ready.wait(10)
         with SessionClient("acme", s) as ui, SessionClient("acme", s) as scheduler:

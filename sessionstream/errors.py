@@ -1,6 +1,6 @@
 """sessionstream's exceptions: one root, typed subclasses carrying what a caller needs.
 
-Driver errors (confluent-kafka, psycopg) are translated into these at the adapter boundary
+Driver errors (confluent-kafka, psycopg, httpx) are translated into these at the adapter boundary
 (`raise ... from e`), so callers never need to import a driver to handle a failure.
 """
 
@@ -12,6 +12,9 @@ __all__ = [
     "DatabaseUnavailable",
     "IncompatibleEvent",
     "KafkaUnavailable",
+    "ModelError",
+    "ModelUnavailable",
+    "QueryFailed",
     "SessionstreamError",
     "SingleWriterViolation",
     "TopicMisconfigured",
@@ -71,3 +74,30 @@ class IncompatibleEvent(SessionstreamError):
 
 class SingleWriterViolation(SessionstreamError):
     """Two active runs for one session: the protocol's invariant is broken."""
+
+
+class ModelError(SessionstreamError):
+    """A model provider failed a request: an HTTP error status, or a reply that is not a
+    chat-completions stream. `status` is the HTTP status (None when no answer came)."""
+
+    def __init__(self, message: str, *, url: str, status: int | None = None) -> None:
+        super().__init__(f"{message}\n  model endpoint: {url} (SESSIONSTREAM_MODEL_BASE_URL)")
+        self.url = url
+        self.status = status
+
+    @property
+    def retryable(self) -> bool:
+        """The same request may succeed later (no answer, rate limited, a server error)."""
+        return self.status is None or self.status in (408, 409, 429) or self.status >= 500
+
+
+class ModelUnavailable(ModelError):
+    """The provider did not answer: no connection, or silent for longer than the timeout."""
+
+
+class QueryFailed(SessionstreamError):
+    """A tool's SQL statement failed in the database; `sqlstate` is PostgreSQL's code."""
+
+    def __init__(self, message: str, *, sqlstate: str | None) -> None:
+        super().__init__(f"query failed ({sqlstate}): {message}")
+        self.sqlstate = sqlstate

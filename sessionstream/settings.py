@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["Settings", "get_settings"]
@@ -85,6 +85,20 @@ class Settings(BaseSettings):
 
     worker_lease_ms: int = Field(default=30_000, ge=500)
     """Lease a worker asks for; it renews (heartbeats) every third of it."""
+
+    model_base_url: str | None = None
+    """Base URL of an OpenAI-compatible chat-completions API, e.g. ``https://api.openai.com/v1``
+    (requests go to ``{base}/chat/completions``). Unset: workers use the offline FakeModel."""
+
+    model_name: str = "sessionstream-echo"
+    """Model id sent with each request (``gpt-4o-mini``, ``llama3.1``, ...); the demo's local
+    server accepts any."""
+
+    model_api_key: SecretStr | None = None
+    """Bearer token for the model API, from ``SESSIONSTREAM_MODEL_API_KEY``; never logged."""
+
+    model_timeout_s: float = Field(default=30.0, gt=0)
+    """Longest the model API may stay silent: to connect, and between two streamed chunks."""
 
 
 @lru_cache(maxsize=1)

@@ -9,7 +9,9 @@ from consumers.worker._signal import AbortSignal, RunAborted, RunCancelled, RunF
 from consumers.worker.context import ActionDenied, CancelReport, FollowUp, ModelCall, RunContext
 from consumers.worker.executor import ActionExecutor, ActionFn, ActionRun
 from consumers.worker.model import FakeModel, Model
+from consumers.worker.openai_model import OpenAIChatModel
 from consumers.worker.runtime import Worker, default_worker_id
+from consumers.worker.sql_tool import run_query
 
 __all__ = [
     "AbortSignal",
@@ -22,10 +24,12 @@ __all__ = [
     "FollowUp",
     "Model",
     "ModelCall",
+    "OpenAIChatModel",
     "RunAborted",
     "RunCancelled",
     "RunContext",
     "RunFenced",
     "Worker",
     "default_worker_id",
+    "run_query",
 ]

@@ -8,11 +8,13 @@ import logging
 import signal
 
 from consumers.worker._execution import Handler
+from consumers.worker.model import Model
+from consumers.worker.openai_model import OpenAIChatModel
 from consumers.worker.runtime import Worker
 from sessionstream.errors import ConfigurationError, SessionstreamError
 from sessionstream.settings import Settings
 
-__all__ = ["load_handler", "run_worker"]
+__all__ = ["load_handler", "model_from_settings", "run_worker"]
 
 log = logging.getLogger("sessionstream.worker")
 
@@ -30,6 +32,15 @@ def load_handler(agent: str) -> Handler:
     return handler
 
 
+def model_from_settings(settings: Settings) -> Model | None:
+    """The configured model API (SESSIONSTREAM_MODEL_BASE_URL), or None for the FakeModel."""
+    if not settings.model_base_url:
+        return None
+    model = OpenAIChatModel.from_settings(settings)
+    log.info("model: %s at %s", model.name, model.base_url)
+    return model
+
+
 def run_worker(settings: Settings, agent: str, worker_id: str | None, lease_ms: int | None) -> int:
     try:
         handler = load_handler(agent)
@@ -45,7 +56,12 @@ def run_worker(settings: Settings, agent: str, worker_id: str | None, lease_ms: 
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await Worker(settings, handler, worker_id, lease_ms=lease_ms).run(stop)
+        model = model_from_settings(settings)
+        try:
+            await Worker(settings, handler, worker_id, model=model, lease_ms=lease_ms).run(stop)
+        finally:
+            if isinstance(model, OpenAIChatModel):
+                await model.aclose()
 
     try:
         asyncio.run(main())

@@ -134,6 +134,12 @@ class RunContext:
         self._report = CancelReport()
         self.abort_reason: str | None = None
 
+    @property
+    def database(self) -> str | None:
+        """Conninfo of the worker's database (its schema on the search path) for tools that
+        query it, e.g. `sql_tool.run_query(ctx.database, ...)`; None when it has none."""
+        return self._executor.conninfo if self._executor is not None else None
+
     # -- messages delivered to the run ----------
     def steering(self) -> list[str]:
         """Steering texts delivered since the last call (check before each step); taking

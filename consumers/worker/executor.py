@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from sessionstream.errors import DatabaseUnavailable
@@ -69,6 +70,13 @@ class ActionExecutor:
         self.database_url = database_url
         self.schema = schema
         self._pool: AsyncConnectionPool | None = None
+
+    @property
+    def conninfo(self) -> str:
+        """The database as a tool should connect to it: this schema on the search path."""
+        if not self.schema:
+            return self.database_url
+        return make_conninfo(self.database_url, options=f"-c search_path={self.schema}")
 
     async def open(self) -> None:
         # the same schema as the sink's tables (SESSIONSTREAM_DATABASE_SCHEMA)

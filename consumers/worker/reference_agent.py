@@ -1,15 +1,21 @@
-"""The reference agent: deterministic fake model, fake tools, an "email" action.
+"""The reference agent: a model, a "search" tool, a SQL tool, an "email" action.
 
 Used by the tests, the benchmark and the demo. Its behaviour is set by `key=value` words in
 the prompt, so a test can ask for exactly the run it needs:
 
-    steps=2 tool_ms=3000 model_ms=50 email=end|start|no to=ops@example.com subtask_ms=0
-    compact=1
+    steps=2 tool_ms=3000 model_ms=50 sql_ms=0 email=end|start|no to=ops@example.com
+    subtask_ms=0 compact=1
 
 Each step: read steering, call the model (the steer text is in its prompt), call the
-"search" tool (which waits `tool_ms` unless aborted). `email` sends one email (a row in
-`agent_outbox`) through the action gate with the key `{run_id}:email:{where}`. A round
-after follow-ups were delivered answers each of them with one model call.
+"search" tool (which waits `tool_ms` unless aborted). After the steps the "sql" tool asks
+the worker's database how many emails the run has sent, in a query that first sleeps
+`sql_ms` in the server (`pg_sleep`), so a test can cancel a query mid-flight. `email`
+sends one email (a row in `agent_outbox`) through the action gate with the key
+`{run_id}:email:{where}`. A round after follow-ups were delivered answers each of them
+with one model call.
+
+The model is the worker's (`OpenAIChatModel` when SESSIONSTREAM_MODEL_BASE_URL is set; the
+demo's local server also reads `model_ms`), else a FakeModel that takes `model_ms`.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ from dataclasses import dataclass
 from consumers.worker._signal import RunCancelled
 from consumers.worker.context import RunContext
 from consumers.worker.executor import ActionRun
-from consumers.worker.model import FakeModel
+from consumers.worker.model import FakeModel, Model
+from consumers.worker.sql_tool import run_query
 
 __all__ = ["AgentConfig", "reference_agent"]
 
@@ -30,6 +37,7 @@ class AgentConfig:
     steps: int = 1
     tool_ms: int = 200
     model_ms: int = 50
+    sql_ms: int = 0
     email: str = "end"
     to: str = "user@example.com"
     subtask_ms: int = 0
@@ -42,6 +50,7 @@ class AgentConfig:
             steps=int(words.get("steps", cls.steps)),
             tool_ms=int(words.get("tool_ms", cls.tool_ms)),
             model_ms=int(words.get("model_ms", cls.model_ms)),
+            sql_ms=int(words.get("sql_ms", cls.sql_ms)),
             email=words.get("email", cls.email),
             to=words.get("to", cls.to),
             subtask_ms=int(words.get("subtask_ms", cls.subtask_ms)),
@@ -62,10 +71,36 @@ async def send_email(ctx: RunContext, cfg: AgentConfig, where: str, body: str) -
     return await ctx.action("email", f"{ctx.run_id}:email:{where}", write, detail=cfg.to)
 
 
+# one round trip, plus a server-side wait that only a cancel in the server cuts short
+_SENT = "select (select count(*) from agent_outbox where run_id = %s) from pg_sleep(%s)"
+
+
+def _model_for(ctx: RunContext, cfg: AgentConfig) -> Model:
+    """The worker's model if it has a real one, else a FakeModel as slow as `model_ms`."""
+    if isinstance(ctx.default_model, FakeModel):
+        return FakeModel(latency_s=cfg.model_ms / 1000)
+    return ctx.default_model
+
+
+async def _emails_sent(ctx: RunContext, cfg: AgentConfig) -> int | None:
+    """The "sql" tool: this run's rows in agent_outbox (None without a database)."""
+    if ctx.database is None:
+        return None
+    async with ctx.tool("sql", "sql-outbox") as signal:
+        rows = await run_query(
+            ctx.database,
+            _SENT,
+            (ctx.run_id, cfg.sql_ms / 1000),
+            signal=signal,
+            application_name=f"sql tool {ctx.run_id}",
+        )
+    return int(rows[0][0])
+
+
 async def reference_agent(ctx: RunContext) -> str:
     """The agent's `run(ctx)`."""
     cfg = AgentConfig.parse(ctx.prompt)
-    model = FakeModel(latency_s=cfg.model_ms / 1000)
+    model = _model_for(ctx, cfg)
     if ctx.round > 0:
         answers = []
         for f in ctx.follow_ups():
@@ -88,6 +123,7 @@ async def reference_agent(ctx: RunContext) -> str:
         async with ctx.tool("search", f"search-{step}") as signal:
             if not await signal.sleep(cfg.tool_ms / 1000):
                 raise RunCancelled(signal.reason or "aborted")
+    sent = await _emails_sent(ctx, cfg)
     if side is not None:
         await side
     if cfg.compact:
@@ -97,5 +133,8 @@ async def reference_agent(ctx: RunContext) -> str:
         async with ctx.model(model, detail="steer: " + "; ".join(steers)) as m:
             answer = await m.complete("; ".join(steers))
     if cfg.email == "end":
-        await send_email(ctx, cfg, "end", f"task complete: {answer}")
+        body = f"task complete: {answer}"
+        if sent:
+            body += f" ({sent} earlier email(s) of this run)"
+        await send_email(ctx, cfg, "end", body)
     return f"done: {answer}"
