@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from pydantic import SecretStr
+
 from sessionstream.settings import Settings
 
 __all__ = ["Service", "settings_env"]
@@ -21,6 +23,9 @@ def settings_env(s: Settings) -> dict[str, str]:
         key = f"SESSIONSTREAM_{name.upper()}"
         if value is None:
             env.pop(key, None)
+        elif isinstance(value, SecretStr):
+            # str() of a SecretStr is its mask; the child needs the password itself
+            env[key] = value.get_secret_value()
         else:
             env[key] = str(value)
     return env
