@@ -163,7 +163,11 @@ def test_three_brokers_replicate_everything(cluster: Profile, admin: AdminClient
     ensure_topics(s)
     check_topics(s)
     for name in (s.commands_topic, s.events_topic, s.state_topic, s.dlq_topic):
-        wait_until(lambda n=name: _isr(admin, n, 3), timeout=30, what=f"{name} replicated")
+
+        def replicated(n: str = name) -> bool:
+            return _isr(admin, n, 3)
+
+        wait_until(replicated, timeout=30, what=f"{name} replicated")
         for _leader, replicas, isr in _partitions(admin, name).values():
             assert sorted(replicas) == [1, 2, 3] and sorted(isr) == [1, 2, 3], name
         res = ConfigResource(ConfigResource.Type.TOPIC, name)

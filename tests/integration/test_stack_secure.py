@@ -141,8 +141,8 @@ def consume(s: Settings, topic: str, group: str, *, join: bool) -> str | None:
 
         def outcome() -> bool:
             msg = c.poll(0.2)
-            if msg is not None and msg.error() is not None:
-                err = msg.error()
+            err = msg.error() if msg is not None else None
+            if err is not None:
                 found.append(None if err.code() == KafkaError._PARTITION_EOF else _code(err))
             fatal = [e for e in errors if e.code() != KafkaError._TRANSPORT]
             if fatal and not found:
@@ -310,12 +310,13 @@ def test_roles_cannot_administer(secure: Profile) -> None:
         with pytest.raises(KafkaException) as info:
             admin.create_topics([NewTopic(name, 1, 1)])[name].result(timeout=15)
         assert info.value.args[0].name() in (DENIED_TOPIC, DENIED_CLUSTER), role
+        # None matches any name, principal and host (documented; the stubs say str)
         everything = AclBindingFilter(
             ResourceType.ANY,
-            None,
+            None,  # type: ignore[arg-type]
             ResourcePatternType.ANY,
-            None,
-            None,
+            None,  # type: ignore[arg-type]
+            None,  # type: ignore[arg-type]
             AclOperation.ANY,
             AclPermissionType.ANY,
         )

@@ -73,7 +73,7 @@ def test_sasl_config_for_every_client(tmp_path: Path) -> None:
     s = Settings(
         kafka_security_protocol="SASL_PLAINTEXT",
         kafka_username="producer",
-        kafka_password=SECRET,  # type: ignore[arg-type]
+        kafka_password=SECRET,
     )
     conf = client_config(s, **{"group.id": "g"})
     assert conf["security.protocol"] == "sasl_plaintext"
@@ -95,7 +95,7 @@ def test_sasl_config_for_every_client(tmp_path: Path) -> None:
 
 def test_sasl_without_credentials_is_refused_without_echoing_input() -> None:
     with pytest.raises(ValidationError) as info:
-        Settings(kafka_security_protocol="SASL_PLAINTEXT", kafka_password=SECRET)  # type: ignore[arg-type]
+        Settings(kafka_security_protocol="SASL_PLAINTEXT", kafka_password=SECRET)
     assert "needs kafka_username and kafka_password" in str(info.value)
     assert SECRET not in str(info.value)
 
@@ -104,8 +104,8 @@ def test_passwords_are_masked_but_reach_child_processes(tmp_path: Path) -> None:
     s = Settings(
         kafka_security_protocol="SASL_PLAINTEXT",
         kafka_username="processor",
-        kafka_password=SECRET,  # type: ignore[arg-type]
-        database_password=SECRET,  # type: ignore[arg-type]
+        kafka_password=SECRET,
+        database_password=SECRET,
     )
     assert SECRET not in repr(s) and SECRET not in str(s)
     env = settings_env(s)
@@ -116,7 +116,7 @@ def test_passwords_are_masked_but_reach_child_processes(tmp_path: Path) -> None:
 def test_database_password_joins_the_url_for_psycopg_only() -> None:
     s = Settings(
         database_url="postgresql://ss_sink@127.0.0.1:5432/sessionstream_secure",
-        database_password=SECRET,  # type: ignore[arg-type]
+        database_password=SECRET,
     )
     assert SECRET in s.database_conninfo and "user=ss_sink" in s.database_conninfo
     assert redact_conninfo(s.database_conninfo) == "ss_sink@127.0.0.1:5432/sessionstream_secure"
