@@ -16,6 +16,8 @@ help:
 	@echo "make up       start the local Kafka + PostgreSQL (no Docker), wait until they answer"
 	@echo "make down     stop what 'make up' started"
 	@echo "make status   say what runs"
+	@echo "               (SESSIONSTREAM_STACK_SECURE=1: the secured stack; SESSIONSTREAM_KAFKA_BROKERS=3:"
+	@echo "                the 3-node cluster; both next to the default one, see docs/local-stack.md)"
 	@echo "make test     install, up, run all tests"
 	@echo "make soak     install, up, the fault suite at 10x load and rounds"
 	@echo "make lint     ruff + mypy"

@@ -1,26 +1,94 @@
-"""Base configuration shared by every confluent-kafka client sessionstream creates."""
+"""Base configuration shared by every Kafka client sessionstream creates.
+
+`client_config` is the one place where confluent-kafka clients get their address and
+credentials; `aiokafka_config` and `faust_credentials` give aiokafka and faust the same.
+"""
 
 from __future__ import annotations
 
 import logging
+import ssl
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from sessionstream.settings import Settings
 
-__all__ = ["client_config", "data_messages"]
+__all__ = [
+    "aiokafka_config",
+    "client_config",
+    "data_messages",
+    "faust_credentials",
+    "security_config",
+]
 
 #: librdkafka's own log lines go here, not straight to stderr: a broker that is down
 #: would otherwise print a line every 50 ms; the error reaches the user as an exception
 KAFKA_LOG = logging.getLogger("sessionstream.kafka")
 
 
+def _sasl(settings: Settings) -> tuple[str, str] | None:
+    """(user, password) when the protocol is SASL_*; Settings guarantees both are set."""
+    if not settings.kafka_security_protocol.startswith("SASL"):
+        return None
+    assert settings.kafka_username is not None and settings.kafka_password is not None
+    return settings.kafka_username, settings.kafka_password.get_secret_value()
+
+
+def security_config(settings: Settings) -> dict[str, str]:
+    """librdkafka's security properties for the settings (empty for PLAINTEXT)."""
+    sasl = _sasl(settings)
+    if sasl is None:
+        return {}
+    return {
+        "security.protocol": settings.kafka_security_protocol.lower(),
+        "sasl.mechanism": settings.kafka_sasl_mechanism,
+        "sasl.username": sasl[0],
+        "sasl.password": sasl[1],
+    }
+
+
 def client_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
-    """bootstrap.servers plus the logger; `overrides` win."""
+    """bootstrap.servers, credentials and the logger; `overrides` win."""
     conf: dict[str, Any] = {"bootstrap.servers": settings.kafka_bootstrap, "logger": KAFKA_LOG}
+    conf.update(security_config(settings))
     conf.update(overrides)
     return conf
+
+
+def aiokafka_config(settings: Settings) -> dict[str, Any]:
+    """Keyword arguments for aiokafka's clients: address and credentials."""
+    conf: dict[str, Any] = {
+        "bootstrap_servers": settings.kafka_bootstrap,
+        "security_protocol": settings.kafka_security_protocol,
+    }
+    sasl = _sasl(settings)
+    if sasl is not None:
+        conf.update(
+            sasl_mechanism=settings.kafka_sasl_mechanism,
+            sasl_plain_username=sasl[0],
+            sasl_plain_password=sasl[1],
+        )
+        if settings.kafka_security_protocol == "SASL_SSL":
+            conf["ssl_context"] = ssl.create_default_context()
+    return conf
+
+
+def faust_credentials(settings: Settings) -> Any:
+    """``faust.App(broker_credentials=...)`` for the settings (None for PLAINTEXT)."""
+    sasl = _sasl(settings)
+    if sasl is None:
+        return None
+    import faust
+
+    return faust.SASLCredentials(
+        username=sasl[0],
+        password=sasl[1],
+        mechanism=settings.kafka_sasl_mechanism,
+        ssl_context=(
+            ssl.create_default_context() if settings.kafka_security_protocol == "SASL_SSL" else None
+        ),
+    )
 
 
 def data_messages(batch: list[Message], log: logging.Logger) -> list[Message]:

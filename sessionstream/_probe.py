@@ -5,8 +5,13 @@ metadata with at least one broker, PostgreSQL must run ``select 1`` with the con
 credentials. Run as ``python -m sessionstream._probe``:
 
     config                        print the effective settings as shell assignments
-    kafka BOOTSTRAP [--wait S] [--pid PID]
+    kafka BOOTSTRAP [--wait S] [--pid PID] [--credentials FILE] [--brokers N] [--node ID]
     postgres URL [--wait S] [--pid PID]
+
+``--credentials`` authenticates with the Kafka settings of a credentials file (the secured
+stack's ``admin.env``): a broker that is up but refuses them does not answer. ``--brokers``
+waits until the metadata lists at least N live brokers, ``--node`` until it lists broker ID
+(a restarted cluster node counts once it has registered again).
 
 Exit status: 0 answers (one descriptive line on stdout); 1 nothing listens; 2 something
 listens but does not answer correctly (the reason on stderr); 3 the watched pid exited.
@@ -63,8 +68,17 @@ def _any_listening(addresses: list[tuple[str, int]]) -> bool:
     return False
 
 
-def kafka_answers(bootstrap: str, timeout: float = 5.0) -> str:
-    """Describe the cluster behind ``bootstrap`` after a metadata request, or raise."""
+def kafka_answers(
+    bootstrap: str,
+    timeout: float = 5.0,
+    *,
+    security: dict[str, str] | None = None,
+    brokers: int = 1,
+    node: int | None = None,
+) -> str:
+    """Describe the cluster behind ``bootstrap`` after a metadata request, or raise.
+
+    ``security`` holds librdkafka's security properties (see `_kafka.security_config`)."""
     addresses = [_split_hostport(a, 9092) for a in bootstrap.split(",") if a.strip()]
     if not _any_listening(addresses):
         raise NotListening(f"nothing listens on {bootstrap}")
@@ -75,14 +89,32 @@ def kafka_answers(bootstrap: str, timeout: float = 5.0) -> str:
     quiet = logging.getLogger("sessionstream.probe.librdkafka")
     quiet.addHandler(logging.NullHandler())
     quiet.propagate = False
-    admin = AdminClient({"bootstrap.servers": bootstrap}, logger=quiet)
+    admin = AdminClient({"bootstrap.servers": bootstrap, **(security or {})}, logger=quiet)
     try:
         metadata = admin.list_topics(timeout=timeout)
     except KafkaException as e:
         raise NotAnswering(f"no Kafka metadata from {bootstrap}: {e.args[0]}") from e
-    if not metadata.brokers:
-        raise NotAnswering(f"Kafka at {bootstrap} returned metadata without brokers")
-    return f"cluster {metadata.cluster_id}, {len(metadata.brokers)} broker(s)"
+    live = sorted(metadata.brokers)
+    if len(live) < max(brokers, 1):
+        raise NotAnswering(
+            f"Kafka at {bootstrap} lists {len(live)} live broker(s) {live}, want {brokers}"
+        )
+    if node is not None and node not in metadata.brokers:
+        raise NotAnswering(f"Kafka at {bootstrap} does not list broker {node} yet (live: {live})")
+    if security:
+        auth = f", as {security.get('sasl.username')} ({security.get('sasl.mechanism')})"
+    else:
+        auth = ""
+    return f"cluster {metadata.cluster_id}, {len(live)} broker(s){auth}"
+
+
+def credentials_security(path: str) -> dict[str, str]:
+    """librdkafka's security properties from a credentials file's Kafka settings."""
+    from sessionstream._kafka import security_config
+    from sessionstream.settings import Settings, read_credentials_file
+
+    values = {k: v for k, v in read_credentials_file(path).items() if k.startswith("kafka_")}
+    return security_config(Settings(**values))  # type: ignore[arg-type]
 
 
 def postgres_answers(url: str, timeout: float = 5.0) -> str:
@@ -179,12 +211,23 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument(target)
         p.add_argument("--wait", type=float, default=0.0)
         p.add_argument("--pid", type=int, default=None)
+        if name == "kafka":
+            p.add_argument("--credentials", default=None)
+            p.add_argument("--brokers", type=int, default=1)
+            p.add_argument("--node", type=int, default=None)
     args = parser.parse_args(argv)
     if args.what == "config":
         return _print_config()
     if args.what == "kafka":
         bootstrap: str = args.bootstrap
-        return _wait(lambda: kafka_answers(bootstrap, timeout=5.0), args.wait, args.pid)
+        security = credentials_security(args.credentials) if args.credentials else None
+        return _wait(
+            lambda: kafka_answers(
+                bootstrap, timeout=5.0, security=security, brokers=args.brokers, node=args.node
+            ),
+            args.wait,
+            args.pid,
+        )
     url: str = args.url
     return _wait(lambda: postgres_answers(url, timeout=5.0), args.wait, args.pid)
 

@@ -23,7 +23,8 @@ def settings_env(s: Settings) -> dict[str, str]:
         key = f"SESSIONSTREAM_{name.upper()}"
         if value is None:
             env.pop(key, None)
-        elif isinstance(value, SecretStr):  # str() of it is the mask, not the secret
+        elif isinstance(value, SecretStr):
+            # str() of a SecretStr is its mask; the child needs the password itself
             env[key] = value.get_secret_value()
         else:
             env[key] = str(value)

@@ -18,6 +18,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg.types.json import Jsonb
 
+from sessionstream._kafka import client_config
 from sessionstream.settings import Settings
 
 __all__ = ["SmokeError", "run_smoke"]
@@ -65,7 +66,7 @@ def run_smoke(settings: Settings, echo: Callable[[str], Any] = print) -> None:
 def _kafka_round_trip(
     settings: Settings, topic: str, smoke_id: uuid.UUID, echo: Callable[[str], Any]
 ) -> dict[str, Any]:
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    admin = AdminClient(client_config(settings))
     # Step 1: a throwaway topic, so the smoke never touches real data.
     admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(
         timeout=_TIMEOUT_S
@@ -75,9 +76,7 @@ def _kafka_round_trip(
         # Step 2: produce one keyed record and wait for the broker's acknowledgement.
         value = json.dumps({"smoke_id": str(smoke_id), "sent_at_unix": time.time()}).encode()
         delivered: list[Message] = []
-        producer = Producer(
-            {"bootstrap.servers": settings.kafka_bootstrap, "partitioner": "murmur2_random"}
-        )
+        producer = Producer(client_config(settings, partitioner="murmur2_random"))
         key = str(smoke_id).encode()
         producer.produce(topic, value=value, key=key, on_delivery=_collect(delivered))
         if producer.flush(_TIMEOUT_S) != 0 or not delivered:
@@ -90,11 +89,7 @@ def _kafka_round_trip(
 
         # Step 3: read it back from exactly that offset.
         consumer = Consumer(
-            {
-                "bootstrap.servers": settings.kafka_bootstrap,
-                "group.id": f"{topic}-reader",
-                "enable.auto.commit": False,
-            }
+            client_config(settings, **{"group.id": f"{topic}-reader", "enable.auto.commit": False})
         )
         try:
             consumer.assign([TopicPartition(topic, partition, offset)])
@@ -143,7 +138,7 @@ def _postgres_round_trip(
     settings: Settings, record: dict[str, Any], echo: Callable[[str], Any]
 ) -> None:
     try:
-        with psycopg.connect(settings.database_url, connect_timeout=10) as conn:
+        with psycopg.connect(settings.database_conninfo, connect_timeout=10) as conn:
             # Step 5: write the consumed record (table created on first use).
             conn.execute(_DDL)
             conn.execute(

@@ -160,7 +160,9 @@ def db_migrate() -> None:
                 bar.advance(task)
 
             done = migrate(
-                get_settings().database_url, schema=get_settings().database_schema, progress=applied
+                get_settings().database_conninfo,
+                schema=get_settings().database_schema,
+                progress=applied,
             )
     except psycopg.OperationalError as e:
         _fail(

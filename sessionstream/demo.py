@@ -118,7 +118,7 @@ def run_demo(settings: Settings, keep: bool = False) -> int:
     _say(
         f"Kafka {s.kafka_bootstrap}, PostgreSQL {s.database_url.split('@')[-1]}; logs in {log_dir}"
     )
-    migrate(s.database_url, schema=s.database_schema)
+    migrate(s.database_conninfo, schema=s.database_schema)
     ensure_topics(s)
     check_topics(s)
     # The workers stream their model calls from a local OpenAI-compatible server, unless

@@ -4,16 +4,73 @@ The defaults point at the local stack that ``make up`` starts (Kafka on 127.0.0.
 PostgreSQL on 127.0.0.1:5432). Nothing else in the code knows those addresses: a user with
 their own Kafka or PostgreSQL sets ``SESSIONSTREAM_KAFKA_BOOTSTRAP`` /
 ``SESSIONSTREAM_DATABASE_URL`` and everything follows.
+
+Credentials come from the same variables, or from a *credentials file* named by
+``SESSIONSTREAM_CREDENTIALS_FILE``: ``SESSIONSTREAM_X=value`` lines (what the secured local
+stack writes, one file per role). Precedence: arguments, then the environment, then the
+file, then the defaults. Passwords are ``SecretStr``: they never show in a repr or a log.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from dotenv import dotenv_values
+from pydantic import Field, SecretStr, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
-__all__ = ["Settings", "get_settings"]
+__all__ = ["ENV_PREFIX", "Settings", "get_settings", "read_credentials_file", "redact_conninfo"]
+
+ENV_PREFIX = "SESSIONSTREAM_"
+
+
+def read_credentials_file(path: Path | str) -> dict[str, str]:
+    """The settings a credentials file sets, by field name (``SESSIONSTREAM_X`` -> ``x``).
+
+    Lines without the prefix are ignored (a file may also serve ``set -a; . file``)."""
+    p = Path(path)
+    if not p.is_file():
+        # the message names the file, never its content
+        raise FileNotFoundError(f"credentials file {p} does not exist")
+    out: dict[str, str] = {}
+    for key, value in dotenv_values(p).items():
+        if key.startswith(ENV_PREFIX) and value is not None:
+            out[key[len(ENV_PREFIX) :].lower()] = value
+    return out
+
+
+def redact_conninfo(conninfo: str) -> str:
+    """``user@host:port/dbname`` of a libpq URL or ``key=value`` string: no password."""
+    from psycopg import ProgrammingError
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        d = conninfo_to_dict(conninfo)
+    except ProgrammingError:
+        return "<unparsable conninfo>"
+    user = f"{d['user']}@" if d.get("user") else ""
+    return f"{user}{d.get('host', '')}:{d.get('port', 5432)}/{d.get('dbname', '')}"
+
+
+class _CredentialsFileSource(PydanticBaseSettingsSource):
+    """Values from the file named by ``credentials_file`` (set by an argument or the env)."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        raise NotImplementedError  # __call__ reads the whole file at once
+
+    def __call__(self) -> dict[str, Any]:
+        path = self.current_state.get("credentials_file")
+        if not path:
+            return {}
+        fields = self.settings_cls.model_fields
+        return {k: v for k, v in read_credentials_file(path).items() if k in fields}
 
 
 class Settings(BaseSettings):
@@ -25,13 +82,36 @@ class Settings(BaseSettings):
         extra="ignore",
         # The docstrings below become the fields' descriptions (shown by --help later).
         use_attribute_docstrings=True,
+        # a validation error must not echo the input: it may hold a password
+        hide_input_in_errors=True,
     )
 
     kafka_bootstrap: str = "127.0.0.1:9092"
     """Kafka bootstrap servers, a comma-separated ``host:port`` list."""
 
+    kafka_security_protocol: Literal["PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    """How clients talk to Kafka. ``SASL_*`` needs ``kafka_username`` and ``kafka_password``;
+    ``SASL_SSL`` trusts the system's CA certificates."""
+
+    kafka_sasl_mechanism: Literal["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"] = "SCRAM-SHA-512"
+    """SASL mechanism (only read with a ``SASL_*`` protocol)."""
+
+    kafka_username: str | None = None
+    """SASL user name: the Kafka principal ``User:<name>`` whose ACLs apply."""
+
+    kafka_password: SecretStr | None = None
+    """SASL password."""
+
+    credentials_file: Path | None = None
+    """A file of ``SESSIONSTREAM_X=value`` lines (a role's Kafka user and password, database
+    URL and password, ...) read below the environment; the secured stack writes one per role."""
+
     database_url: str = "postgresql://sessionstream:sessionstream@127.0.0.1:5432/sessionstream"
-    """PostgreSQL connection URL as libpq reads it: ``postgresql://user:pw@host:port/db``."""
+    """PostgreSQL connection URL as libpq reads it: ``postgresql://user:pw@host:port/db``.
+    Prefer ``database_password`` over a password inside the URL."""
+
+    database_password: SecretStr | None = None
+    """Password for ``database_url``'s user (wins over one in the URL)."""
 
     database_schema: str | None = None
     """PostgreSQL schema of sessionstream's tables (default: the search path's, ``public``)."""
@@ -99,6 +179,45 @@ class Settings(BaseSettings):
 
     model_timeout_s: float = Field(default=30.0, gt=0)
     """Longest the model API may stay silent: to connect, and between two streamed chunks."""
+
+    @property
+    def database_conninfo(self) -> str:
+        """What to hand psycopg: ``database_url`` with ``database_password`` applied."""
+        if self.database_password is None:
+            return self.database_url
+        from psycopg.conninfo import make_conninfo
+
+        return make_conninfo(self.database_url, password=self.database_password.get_secret_value())
+
+    @model_validator(mode="after")
+    def _sasl_needs_credentials(self) -> Settings:
+        if self.kafka_security_protocol.startswith("SASL") and not (
+            self.kafka_username and self.kafka_password
+        ):
+            raise ValueError(
+                f"kafka_security_protocol={self.kafka_security_protocol} needs kafka_username "
+                "and kafka_password (SESSIONSTREAM_KAFKA_USERNAME/_PASSWORD, or a "
+                "SESSIONSTREAM_CREDENTIALS_FILE)"
+            )
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # the credentials file sits below the environment: an explicit variable still wins
+        return (
+            init_settings,
+            env_settings,
+            _CredentialsFileSource(settings_cls),
+            dotenv_settings,
+            file_secret_settings,
+        )
 
 
 @lru_cache(maxsize=1)

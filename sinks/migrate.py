@@ -41,6 +41,10 @@ def migrations() -> list[Migration]:
 
 
 def _ensure_table(conn: psycopg.Connection) -> None:
+    # `create ... if not exists` needs CREATE on the schema even when the table exists; a
+    # role that may not create tables (the sink's, the workers') checks without it
+    if conn.execute("select to_regclass('schema_migrations')").fetchone() != (None,):
+        return
     conn.execute(
         "create table if not exists schema_migrations ("
         " version integer primary key, name text not null,"

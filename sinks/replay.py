@@ -136,7 +136,7 @@ def rebuild(
     """Project the whole events topic into a fresh schema and compare with the live one."""
     live = settings.database_schema or "public"
     schema = schema or f"sessionstream_rebuild_{uuid.uuid4().hex[:8]}"
-    migrate(settings.database_url, schema=schema)
+    migrate(settings.database_conninfo, schema=schema)
     codec = Codec()
     records = read_topic(settings, settings.events_topic)
     total = len(records)

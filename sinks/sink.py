@@ -41,7 +41,7 @@ def connect(
     schema = schema or settings.database_schema
     options = f"-c search_path={schema}" if schema else ""
     try:
-        return psycopg.connect(settings.database_url, options=options, connect_timeout=5)
+        return psycopg.connect(settings.database_conninfo, options=options, connect_timeout=5)
     except psycopg.OperationalError as e:
         raise DatabaseUnavailable(str(e).strip(), url=_safe(settings.database_url)) from e
 
@@ -131,7 +131,7 @@ class Sink:
     def start(self) -> None:
         # a database restarting while the sink starts is waited out, as in the loop
         self._retrying(
-            "migrating", lambda _conn: migrate(self.settings.database_url, schema=self.schema)
+            "migrating", lambda _conn: migrate(self.settings.database_conninfo, schema=self.schema)
         )
         self._consumer = Consumer(
             client_config(

@@ -7,6 +7,15 @@
 #   stack/stack.sh status   say what runs
 #   stack/stack.sh reset    down, then delete the state (data, logs); keeps the jar cache
 #   stack/stack.sh restart-postgres|restart-kafka   stop and start one server (fault tests)
+#   stack/stack.sh kill-node|stop-node|start-node N  kill -9 / stop / start one Kafka node
+#   stack/stack.sh where    print the profile's addresses and directories (shell assignments)
+#
+# Two more profiles run next to the default one, each with its own ports and state:
+#   SESSIONSTREAM_STACK_SECURE=1   one node, SASL_PLAINTEXT SCRAM-SHA-512 on 127.0.0.1:9192,
+#                                  ACLs per role, PostgreSQL roles in database
+#                                  sessionstream_secure (credentials in <state>/credentials)
+#   SESSIONSTREAM_KAFKA_BROKERS=3  three nodes on 127.0.0.1:9292-9294 (RF 3, min ISR 2)
+# Both use the default stack's PostgreSQL (and start it when it is not running).
 #
 # Needs the project's virtualenv (make install) for the readiness probes. A user with their
 # own Kafka/PostgreSQL sets SESSIONSTREAM_KAFKA_BOOTSTRAP / SESSIONSTREAM_DATABASE_URL; when
@@ -24,14 +33,75 @@ KAFKA_HEAP="${SESSIONSTREAM_KAFKA_HEAP:-512m}"
 # (only read when the storage is formatted, i.e. on the first `up` or after `reset`).
 KAFKA_FORMAT_ARGS="${SESSIONSTREAM_KAFKA_FORMAT_ARGS:-}"
 
-KAFKA_DIR="$STATE_DIR/kafka"
-KAFKA_DATA="$KAFKA_DIR/data"
-KAFKA_LOGS="$KAFKA_DIR/logs"
-KAFKA_PROPS="$KAFKA_DIR/server.properties"
-KAFKA_PIDFILE="$KAFKA_DIR/kafka.pid"
-# Copied next to the rendered server.properties, so a running broker never depends on the
-# checkout that started it (CI starts it from a clone that is deleted afterwards).
-KAFKA_LOG4J="$KAFKA_DIR/log4j2.yaml"
+SECURE="${SESSIONSTREAM_STACK_SECURE:-0}"
+BROKERS="${SESSIONSTREAM_KAFKA_BROKERS:-1}"
+[[ "$SECURE" =~ ^[01]$ ]] || { echo "error: SESSIONSTREAM_STACK_SECURE must be 0 or 1" >&2; exit 1; }
+case "$BROKERS" in
+    1) PROFILE=default ;;
+    3) PROFILE=cluster ;;
+    *) echo "error: SESSIONSTREAM_KAFKA_BROKERS must be 1 or 3, not '$BROKERS'" >&2; exit 1 ;;
+esac
+if [[ "$SECURE" == 1 ]]; then
+    [[ "$PROFILE" == default ]] || { echo "error: the secured profile has one broker; unset SESSIONSTREAM_KAFKA_BROKERS" >&2; exit 1; }
+    PROFILE=secure
+fi
+
+# Each profile: its own state directory, ports and Kafka nodes (node N, N = 1..NODES).
+# KAFKA_PORTS/CONTROLLER_PORTS are per node; the default profile is what it always was.
+case "$PROFILE" in
+    default)
+        PROFILE_DIR="$STATE_DIR"
+        NODES=1
+        KAFKA_PORTS=(9092)
+        CONTROLLER_PORTS=(9093)
+        OVERLAY=""
+        ;;
+    secure)
+        PROFILE_DIR="${SESSIONSTREAM_SECURE_STATE_DIR:-$STATE_DIR-secure}"
+        NODES=1
+        KAFKA_PORTS=("${SESSIONSTREAM_SECURE_KAFKA_PORT:-9192}")
+        CONTROLLER_PORTS=("${SESSIONSTREAM_SECURE_CONTROLLER_PORT:-9193}")
+        OVERLAY="$STACK/kafka/secure.properties.in"
+        CRED_DIR="$PROFILE_DIR/credentials"
+        SECURE_DB="${SESSIONSTREAM_SECURE_DATABASE:-sessionstream_secure}"
+        [[ "$SECURE_DB" =~ ^[a-z_][a-z0-9_]*$ ]] || { echo "error: SESSIONSTREAM_SECURE_DATABASE must be a plain lower-case name" >&2; exit 1; }
+        ;;
+    cluster)
+        PROFILE_DIR="${SESSIONSTREAM_CLUSTER_STATE_DIR:-$STATE_DIR-cluster}"
+        NODES=3
+        base="${SESSIONSTREAM_CLUSTER_KAFKA_PORT:-9292}"
+        cbase="${SESSIONSTREAM_CLUSTER_CONTROLLER_PORT:-9392}"
+        KAFKA_PORTS=("$base" "$((base + 1))" "$((base + 2))")
+        CONTROLLER_PORTS=("$cbase" "$((cbase + 1))" "$((cbase + 2))")
+        OVERLAY="$STACK/kafka/cluster.properties.in"
+        ;;
+esac
+BOOTSTRAP="$(printf '127.0.0.1:%s,' "${KAFKA_PORTS[@]}")"
+BOOTSTRAP="${BOOTSTRAP%,}"
+
+use_node() { # N: point the KAFKA_* variables at node N of the profile
+    NODE="$1"
+    [[ "$NODE" =~ ^[0-9]+$ && "$NODE" -ge 1 && "$NODE" -le "$NODES" ]] \
+        || die "no node '$NODE' in the $PROFILE profile (nodes 1..$NODES)"
+    if [[ $NODES == 1 ]]; then KAFKA_DIR="$PROFILE_DIR/kafka"; else KAFKA_DIR="$PROFILE_DIR/kafka-$NODE"; fi
+    KAFKA_PORT="${KAFKA_PORTS[$((NODE - 1))]}"
+    KAFKA_CTRL_PORT="${CONTROLLER_PORTS[$((NODE - 1))]}"
+    KAFKA_ADDR="127.0.0.1:$KAFKA_PORT"
+    KAFKA_DATA="$KAFKA_DIR/data"
+    KAFKA_LOGS="$KAFKA_DIR/logs"
+    KAFKA_PROPS="$KAFKA_DIR/server.properties"
+    KAFKA_PIDFILE="$KAFKA_DIR/kafka.pid"
+    # Copied next to the rendered server.properties, so a running broker never depends on
+    # the checkout that started it (CI starts it from a clone that is deleted afterwards).
+    KAFKA_LOG4J="$KAFKA_DIR/log4j2.yaml"
+    KAFKA_JAAS="$KAFKA_DIR/jaas.conf"
+    # what the probe needs to get an answer from this node
+    PROBE_ARGS=()
+    [[ $PROFILE == secure ]] && PROBE_ARGS=(--credentials "$CRED_DIR/admin.env")
+    [[ $NODES -gt 1 ]] && PROBE_ARGS=(--node "$NODE")
+    return 0
+}
+
 
 IS_ROOT=0
 [[ "$(id -u)" == 0 ]] && IS_ROOT=1
@@ -93,6 +163,14 @@ load_config() {
 
 # --------------------------------------------------------------------------- Kafka
 
+ktag() { # how output lines name the current node
+    case "$PROFILE" in
+        default) printf 'kafka' ;;
+        secure) printf 'kafka-secure' ;;
+        *) printf 'kafka-%s/%s' "$PROFILE" "$NODE" ;;
+    esac
+}
+
 kafka_pid() { # prints the pid of the broker this script started, if it still runs
     [[ -f "$KAFKA_PIDFILE" ]] || return 1
     local pid
@@ -106,7 +184,7 @@ kafka_pid() { # prints the pid of the broker this script started, if it still ru
 
 drop_stale_kafka_pidfile() {
     if [[ -f "$KAFKA_PIDFILE" ]] && ! kafka_pid >/dev/null; then
-        say "kafka: removing stale pid file (pid $(cat "$KAFKA_PIDFILE" 2>/dev/null) is no longer our broker)"
+        say "$(ktag): removing stale pid file (pid $(cat "$KAFKA_PIDFILE" 2>/dev/null) is no longer our broker)"
         rm -f "$KAFKA_PIDFILE"
     fi
 }
@@ -115,7 +193,9 @@ java_major() {
     java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n 1
 }
 
-ensure_java_and_maven() {
+JAVA_OK=0
+ensure_java_and_maven() { # once per run: `java -version` alone takes seconds on a busy machine
+    [[ $JAVA_OK == 1 ]] && return 0
     if ! command -v java >/dev/null || ! command -v mvn >/dev/null; then
         have_apt_as_root || die "Kafka needs Java 17+ and Maven (java, mvn) on PATH"
         apt_install default-jre-headless maven
@@ -123,6 +203,7 @@ ensure_java_and_maven() {
     local major
     major="$(java_major)"
     [[ -n "$major" && "$major" -ge 17 ]] || die "Kafka 4 needs Java 17+, found: $(java -version 2>&1 | head -n 1)"
+    JAVA_OK=1
 }
 
 ensure_kafka_libs() {
@@ -160,29 +241,70 @@ kafka_version() {
     printf '%s\n' "${jar%.jar}"
 }
 
+render_props() { # server.properties of the current node: the base, then the profile's overlay
+    local base="$STACK/kafka/server.properties.in" voters="" i
+    for ((i = 1; i <= NODES; i++)); do voters+="$i@127.0.0.1:${CONTROLLER_PORTS[$((i - 1))]},"; done
+    {
+        if [[ -z "$OVERLAY" ]]; then
+            cat "$base"
+        else
+            # every base line whose key the overlay sets is dropped, so each key appears once
+            awk 'NR == FNR { if ($0 !~ /^[[:space:]]*(#|$)/) over[substr($0, 1, index($0, "=") - 1)] = 1; next }
+                 /^[[:space:]]*(#|$)/ || !(substr($0, 1, index($0, "=") - 1) in over)' "$OVERLAY" "$base"
+            printf '\n# ---- %s (profile %s, node %s): replaces the same keys above\n' \
+                "${OVERLAY##*/}" "$PROFILE" "$NODE"
+            cat "$OVERLAY"
+        fi
+    } | sed -e "s#@LOG_DIRS@#$KAFKA_DATA#" -e "s#@NODE_ID@#$NODE#" -e "s#@PORT@#$KAFKA_PORT#g" \
+        -e "s#@CONTROLLER_PORT@#$KAFKA_CTRL_PORT#g" -e "s#@VOTERS@#${voters%,}#" >"$KAFKA_PROPS"
+}
+
+SCRAM_ARGS=()
+secure_prepare() { # credentials files, the broker's jaas.conf, the format-time SCRAM users
+    local out
+    out="$("$PYTHON" -m sessionstream._secure_stack prepare "$CRED_DIR" --bootstrap "$BOOTSTRAP" \
+        --database-url "$CFG_SECURE_DATABASE_URL" --jaas "$KAFKA_JAAS")" \
+        || die "kafka-secure: could not write the credentials in $CRED_DIR"
+    SCRAM_ARGS=()
+    local line
+    while IFS= read -r line; do SCRAM_ARGS+=(--add-scram "$line"); done <<<"$out"
+}
+
 kafka_prepare() {
     mkdir -p "$KAFKA_DATA" "$KAFKA_LOGS"
-    sed -e "s#@LOG_DIRS@#$KAFKA_DATA#" "$STACK/kafka/server.properties.in" >"$KAFKA_PROPS"
+    render_props
     cp "$STACK/kafka/log4j2.yaml" "$KAFKA_LOG4J"
+    [[ $PROFILE == secure ]] && secure_prepare
     if [[ ! -f "$KAFKA_DATA/meta.properties" ]]; then
-        local cluster_id
-        cluster_id="$(kafka_java kafka.tools.StorageTool random-uuid)"
-        say "kafka: formatting storage in $KAFKA_DATA (cluster id $cluster_id${KAFKA_FORMAT_ARGS:+, $KAFKA_FORMAT_ARGS})"
+        local cluster_id quorum=(--standalone)
+        if [[ $NODES -gt 1 ]]; then
+            # one cluster id for all nodes; a static quorum (controller.quorum.voters)
+            quorum=()
+            [[ -s "$PROFILE_DIR/cluster.id" ]] \
+                || kafka_java kafka.tools.StorageTool random-uuid >"$PROFILE_DIR/cluster.id"
+            cluster_id="$(cat "$PROFILE_DIR/cluster.id")"
+        else
+            cluster_id="$(kafka_java kafka.tools.StorageTool random-uuid)"
+        fi
+        say "$(ktag): formatting storage in $KAFKA_DATA (cluster id $cluster_id${KAFKA_FORMAT_ARGS:+, $KAFKA_FORMAT_ARGS}${SCRAM_ARGS:+, SCRAM users broker and admin})"
         # shellcheck disable=SC2086  # KAFKA_FORMAT_ARGS is a list of words on purpose
-        kafka_java kafka.tools.StorageTool format --standalone --cluster-id "$cluster_id" \
-            --config "$KAFKA_PROPS" $KAFKA_FORMAT_ARGS >>"$KAFKA_LOGS/format.log" 2>&1 \
-            || { show_tail "$KAFKA_LOGS/format.log"; die "kafka: formatting the storage failed"; }
+        kafka_java kafka.tools.StorageTool format "${quorum[@]}" --cluster-id "$cluster_id" \
+            --config "$KAFKA_PROPS" "${SCRAM_ARGS[@]}" $KAFKA_FORMAT_ARGS \
+            >>"$KAFKA_LOGS/format.log" 2>&1 \
+            || { show_tail "$KAFKA_LOGS/format.log"; die "$(ktag): formatting the storage failed"; }
     fi
 }
 
 kafka_start() {
     rm -f "$KAFKA_PIDFILE"
     : >"$KAFKA_LOGS/kafka.out"
+    local jaas=()
+    [[ $PROFILE == secure ]] && jaas=("-Djava.security.auth.login.config=$KAFKA_JAAS")
     # setsid: the broker outlives this script and is not hit by signals sent to make's
     # process group. The inner shell writes its own pid, which `exec` hands to java.
     setsid bash -c 'echo $$ >"$1"; shift; exec "$@"' _ "$KAFKA_PIDFILE" \
         java "-Xmx$KAFKA_HEAP" "-Xms$KAFKA_HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
-        -Djava.awt.headless=true \
+        -Djava.awt.headless=true "${jaas[@]}" \
         -Dlog4j2.configurationFile="$KAFKA_LOG4J" -Dkafka.logs.dir="$KAFKA_LOGS" \
         -cp "$KAFKA_LIBS/*" kafka.Kafka "$KAFKA_PROPS" \
         </dev/null >>"$KAFKA_LOGS/kafka.out" 2>&1 &
@@ -193,6 +315,12 @@ kafka_start() {
     cat "$KAFKA_PIDFILE"
 }
 
+kafka_probe() { # wait [pid]: the probe of the current node (credentials, node id as needed)
+    local pid=()
+    [[ -n "${2:-}" ]] && pid=(--pid "$2")
+    "$PYTHON" -m sessionstream._probe kafka "$KAFKA_ADDR" --wait "$1" "${pid[@]}" "${PROBE_ARGS[@]}"
+}
+
 kafka_fail() { # message
     warn "error: $1"
     show_tail "$KAFKA_LOGS/kafka.out" 20
@@ -200,7 +328,20 @@ kafka_fail() { # message
     exit 1
 }
 
-kafka_up() {
+kafka_wait_started() { # pid: wait until the node just started answers
+    local pid="$1" desc rc=0
+    desc="$(kafka_probe "$TIMEOUT" "$pid")" || rc=$?
+    case $rc in
+        0) say "$(ktag): ready on $KAFKA_ADDR ($desc)" ;;
+        3) rm -f "$KAFKA_PIDFILE"; kafka_fail "$(ktag): the broker exited during startup" ;;
+        *) kill -KILL "$pid" 2>/dev/null || true
+           rm -f "$KAFKA_PIDFILE"
+           kafka_fail "$(ktag): no answer on $KAFKA_ADDR within ${TIMEOUT}s; killed pid $pid" ;;
+    esac
+}
+
+kafka_up() { # the default profile: also knows external and foreign brokers
+    use_node 1
     if [[ "$CFG_KAFKA_LOCAL" != 1 ]]; then
         local desc
         desc="$("$PYTHON" -m sessionstream._probe kafka "$CFG_KAFKA_BOOTSTRAP" --wait 15)" \
@@ -208,9 +349,9 @@ kafka_up() {
         say "kafka: external $CFG_KAFKA_BOOTSTRAP answers ($desc); not starting a local broker"
         return 0
     fi
-    local pid desc rc=0
+    local pid desc
     if pid="$(kafka_pid)"; then
-        desc="$("$PYTHON" -m sessionstream._probe kafka 127.0.0.1:9092 --wait "$TIMEOUT" --pid "$pid")" \
+        desc="$(kafka_probe "$TIMEOUT" "$pid")" \
             || kafka_fail "kafka: our broker (pid $pid) runs but does not answer on 127.0.0.1:9092"
         say "kafka: already running (pid $pid, 127.0.0.1:9092, $desc) - nothing to do"
         return 0
@@ -229,42 +370,136 @@ kafka_up() {
     kafka_prepare
     pid="$(kafka_start)"
     say "kafka: started Apache Kafka $(kafka_version) (pid $pid), waiting up to ${TIMEOUT}s for it to answer"
-    desc="$("$PYTHON" -m sessionstream._probe kafka 127.0.0.1:9092 --wait "$TIMEOUT" --pid "$pid")" || rc=$?
-    case $rc in
-        0) say "kafka: ready on 127.0.0.1:9092 ($desc)" ;;
-        3) rm -f "$KAFKA_PIDFILE"; kafka_fail "kafka: the broker exited during startup" ;;
-        *) kill -KILL "$pid" 2>/dev/null || true
-           rm -f "$KAFKA_PIDFILE"
-           kafka_fail "kafka: no answer on 127.0.0.1:9092 within ${TIMEOUT}s; killed pid $pid" ;;
-    esac
+    kafka_wait_started "$pid"
 }
 
-kafka_down() {
-    local pid
+STARTED=()
+kafka_node_start() { # the current node of a profile, unless it runs; records what it started
+    local pid port
+    if pid="$(kafka_pid)"; then
+        return 0
+    fi
+    drop_stale_kafka_pidfile
+    for port in "$KAFKA_PORT" "$KAFKA_CTRL_PORT"; do
+        listening 127.0.0.1 "$port" \
+            && die "$(ktag): 127.0.0.1:$port is taken by a process this script did not start: $(who_listens "$port") (set SESSIONSTREAM_${PROFILE^^}_KAFKA_PORT / _CONTROLLER_PORT)"
+    done
+    ensure_java_and_maven
+    ensure_kafka_libs
+    kafka_prepare
+    pid="$(kafka_start)"
+    say "$(ktag): started Apache Kafka $(kafka_version) (pid $pid, $KAFKA_ADDR), waiting up to ${TIMEOUT}s for it to answer"
+    STARTED+=("$NODE:$pid")
+}
+
+kafka_profile_up() { # start the nodes that do not run (all before waiting: a quorum needs two)
+    local n pid desc entry
+    STARTED=()
+    for ((n = 1; n <= NODES; n++)); do
+        use_node "$n"
+        kafka_node_start
+    done
+    for ((n = 1; n <= NODES; n++)); do
+        use_node "$n"
+        pid=""
+        for entry in "${STARTED[@]}"; do [[ "${entry%%:*}" == "$n" ]] && pid="${entry#*:}"; done
+        if [[ -n "$pid" ]]; then
+            kafka_wait_started "$pid"
+        else
+            pid="$(kafka_pid)"
+            desc="$(kafka_probe "$TIMEOUT" "$pid")" \
+                || kafka_fail "$(ktag): our broker (pid $pid) runs but does not answer on $KAFKA_ADDR"
+            say "$(ktag): already running (pid $pid, $KAFKA_ADDR, $desc) - nothing to do"
+        fi
+    done
+    if [[ $NODES -gt 1 ]]; then
+        desc="$("$PYTHON" -m sessionstream._probe kafka "$BOOTSTRAP" --wait "$TIMEOUT" --brokers "$NODES")" \
+            || die "kafka-$PROFILE: the nodes run but do not form a cluster of $NODES brokers (logs in $PROFILE_DIR/kafka-*/logs)"
+        say "kafka-$PROFILE: $desc on $BOOTSTRAP"
+    fi
+}
+
+kafka_node_down() { # stop the current node (SIGTERM, SIGKILL after `grace` seconds)
+    local grace="${1:-60}" pid
     if pid="$(kafka_pid)"; then
         kill -TERM "$pid"
-        for _ in $(seq 1 600); do
+        for _ in $(seq 1 $((grace * 10))); do
             kill -0 "$pid" 2>/dev/null || break
             sleep 0.1
         done
         if kill -0 "$pid" 2>/dev/null; then
             kill -KILL "$pid" 2>/dev/null || true
-            say "kafka: pid $pid did not stop within 60s; killed it"
+            say "$(ktag): pid $pid did not stop within ${grace}s; killed it"
         fi
         rm -f "$KAFKA_PIDFILE"
-        say "kafka: stopped (pid $pid)"
+        say "$(ktag): stopped (pid $pid)"
         return 0
     fi
     drop_stale_kafka_pidfile
-    if listening 127.0.0.1 9092; then
+    if [[ $PROFILE == default ]] && listening 127.0.0.1 9092; then
         say "kafka: 127.0.0.1:9092 was not started by sessionstream - left alone"
     else
-        say "kafka: not running"
+        say "$(ktag): not running"
     fi
 }
 
+kafka_down() {
+    local n pid
+    if [[ $NODES == 1 ]]; then
+        use_node 1
+        kafka_node_down
+        return 0
+    fi
+    # All nodes at once: stopped one by one, the last ones would wait for a quorum that the
+    # first ones took with them.
+    local stopping=()
+    for ((n = 1; n <= NODES; n++)); do
+        use_node "$n"
+        if pid="$(kafka_pid)"; then
+            kill -TERM "$pid"
+            stopping+=("$n:$pid")
+        else
+            kafka_node_down # says "not running" (and drops a stale pid file)
+        fi
+    done
+    local entry waited=0
+    for entry in "${stopping[@]}"; do
+        use_node "${entry%%:*}"
+        pid="${entry#*:}"
+        while kill -0 "$pid" 2>/dev/null && [[ $waited -lt 600 ]]; do
+            sleep 0.1
+            waited=$((waited + 1))
+        done
+        if kill -0 "$pid" 2>/dev/null; then
+            kill -KILL "$pid" 2>/dev/null || true
+            say "$(ktag): pid $pid did not stop within 60s; killed it"
+        fi
+        rm -f "$KAFKA_PIDFILE"
+        say "$(ktag): stopped (pid $pid)"
+    done
+}
+
 kafka_status() {
-    local pid desc
+    local pid desc n
+    use_node 1
+    if [[ $PROFILE != default ]]; then
+        for ((n = 1; n <= NODES; n++)); do
+            use_node "$n"
+            if pid="$(kafka_pid)"; then
+                if desc="$(kafka_probe 0 2>&1)"; then
+                    say "$(ktag): running (pid $pid, Apache Kafka $(kafka_version), $KAFKA_ADDR, $desc; state $KAFKA_DIR)"
+                else
+                    say "$(ktag): running (pid $pid) but not answering yet ($desc)"
+                fi
+            elif [[ -f "$KAFKA_PIDFILE" ]]; then
+                say "$(ktag): not running (stale pid file $KAFKA_PIDFILE; 'up' removes it)"
+            else
+                say "$(ktag): not running"
+            fi
+        done
+        [[ $PROFILE == secure && -d "$CRED_DIR" ]] && say "kafka-secure: credentials in $CRED_DIR/<role>.env"
+        return 0
+    fi
     if [[ "$CFG_KAFKA_LOCAL" != 1 ]]; then
         if desc="$("$PYTHON" -m sessionstream._probe kafka "$CFG_KAFKA_BOOTSTRAP" 2>&1)"; then
             say "kafka: external $CFG_KAFKA_BOOTSTRAP answers ($desc)"
@@ -284,6 +519,32 @@ kafka_status() {
     else
         say "kafka: not running"
     fi
+}
+
+kafka_kill_node() { # N: kill -9, as a crash would; the pid file stays (start-node drops it)
+    use_node "$1"
+    local pid
+    pid="$(kafka_pid)" || die "$(ktag): not running"
+    kill -KILL "$pid"
+    for _ in $(seq 1 100); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.05
+    done
+    say "$(ktag): killed (pid $pid, SIGKILL)"
+}
+
+kafka_start_node() { # N: start one node of the profile and wait until it is back in the cluster
+    use_node "$1"
+    local pid desc
+    if pid="$(kafka_pid)"; then
+        desc="$(kafka_probe "$TIMEOUT" "$pid")" \
+            || kafka_fail "$(ktag): our broker (pid $pid) runs but does not answer on $KAFKA_ADDR"
+        say "$(ktag): already running (pid $pid, $KAFKA_ADDR, $desc) - nothing to do"
+        return 0
+    fi
+    STARTED=()
+    kafka_node_start
+    kafka_wait_started "${STARTED[0]#*:}"
 }
 
 # ---------------------------------------------------------------------- PostgreSQL
@@ -476,18 +737,79 @@ pg_status() {
     fi
 }
 
+# ------------------------------------------------------ PostgreSQL of the secured profile
+
+secure_pg_ours() { # the roles are made with our cluster's superuser: only there
+    [[ "$CFG_PG_LOCAL" == 1 ]] && find_pg_bin && pg_running
+}
+
+secure_apply() { # users and ACLs in Kafka, roles, database and grants in PostgreSQL
+    local pg=()
+    if secure_pg_ours; then
+        pg=(--pg-socket "$PG_SOCK" --pg-port "$PG_PORT" --database "$SECURE_DB")
+    else
+        say "postgres-secure: skipped - the roles and database $SECURE_DB are made in this script's own PostgreSQL cluster, and 127.0.0.1:$PG_PORT is not it"
+    fi
+    "$PYTHON" -m sessionstream._secure_stack apply "$CRED_DIR" "${pg[@]}" \
+        || die "secure: creating users, ACLs, roles or grants failed (as admin: $CRED_DIR/admin.env)"
+    say "secure: credentials of each role in $CRED_DIR/<role>.env (SESSIONSTREAM_CREDENTIALS_FILE)"
+}
+
+secure_pg_reset() {
+    if secure_pg_ours; then
+        "$PYTHON" -m sessionstream._secure_stack drop --pg-socket "$PG_SOCK" --pg-port "$PG_PORT" \
+            --database "$SECURE_DB" || die "postgres-secure: could not drop $SECURE_DB and its roles"
+    else
+        say "postgres-secure: our PostgreSQL does not run; database $SECURE_DB and its roles left in place"
+    fi
+}
+
+kv() { # NAME VALUE: one shell assignment, single-quoted
+    printf "%s='%s'\n" "$1" "${2//\'/\'\\\'\'}"
+}
+
+where() { # the profile's addresses and directories, as shell assignments
+    local n
+    kv STACK_PROFILE "$PROFILE"
+    kv STACK_STATE_DIR "$PROFILE_DIR"
+    kv KAFKA_BOOTSTRAP "$BOOTSTRAP"
+    kv KAFKA_NODES "$NODES"
+    for ((n = 1; n <= NODES; n++)); do
+        use_node "$n"
+        kv "KAFKA_NODE_$n" "$KAFKA_ADDR"
+        kv "KAFKA_NODE_${n}_DIR" "$KAFKA_DIR"
+    done
+    if [[ $PROFILE == secure ]]; then
+        kv CREDENTIALS_DIR "$CRED_DIR"
+        kv SECURE_DATABASE "$SECURE_DB"
+    fi
+}
+
 # --------------------------------------------------------------------------- main
+
+if [[ $PROFILE != default && "$(realpath -m "$PROFILE_DIR")" == "$(realpath -m "$STATE_DIR")" ]]; then
+    die "the $PROFILE profile needs a state directory of its own, not $STATE_DIR"
+fi
+CFG_SECURE_DATABASE_URL="postgresql://127.0.0.1:$PG_PORT/${SECURE_DB:-}"
+use_node 1
 
 cmd="${1:-}"
 case "$cmd" in
     up)
         load_config
-        kafka_up
-        pg_up
+        if [[ $PROFILE == default ]]; then
+            kafka_up
+            pg_up
+        else
+            kafka_profile_up
+            pg_up
+            if [[ $PROFILE == secure ]]; then secure_apply; fi
+        fi
         ;;
     down)
         kafka_down
-        pg_down
+        # the profiles share the default stack's PostgreSQL: its `down` stops it
+        if [[ $PROFILE == default ]]; then pg_down; fi
         ;;
     status)
         load_config
@@ -497,15 +819,43 @@ case "$cmd" in
     restart-postgres|restart-kafka)
         # for fault tests: stop and start one server of ours, waiting until it answers
         load_config
-        if [[ $cmd == restart-postgres ]]; then pg_down; pg_up; else kafka_down; kafka_up; fi
+        if [[ $cmd == restart-postgres ]]; then
+            pg_down; pg_up
+        else
+            kafka_down
+            if [[ $PROFILE == default ]]; then kafka_up; else kafka_profile_up; fi
+            if [[ $PROFILE == secure ]]; then secure_apply; fi
+        fi
+        ;;
+    kill-node|stop-node|start-node)
+        # for fault tests: one Kafka node of the profile (N = 1..nodes)
+        [[ -n "${2:-}" ]] || die "usage: $0 $cmd N"
+        load_config
+        case $cmd in
+            kill-node) kafka_kill_node "$2" ;;
+            stop-node) use_node "$2"; kafka_node_down ;;
+            start-node) kafka_start_node "$2" ;;
+        esac
+        ;;
+    where)
+        where
         ;;
     reset)
         kafka_down
-        pg_down
-        say "removing $KAFKA_DIR and $PG_DIR (the jar cache $KAFKA_LIBS stays)"
-        rm -rf "$KAFKA_DIR" "$PG_DIR"
+        if [[ $PROFILE == default ]]; then
+            pg_down
+            say "removing $KAFKA_DIR and $PG_DIR (the jar cache $KAFKA_LIBS stays)"
+            rm -rf "$KAFKA_DIR" "$PG_DIR"
+        else
+            if [[ $PROFILE == secure ]]; then
+                load_config
+                secure_pg_reset
+            fi
+            say "removing $PROFILE_DIR (the jar cache $KAFKA_LIBS stays)"
+            rm -rf "$PROFILE_DIR"
+        fi
         ;;
     *)
-        die "usage: $0 up|down|status|reset|restart-postgres|restart-kafka"
+        die "usage: $0 up|down|status|reset|restart-postgres|restart-kafka|kill-node N|stop-node N|start-node N|where"
         ;;
 esac

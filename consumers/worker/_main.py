@@ -84,7 +84,7 @@ def _migrated(settings: Settings, wait_s: float = 60.0) -> bool:
     delay = 0.2
     while True:
         try:
-            migrate(settings.database_url, schema=settings.database_schema)
+            migrate(settings.database_conninfo, schema=settings.database_schema)
             return True
         except psycopg.OperationalError as e:
             if time.monotonic() > deadline:

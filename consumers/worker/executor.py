@@ -30,6 +30,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from sessionstream.errors import DatabaseUnavailable
+from sessionstream.settings import redact_conninfo
 
 if TYPE_CHECKING:
     from consumers.worker.context import RunContext
@@ -87,7 +88,7 @@ class ActionExecutor:
         try:
             await self._pool.open(wait=True, timeout=15)
         except psycopg.Error as e:
-            raise DatabaseUnavailable(str(e), url=self.database_url.split("@")[-1]) from e
+            raise DatabaseUnavailable(str(e), url=redact_conninfo(self.database_url)) from e
 
     async def close(self) -> None:
         if self._pool is not None:

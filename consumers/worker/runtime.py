@@ -71,7 +71,7 @@ class Worker:
         self.cancel_grace_s = cancel_grace_s
         self.acquire_timeout_s = acquire_timeout_s
         self.session_timeout_ms = session_timeout_ms
-        url = settings.database_url if database_url is None else database_url
+        url = settings.database_conninfo if database_url is None else database_url
         self.executor: ActionExecutor | None = (
             ActionExecutor(url, settings.database_schema) if url else None
         )

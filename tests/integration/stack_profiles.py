@@ -1,0 +1,96 @@
+"""The stack's other profiles (secured, 3-node cluster) for the tests that need them.
+
+They run next to the default stack, on ports and state of their own; a test session starts
+the one it needs with an idempotent `stack/stack.sh up` and leaves it running.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sessionstream.settings import Settings, read_credentials_file
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: the variable that selects each profile (the rest of the environment is the test's own)
+PROFILES = {
+    "secure": {"SESSIONSTREAM_STACK_SECURE": "1"},
+    "cluster": {"SESSIONSTREAM_KAFKA_BROKERS": "3"},
+}
+
+
+def stack(profile: str, *args: str, timeout: float = 300.0, check: bool = True) -> str:
+    """Run `stack/stack.sh ARGS` for `profile`; its output (stdout and stderr)."""
+    env = dict(os.environ)
+    env.pop("SESSIONSTREAM_STACK_SECURE", None)
+    env.pop("SESSIONSTREAM_KAFKA_BROKERS", None)
+    env.update(PROFILES[profile])
+    started = time.monotonic()
+    proc = subprocess.run(
+        ["bash", str(REPO / "stack/stack.sh"), *args],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    output = proc.stdout + proc.stderr
+    print(f"$ [{profile}] stack.sh {' '.join(args)}  ({time.monotonic() - started:.1f}s)\n{output}")
+    if check:
+        assert proc.returncode == 0, f"stack.sh {args} ({profile}) exited {proc.returncode}"
+    return output
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Where a running profile is: from `stack.sh where`."""
+
+    name: str
+    values: dict[str, str]
+
+    @property
+    def bootstrap(self) -> str:
+        return self.values["KAFKA_BOOTSTRAP"]
+
+    @property
+    def nodes(self) -> int:
+        return int(self.values["KAFKA_NODES"])
+
+    def node_address(self, n: int) -> str:
+        return self.values[f"KAFKA_NODE_{n}"]
+
+    def credentials(self, role: str) -> Path:
+        return Path(self.values["CREDENTIALS_DIR"]) / f"{role}.env"
+
+    def settings(self, role: str | None = None, **update: object) -> Settings:
+        """Settings of `role` (from its credentials file, beating the environment), or of
+        an unauthenticated client of the profile when `role` is None."""
+        if role is None:
+            values: dict[str, object] = {
+                "kafka_bootstrap": self.bootstrap,
+                "kafka_security_protocol": "PLAINTEXT",
+            }
+        else:
+            values = {"credentials_file": self.credentials(role)}
+            values.update(read_credentials_file(self.credentials(role)))
+        values.update(update)
+        return Settings(**values)  # type: ignore[arg-type]
+
+
+def up(profile: str) -> tuple[Profile, str]:
+    """`stack.sh up` (idempotent) and where the profile is; also returns up's output."""
+    output = stack(profile, "up")
+    where = stack(profile, "where")
+    values: dict[str, str] = {}
+    for line in where.splitlines():
+        name, sep, value = line.partition("=")
+        if sep and name.isidentifier():
+            values[name] = shlex.split(value)[0] if value else ""
+    assert values.get("STACK_PROFILE") == profile, where
+    return Profile(profile, values), output
