@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import uuid
 from typing import Annotated, Any
@@ -24,6 +25,67 @@ AsJson = Annotated[bool, typer.Option("--json", help="print the outcome as JSON"
 CommandId = Annotated[
     str | None, typer.Option(help="idempotency key (default: a new uuid); resend to retry")
 ]
+Actor = Annotated[
+    str | None, typer.Option(help="who asks, recorded on the events (default: cli:$USER)")
+]
+Run = Annotated[
+    str | None,
+    typer.Option(
+        "--run",
+        help="the run meant (default: the session's active run as PostgreSQL last saw it)",
+    ),
+]
+AnyRun = Annotated[
+    bool, typer.Option("--any", help="session-scoped: whichever run is active when it lands")
+]
+
+
+def _default_actor() -> str:
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):
+        return "cli"
+
+
+def _run_seen(session: str, *, latest: bool) -> str | None:
+    """The session's active run in the projection (the sink's view, a moment behind the
+    log); with `latest`, the most recent run when none is active, so that a command for a
+    run that has ended is refused `run_not_active` rather than landing on a newer one."""
+    import psycopg
+
+    s = get_settings()
+    options = f"-c search_path={s.database_schema}" if s.database_schema else ""
+    try:
+        with psycopg.connect(s.database_conninfo, connect_timeout=5, options=options) as conn:
+            row = conn.execute(
+                "select active_run_id from agent_sessions where session_id = %s", (session,)
+            ).fetchone()
+            if row is not None and row[0] is not None:
+                return str(row[0])
+            if not latest:
+                return None
+            row = conn.execute(
+                "select run_id from agent_runs where session_id = %s"
+                " order by created_at desc, run_id limit 1",
+                (session,),
+            ).fetchone()
+            return None if row is None else str(row[0])
+    except psycopg.Error as e:
+        typer.echo(
+            f"error: cannot look up the active run of {session!r} in PostgreSQL ({e}); "
+            "name it with --run RUN_ID, or send it session-scoped with --any",
+            err=True,
+        )
+        raise typer.Exit(code=2) from e
+
+
+def _target(session: str, run: str | None, any_run: bool, *, latest: bool) -> str | None:
+    if run is not None and any_run:
+        typer.echo("error: --run and --any exclude each other", err=True)
+        raise typer.Exit(code=2)
+    if any_run:
+        return None
+    return run if run is not None else _run_seen(session, latest=latest)
 
 
 def _submit(
@@ -34,13 +96,19 @@ def _submit(
     wait: float,
     as_json: bool,
     command_id: str | None,
+    actor: str | None,
+    run_id: str | None = None,
 ) -> None:
     from sessionstream.client import SessionClient
 
     try:
-        with SessionClient(tenant, get_settings()) as client:
+        with SessionClient(tenant, get_settings(), actor=actor or _default_actor()) as client:
             cmd = client.command(
-                session, type_, payload, command_id=command_id or str(uuid.uuid4())
+                session,
+                type_,
+                payload,
+                command_id=command_id or str(uuid.uuid4()),
+                run_id=run_id,
             )
             handle = client.submit(cmd, track=wait > 0)
             if wait <= 0:
@@ -95,9 +163,13 @@ def prompt(
         str, typer.Option(help="while a run is active: reject, enqueue, interrupt")
     ] = "reject",
     timeout_ms: Annotated[int | None, typer.Option(help="run deadline in ms")] = None,
+    retry_of: Annotated[
+        str | None, typer.Option(help="the run (timed out, or failed retryable) this retries")
+    ] = None,
     wait: Wait = 10.0,
     as_json: AsJson = False,
     command_id: CommandId = None,
+    actor: Actor = None,
 ) -> None:
     """Start a new task in SESSION (policy says what happens while a run is active)."""
     if policy not in ("reject", "enqueue", "interrupt"):
@@ -106,31 +178,44 @@ def prompt(
     payload: dict[str, Any] = {"text": text, "policy": policy}
     if timeout_ms:
         payload["timeoutMs"] = timeout_ms
-    _submit(session, "prompt", payload, tenant, wait, as_json, command_id)
+    if retry_of:
+        payload["retryOf"] = retry_of
+    _submit(session, "prompt", payload, tenant, wait, as_json, command_id, actor)
 
 
 def steer(
     session: str,
     text: str,
     tenant: Tenant = "default",
+    run: Run = None,
+    any_run: AnyRun = False,
     wait: Wait = 10.0,
     as_json: AsJson = False,
     command_id: CommandId = None,
+    actor: Actor = None,
 ) -> None:
-    """Change the active run's course; delivered to its worker at the next step."""
-    _submit(session, "steer", {"text": text}, tenant, wait, as_json, command_id)
+    """Change the active run's course; delivered to its worker at the next step. Names the
+    run it means (see --run / --any): a steer never lands on a run started after it."""
+    target = _target(session, run, any_run, latest=True)
+    _submit(session, "steer", {"text": text}, tenant, wait, as_json, command_id, actor, target)
 
 
 def follow_up(
     session: str,
     text: str,
     tenant: Tenant = "default",
+    run: Run = None,
+    any_run: AnyRun = False,
     wait: Wait = 10.0,
     as_json: AsJson = False,
     command_id: CommandId = None,
+    actor: Actor = None,
 ) -> None:
-    """Add information: delivered before the active run finishes, or starts a run when idle."""
-    _submit(session, "follow_up", {"text": text}, tenant, wait, as_json, command_id)
+    """Add information: pending for the active run until it takes it, or starts a run when
+    the session is idle."""
+    target = _target(session, run, any_run, latest=False)
+    payload = {"text": text}
+    _submit(session, "follow_up", payload, tenant, wait, as_json, command_id, actor, target)
 
 
 def send(
@@ -140,21 +225,29 @@ def send(
     wait: Wait = 10.0,
     as_json: AsJson = False,
     command_id: CommandId = None,
+    actor: Actor = None,
 ) -> None:
     """The single send button: the runtime picks prompt, follow-up or queue from the state."""
-    _submit(session, "send", {"text": text}, tenant, wait, as_json, command_id)
+    _submit(session, "send", {"text": text}, tenant, wait, as_json, command_id, actor)
 
 
 def abort(
     session: str,
     tenant: Tenant = "default",
     reason: Annotated[str, typer.Option(help="recorded with the cancel")] = "user",
+    run: Run = None,
+    any_run: AnyRun = False,
     wait: Wait = 10.0,
     as_json: AsJson = False,
     command_id: CommandId = None,
+    actor: Actor = None,
 ) -> None:
-    """Cancel the active run: model request, tools, sub-tasks and pending actions."""
-    _submit(session, "abort", {"reason": reason}, tenant, wait, as_json, command_id)
+    """Cancel the run: model request, tools, sub-tasks and pending actions. Names the run it
+    means (default: the active one as last seen; --any: whichever is active then), so a late
+    abort is refused `run_not_active` instead of cancelling a newer run."""
+    target = _target(session, run, any_run, latest=True)
+    payload = {"reason": reason}
+    _submit(session, "abort", payload, tenant, wait, as_json, command_id, actor, target)
 
 
 def tail(

@@ -4,6 +4,11 @@ Commands are keyed by session id and placed with `murmur2_random` — the partit
 aiokafka use — so every producer puts a session on the same partition and the session has
 one writer. The producer is idempotent (acks=all), so its own retries never duplicate.
 
+Commands that act on a run (`steer`, `follow_up`, `abort`) name the run this client last
+saw active in the session (from the outcomes and events it read), so a late abort can never
+cancel the run that started after it: the processor refuses it `run_not_active`. Pass
+`run_id=None` for the session-scoped meaning, or a run id of your own.
+
 `wait()` returns a command's outcome: the events it caused (accepted, with its run id), its
 `command.rejected` (with the reason), or `duplicate` — a command id the processor had
 already applied, recognised because the processor's committed offset on the command's
@@ -15,7 +20,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
@@ -35,7 +40,18 @@ from sessionstream.errors import CommandTimeout, KafkaUnavailable
 from sessionstream.settings import Settings, get_settings
 from streams.partitioning import partition_for
 
-__all__ = ["CommandHandle", "Outcome", "SessionClient", "producer_config"]
+__all__ = ["KNOWN_RUN", "CommandHandle", "Outcome", "SessionClient", "producer_config"]
+
+
+class _KnownRun:
+    """`run_id` default: the run this client last saw active in the session (none known:
+    session-scoped)."""
+
+    def __repr__(self) -> str:
+        return "KNOWN_RUN"
+
+
+KNOWN_RUN: Final = _KnownRun()
 
 
 def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
@@ -88,8 +104,11 @@ class SessionClient:
         codec: Codec | None = None,
         producer_overrides: dict[str, Any] | None = None,
         clock: Any = time.time,
+        actor: str | None = None,
     ) -> None:
         self.tenant_id = tenant_id
+        #: recorded as who asked, on every command this client sends (unless overridden)
+        self.actor = actor
         self.settings = settings or get_settings()
         self.codec = codec or Codec()
         self._clock = clock
@@ -100,7 +119,9 @@ class SessionClient:
         self._meta: Consumer | None = None
         self._tailing: dict[int, int] = {}
         self._pending: dict[str, list[Event]] = {}
+        self._pending_from: dict[str, int] = {}
         self._partitions: int | None = None
+        self._runs: dict[str, str | None] = {}  # session -> the run last seen active
 
     # -- producing --------------------------------------------------------------------------
     @property
@@ -114,6 +135,7 @@ class SessionClient:
 
     def command(self, session_id: str, type_: str, payload: Any, **fields: Any) -> Command:
         """Build a command stamped with this client's tenant, a fresh id and the time."""
+        fields.setdefault("actor", self.actor)
         return Command(
             command_id=fields.pop("command_id", None) or str(uuid.uuid4()),
             session_id=session_id,
@@ -123,6 +145,19 @@ class SessionClient:
             payload=payload,
             **fields,
         )
+
+    def known_run(self, session_id: str) -> str | None:
+        """The run this client last saw active in `session_id` (None: none, or unknown)."""
+        return self._runs.get(session_id)
+
+    def _target(self, session_id: str, run_id: str | _KnownRun | None) -> str | None:
+        return self.known_run(session_id) if isinstance(run_id, _KnownRun) else run_id
+
+    def _saw(self, event: Event) -> None:
+        if event.type == "run.started":
+            self._runs[event.session_id] = event.run_id
+        elif event.type == "run.finished" and self._runs.get(event.session_id) == event.run_id:
+            self._runs[event.session_id] = None
 
     def submit(self, command: Command, *, track: bool = True) -> CommandHandle:
         """Produce `command`. With `track`, remember where its outcome will appear."""
@@ -164,15 +199,29 @@ class SessionClient:
         policy: PromptPolicy = "reject",
         context_ref: str | None = None,
         timeout_ms: int | None = None,
+        retry_of: str | None = None,
         **fields: Any,
     ) -> CommandHandle:
         payload = PromptPayload(
-            text=text, policy=policy, context_ref=context_ref, timeout_ms=timeout_ms
+            text=text,
+            policy=policy,
+            context_ref=context_ref,
+            timeout_ms=timeout_ms,
+            retry_of=retry_of,
         )
         return self.submit(self.command(session_id, "prompt", payload, **fields))
 
-    def steer(self, session_id: str, text: str, **fields: Any) -> CommandHandle:
-        return self.submit(self.command(session_id, "steer", SteerPayload(text=text), **fields))
+    def steer(
+        self,
+        session_id: str,
+        text: str,
+        *,
+        run_id: str | _KnownRun | None = KNOWN_RUN,
+        **fields: Any,
+    ) -> CommandHandle:
+        run = self._target(session_id, run_id)
+        cmd = self.command(session_id, "steer", SteerPayload(text=text), run_id=run, **fields)
+        return self.submit(cmd)
 
     def follow_up(
         self,
@@ -180,10 +229,13 @@ class SessionClient:
         text: str,
         *,
         when_idle: Literal["start", "reject"] = "start",
+        on_run_end: Literal["drop", "queue"] = "drop",
+        run_id: str | _KnownRun | None = KNOWN_RUN,
         **fields: Any,
     ) -> CommandHandle:
-        payload = FollowUpPayload(text=text, when_idle=when_idle)
-        return self.submit(self.command(session_id, "follow_up", payload, **fields))
+        payload = FollowUpPayload(text=text, when_idle=when_idle, on_run_end=on_run_end)
+        run = self._target(session_id, run_id)
+        return self.submit(self.command(session_id, "follow_up", payload, run_id=run, **fields))
 
     def send(
         self,
@@ -197,8 +249,17 @@ class SessionClient:
         payload = SendPayload(text=text, context_ref=context_ref, timeout_ms=timeout_ms)
         return self.submit(self.command(session_id, "send", payload, **fields))
 
-    def abort(self, session_id: str, reason: str = "user", **fields: Any) -> CommandHandle:
-        return self.submit(self.command(session_id, "abort", AbortPayload(reason=reason), **fields))
+    def abort(
+        self,
+        session_id: str,
+        reason: str = "user",
+        *,
+        run_id: str | _KnownRun | None = KNOWN_RUN,
+        **fields: Any,
+    ) -> CommandHandle:
+        run = self._target(session_id, run_id)
+        payload = AbortPayload(reason=reason)
+        return self.submit(self.command(session_id, "abort", payload, run_id=run, **fields))
 
     def flush(self, timeout: float = 30.0) -> None:
         """Wait until every produced command is acknowledged by the broker."""
@@ -288,6 +349,9 @@ class SessionClient:
                 self._events.incremental_assign([tp])
                 self._tailing[p] = offset
         self._pending[handle.command.command_id] = []
+        # the outcome lies beyond where the partition ended before the command was sent:
+        # anything earlier under the same id (another tenant's refused command) is not it
+        self._pending_from[handle.command.command_id] = min(handle.events_from.values())
 
     def _drain(self, timeout: float) -> None:
         """Read what the tail has; keep the events of tracked commands."""
@@ -297,8 +361,10 @@ class SessionClient:
             err = msg.error()
             if err is None:
                 event = self.codec.decode_event(msg.value() or b"")
+                self._saw(event)
                 bucket = self._pending.get(event.command_id)
-                if bucket is not None:
+                offset = msg.offset()
+                if bucket is not None and (offset or 0) >= self._pending_from[event.command_id]:
                     bucket.append(event)
             elif err.code() != KafkaError._PARTITION_EOF:
                 raise KafkaException(err)
@@ -362,6 +428,7 @@ class SessionClient:
                     raise CommandTimeout(cid, f"no outcome within {timeout}s")
         finally:
             self._pending.pop(cid, None)
+            self._pending_from.pop(cid, None)
 
     def _dlq_ends(self) -> dict[int, int]:
         """Where the dead-letter topic ends now, per partition."""
@@ -441,6 +508,7 @@ class SessionClient:
         self._producer = self._events = self._offsets = self._meta = None
         self._tailing.clear()
         self._pending.clear()
+        self._pending_from.clear()
 
     def __enter__(self) -> SessionClient:
         return self

@@ -79,7 +79,17 @@ def test_golden_log(path: Path) -> None:
 
 def test_the_required_stories_are_there() -> None:
     names = {p.stem for p in FILES}
-    assert {"seed_cancel", "takeover_stale_write", "enqueue_follow_up_order", "timeout"} <= names
+    assert {
+        "seed_cancel",
+        "takeover_stale_write",
+        "enqueue_follow_up_order",
+        "timeout",
+        "late_commands_name_their_run",
+        "takeover_redelivers_inputs",
+        "clock_is_the_logs",
+        "ids_tenants_and_reuse",
+        "fates_compaction_and_retry",
+    } <= names
 
 
 def test_seed_story_ends_cancelled_after_the_ack() -> None:
