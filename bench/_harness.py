@@ -49,6 +49,7 @@ _ENV_FIELDS = (
     "commands_topic",
     "events_topic",
     "state_topic",
+    "dedup_topic",
     "dlq_topic",
     "processor_group",
     "partitions",
@@ -64,6 +65,7 @@ def isolated_settings(tag: str, partitions: int = 4) -> Settings:
             "commands_topic": f"bench.commands.{suffix}",
             "events_topic": f"bench.events.{suffix}",
             "state_topic": f"bench.state.{suffix}",
+            "dedup_topic": f"bench.dedup.{suffix}",
             "dlq_topic": f"bench.dlq.{suffix}",
             "processor_group": f"bench-processor-{suffix}",
             "partitions": partitions,
@@ -84,7 +86,7 @@ def delete_topics_and_groups(s: Settings) -> list[str]:
     """Best effort; returns what could not be deleted."""
     admin = AdminClient(client_config(s))
     failed = []
-    topics = [s.commands_topic, s.events_topic, s.state_topic, s.dlq_topic]
+    topics = [s.commands_topic, s.events_topic, s.state_topic, s.dedup_topic, s.dlq_topic]
     for name, fut in admin.delete_topics(topics, operation_timeout=30).items():
         try:
             fut.result()

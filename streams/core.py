@@ -140,6 +140,11 @@ class CommandStep:
         self.partitions = partitions
         self.max_state_bytes = max_state_bytes
         self.max_event_bytes = max_event_bytes
+        # the decider's bounds keep every state under the topic's limit unless configured
+        # beyond it: then (only) each decided state is measured
+        self._measure_states = (
+            _JSON_INFLATION * config.max_held_bytes + _STATE_OVERHEAD > max_state_bytes
+        )
 
     def __call__(
         self,
@@ -215,7 +220,7 @@ class CommandStep:
                     "event_too_large",
                     f"an event of {len(k) + len(v)} bytes > {self.max_event_bytes}",
                 )
-        if _JSON_INFLATION * state.held_bytes() + _STATE_OVERHEAD > self.max_state_bytes:
+        if self._measure_states:
             size = len(encode_state(state))
             if size > self.max_state_bytes:
                 return DeadLetter(
