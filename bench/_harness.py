@@ -50,6 +50,8 @@ _ENV_FIELDS = (
     "events_topic",
     "state_topic",
     "dedup_topic",
+    "open_runs_topic",
+    "workers_topic",
     "dlq_topic",
     "processor_group",
     "partitions",
@@ -66,6 +68,8 @@ def isolated_settings(tag: str, partitions: int = 4) -> Settings:
             "events_topic": f"bench.events.{suffix}",
             "state_topic": f"bench.state.{suffix}",
             "dedup_topic": f"bench.dedup.{suffix}",
+            "open_runs_topic": f"bench.open-runs.{suffix}",
+            "workers_topic": f"bench.workers.{suffix}",
             "dlq_topic": f"bench.dlq.{suffix}",
             "processor_group": f"bench-processor-{suffix}",
             "partitions": partitions,
@@ -86,7 +90,15 @@ def delete_topics_and_groups(s: Settings) -> list[str]:
     """Best effort; returns what could not be deleted."""
     admin = AdminClient(client_config(s))
     failed = []
-    topics = [s.commands_topic, s.events_topic, s.state_topic, s.dedup_topic, s.dlq_topic]
+    topics = [
+        s.commands_topic,
+        s.events_topic,
+        s.state_topic,
+        s.dedup_topic,
+        s.open_runs_topic,
+        s.workers_topic,
+        s.dlq_topic,
+    ]
     for name, fut in admin.delete_topics(topics, operation_timeout=30).items():
         try:
             fut.result()

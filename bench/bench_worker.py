@@ -4,13 +4,18 @@
   its `tool.finished {detail: aborted}`, stamped by the worker when the tool returned);
 * abort -> terminal: abort produced -> `run.finished {cancelled}` read back from the events
   topic by this script (so it includes the ack's round trip through the processor);
-* takeover after kill -9: the kill -> `run.lease_granted` of generation 2 read back. It is
-  bounded below by the lease (``--lease-ms``) and, when the dead worker owned the run's
-  partition, by the worker group's session timeout (6 s).
+* takeover after kill -9, with 2 and with 4 workers sharing `--runs` runs: the kill of the
+  worker holding the most -> each of its runs' next `run.lease_granted`, read back. Bounded
+  below by the lease (``--lease-ms``); discovery needs no group rebalance, so where the
+  run's partition sits does not matter;
+* acquires per grant: `lease.acquire` commands on the commands topic per run, divided by
+  the run's grants (its start, and its takeover): rendezvous ranking should make it 1, 2
+  when views of who is alive differ.
 
 Starts its own processor and workers (`sessionstream ...` subprocesses) on isolated topics.
 
-    .venv/bin/python bench/bench_worker.py [--cancels 30] [--takeovers 3] [--lease-ms 2500]
+    .venv/bin/python bench/bench_worker.py [--cancels 30] [--takeovers 3] [--runs 12]
+        [--lease-ms 2500]
 """
 
 from __future__ import annotations
@@ -28,12 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+from consumers.log_check import read_topic
 from schemas.codec import Codec
 from schemas.events import Event, LeaseGranted
 from sessionstream.client import SessionClient
 from sessionstream.settings import Settings
 from sinks.migrate import migrate
-from streams.partitioning import partition_for
 from tests.integration.procs import Proc, isolated_settings, processor
 
 RESULTS = Path(__file__).resolve().parent / "results" / "worker.json"
@@ -95,8 +100,6 @@ def worker(s: Settings, wid: str, lease_ms: int) -> Proc:
         "worker",
         "--worker-id",
         wid,
-        "--group",
-        s.worker_group,
         "--lease-ms",
         str(lease_ms),
     ).start()
@@ -104,10 +107,10 @@ def worker(s: Settings, wid: str, lease_ms: int) -> Proc:
 
 def ready(p: Proc) -> None:
     deadline = time.monotonic() + 60
-    while "worker assigned" not in p.log_text():
+    while "ready:" not in p.log_text():
         p.assert_alive()
         if time.monotonic() > deadline:
-            raise TimeoutError("worker not assigned")
+            raise TimeoutError("worker not ready")
         time.sleep(0.1)
 
 
@@ -143,72 +146,120 @@ def bench_cancels(s: Settings, n: int, lease_ms: int) -> tuple[list[float], list
     return propagation, terminal
 
 
-def _owned(p: Proc) -> set[int]:
-    """Partitions the worker's last assignment named (its log: `worker assigned [..]`)."""
-    lines = [ln for ln in p.log_text().splitlines() if "worker assigned" in ln]
-    return set(json.loads(lines[-1].split("worker assigned ", 1)[1])) if lines else set()
-
-
-def bench_takeovers(base: Settings, n: int, lease_ms: int) -> list[dict[str, Any]]:
-    """Each round: a victim alone takes a run, a standby joins, the victim is killed."""
-    out: list[dict[str, Any]] = []
-    for i in range(n):
-        s = _iso(base, f"bench-takeover-{i}")
-        procs = [processor(s)]
-        tail = Tail(s)
+def _acquires(s: Settings, run_ids: set[str]) -> dict[str, int]:
+    """lease.acquire commands sent per run (read back from the commands topic)."""
+    codec = Codec()
+    out = dict.fromkeys(run_ids, 0)
+    for r in read_topic(s, s.commands_topic):
         try:
-            victim = worker(s, "victim", lease_ms)
-            procs.append(victim)
-            ready(victim)
-            sid = f"bench-takeover-{i}"
-            with SessionClient("bench", s) as c:
-                run_id = c.wait(c.prompt(sid, "steps=1 tool_ms=30000 email=no")).run_id
-                tail.wait(lambda e, r=run_id: e.run_id == r and e.type == "tool.started")
-                standby = worker(s, "standby", lease_ms)
-                procs.append(standby)
-                ready(standby)
-                on_standby = partition_for(sid.encode(), s.partitions) in _owned(standby)
-                killed = time.time()
-                victim.kill9()
-                seen, g = tail.wait(
-                    lambda e, r=run_id: (
-                        e.run_id == r and e.type == "run.lease_granted" and e.generation == 2
-                    )
-                )
-                assert g.payload_as(LeaseGranted).worker_id == "standby"
-                ms = (seen - killed) * 1000
-                out.append({"ms": round(ms, 1), "partition_on_standby": on_standby})
-                print(f"  takeover {i}: {ms:.0f} ms (partition on standby: {on_standby})")
-                c.abort(sid)
-        finally:
-            for p in procs:
-                p.stop()
+            cmd = codec.decode_command(r.value or b"")
+        except Exception:  # a record of another kind is none of ours
+            continue
+        if cmd.type == "lease.acquire" and cmd.run_id in out:
+            out[cmd.run_id] += 1
     return out
 
 
+def bench_takeovers(
+    base: Settings, workers: int, rounds: int, runs: int, lease_ms: int
+) -> dict[str, Any]:
+    """`workers` workers share `runs` long runs; the one holding the most is killed -9.
+    Every one of its runs: kill -> its next lease grant, as this script saw it."""
+    s = _iso(base, f"bench-takeover-{workers}w")
+    procs = [processor(s)]
+    tail = Tail(s)
+    takeovers: list[float] = []
+    all_runs: set[str] = set()
+    try:
+        pool = {f"w{i}": worker(s, f"w{i}", lease_ms) for i in range(workers)}
+        procs += pool.values()
+        for p in pool.values():
+            ready(p)
+        for k in range(rounds):
+            with SessionClient("bench", s) as c:
+                handles = [
+                    c.prompt(f"bench-to-{workers}-{k}-{i}", "steps=1 tool_ms=60000 email=no")
+                    for i in range(runs)
+                ]
+                ids = [c.wait(h, timeout=60).run_id for h in handles]
+            batch = {r for r in ids if r}
+            all_runs |= batch
+            holder: dict[str, str] = {}
+            for r in batch:
+                _t, g = tail.wait(lambda e, r=r: e.run_id == r and e.type == "run.lease_granted")
+                holder[r] = g.payload_as(LeaseGranted).worker_id
+            victim = max(pool, key=lambda w: sum(1 for h in holder.values() if h == w))
+            theirs = [r for r, w in holder.items() if w == victim]
+            killed = time.time()
+            pool[victim].kill9()
+            for r in theirs:
+                seen, _g = tail.wait(
+                    lambda e, r=r, v=victim: (
+                        e.run_id == r
+                        and e.type == "run.lease_granted"
+                        and e.payload_as(LeaseGranted).worker_id != v
+                    )
+                )
+                takeovers.append((seen - killed) * 1000)
+            print(
+                f"  {workers} workers, round {k}: {victim} held {len(theirs)} runs; takeover "
+                f"max {max(takeovers[-len(theirs) :], default=0):.0f} ms"
+            )
+            pool[victim] = worker(s, victim, lease_ms)
+            procs.append(pool[victim])
+            ready(pool[victim])
+            with SessionClient("bench", s) as c:  # free the workers for the next round
+                for i, r in enumerate(ids):
+                    c.submit(
+                        c.command(f"bench-to-{workers}-{k}-{i}", "abort", {}, run_id=r),
+                        track=False,
+                    )
+                c.flush()
+        sent = _acquires(s, all_runs)
+        grants = dict.fromkeys(all_runs, 0)
+        for _t, e in tail.seen:
+            if e.type == "run.lease_granted" and e.run_id in grants:
+                grants[e.run_id] += 1
+        # acquires per time the run needed a holder (its start, each takeover)
+        counts = sorted(sent[r] / max(1, grants[r]) for r in all_runs)
+    finally:
+        for p in procs:
+            p.stop()
+    return {
+        "workers": workers,
+        "takeover": summary(takeovers),
+        "within_lease_plus_1s": sum(1 for t in takeovers if t <= lease_ms + 1000),
+        "acquires_per_grant": {
+            "p50": pct(counts, 0.5),
+            "p99": pct(counts, 0.99),
+            "max": max(counts),
+            "runs": len(counts),
+        },
+    }
+
+
 def _iso(base: Settings, tag: str) -> Settings:
-    s = isolated_settings(base, tag)
-    return s.model_copy(update={"worker_group": f"bench-workers-{uuid.uuid4().hex[:8]}"})
+    return isolated_settings(base, tag)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cancels", type=int, default=30)
-    ap.add_argument("--takeovers", type=int, default=3)
+    ap.add_argument("--takeovers", type=int, default=3, help="kill rounds per worker count")
+    ap.add_argument("--runs", type=int, default=12, help="runs shared by the workers per round")
     ap.add_argument("--lease-ms", type=int, default=2500)
     args = ap.parse_args()
     base = Settings()
     migrate(base.database_url)
 
     propagation, terminal = bench_cancels(_iso(base, "bench-cancel"), args.cancels, args.lease_ms)
-    takeovers = bench_takeovers(base, args.takeovers, args.lease_ms)
+    takeovers = [bench_takeovers(base, w, args.takeovers, args.runs, args.lease_ms) for w in (2, 4)]
     result = {
         "cancel_propagation_abort_to_tool": summary(propagation),
         "abort_to_terminal_cancelled": summary(terminal),
-        "takeover_after_kill9": summary([t["ms"] for t in takeovers]),
-        "takeover_rounds": takeovers,
+        "takeover_after_kill9": {f"{t['workers']}_workers": t for t in takeovers},
         "lease_ms": args.lease_ms,
-        "group_session_timeout_ms": 6000,
+        "discovery": "open-runs topic + presence, rendezvous ranking (no consumer group)",
     }
     for name, value in result.items():
         print(f"{name}: {value}")

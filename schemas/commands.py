@@ -165,6 +165,8 @@ class CancelAckPayload(Payload):
     tools_aborted: list[str] = Field(default_factory=list)
     subtasks_cancelled: list[str] = Field(default_factory=list)
     actions_blocked: list[str] = Field(default_factory=list)
+    #: approved actions already executing when the cancel came (they run to their end)
+    actions_executing: list[str] = Field(default_factory=list)
 
 
 class RunCompletePayload(Payload):

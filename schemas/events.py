@@ -275,6 +275,7 @@ class CancelAcknowledged(Payload):
     tools_aborted: list[str] = Field(default_factory=list)
     subtasks_cancelled: list[str] = Field(default_factory=list)
     actions_blocked: list[str] = Field(default_factory=list)
+    actions_executing: list[str] = Field(default_factory=list)
 
 
 class RunFinished(Payload):

@@ -10,8 +10,8 @@ deployment with other topic or group names gets ACLs for those.
 - `processor`: reads commands and worker commands; the only writer of events, state and
   the DLQ (and of commands: timers), with its transactional ids; no database.
 - `sink`: reads events; `ss_sink` writes the projection tables.
-- `worker`: writes worker commands, reads events and state; `ss_worker` has only
-  `agent_actions` and `agent_outbox`.
+- `worker`: writes worker commands and its presence, reads events and open runs;
+  `ss_worker` has only `agent_actions`, `agent_outbox` and `agent_run_fences`.
 - `producer` (the SDK, and the gateway): writes commands, reads events and dead letters
   (outcomes); `ss_gateway` reads the projection (and `api_keys` once it exists).
 - `analytics`: reads events, owns its faust app's groups and topics; `ss_reader` reads all.
@@ -115,6 +115,9 @@ def kafka_grants(settings: Settings) -> dict[str, list[Grant]]:
             # READ: the state changelog is restored on assignment
             *_topic("processor", state, "READ", "WRITE", "DESCRIBE", "DESCRIBE_CONFIGS"),
             *_topic("processor", dlq, "WRITE", "DESCRIBE", "DESCRIBE_CONFIGS"),
+            # the runs that need a holder, for workers; it only checks the presence topic
+            *_topic("processor", s.open_runs_topic, "WRITE", "DESCRIBE", "DESCRIBE_CONFIGS"),
+            *_topic("processor", s.workers_topic, "DESCRIBE", "DESCRIBE_CONFIGS"),
             *(
                 g
                 for t in processor_own_topics(s)
@@ -132,10 +135,11 @@ def kafka_grants(settings: Settings) -> dict[str, list[Grant]]:
         ],
         "worker": [
             *_topic("worker", worker_commands, "WRITE", "DESCRIBE"),
-            *_topic("worker", events, "READ", "DESCRIBE"),
-            *_topic("worker", state, "READ", "DESCRIBE"),  # run snapshots
-            _group("worker", s.worker_group),
-            _group("worker", WORKER_GROUP_PREFIX, prefixed=True),  # snapshot/control readers
+            *_topic("worker", events, "READ", "DESCRIBE"),  # its runs' grants, cancels, steers
+            *_topic("worker", s.open_runs_topic, "READ", "DESCRIBE"),  # run discovery
+            *_topic("worker", s.workers_topic, "READ", "WRITE", "DESCRIBE"),  # presence
+            # its readers assign partitions; the group id is never joined
+            _group("worker", WORKER_GROUP_PREFIX, prefixed=True),
         ],
         "producer": [
             *_topic("producer", commands, "WRITE", "DESCRIBE"),
@@ -184,7 +188,9 @@ def db_grants() -> list[DbGrant]:
     (including future ones, by default privileges) on top of these."""
     rw = ("SELECT", "INSERT", "UPDATE")
     grants = [DbGrant("ss_sink", t, rw) for t in (*PROJECTION, "sink_offsets")]
-    grants += [DbGrant("ss_worker", t, rw) for t in ("agent_actions", "agent_outbox")]
+    grants += [
+        DbGrant("ss_worker", t, rw) for t in ("agent_actions", "agent_outbox", "agent_run_fences")
+    ]
     grants += [DbGrant("ss_gateway", t, ("SELECT",)) for t in PROJECTION]
     grants += [DbGrant("ss_gateway", t, ("SELECT",)) for t in GATEWAY_HOOK_TABLES]
     # sink and workers run `migrate` at start: it reads what was applied

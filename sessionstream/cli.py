@@ -183,14 +183,15 @@ def worker(
     lease_ms: Annotated[
         int | None, typer.Option(help="lease length (default SESSIONSTREAM_WORKER_LEASE_MS)")
     ] = None,
-    group: Annotated[
-        str | None, typer.Option(help="consumer group (default SESSIONSTREAM_WORKER_GROUP)")
-    ] = None,
+    capacity: Annotated[
+        int, typer.Option(help="most runs executed at once (beyond: it takes no more)")
+    ] = 100,
     json_logs: JsonLogs = False,
     log_level: LogLevel = "INFO",
     metrics_port: MetricsPort = None,
 ) -> None:
-    """Run a run worker: acquire leases, execute runs, propagate cancels (docs/workers.md)."""
+    """Run a run worker: find runs that need a holder, acquire their leases, execute them,
+    propagate cancels (docs/workers.md)."""
     from consumers.worker._main import run_worker
     from sessionstream._logging import setup_logging
     from sessionstream.settings import get_settings
@@ -198,9 +199,7 @@ def worker(
     setup_logging(log_level, json_logs)
     _serve_metrics(metrics_port)
     settings = get_settings()
-    if group:
-        settings = settings.model_copy(update={"worker_group": group})
-    raise typer.Exit(code=run_worker(settings, agent, worker_id, lease_ms))
+    raise typer.Exit(code=run_worker(settings, agent, worker_id, lease_ms, capacity))
 
 
 @app.command("model-server")

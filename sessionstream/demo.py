@@ -154,7 +154,7 @@ def run_demo(settings: Settings, keep: bool = False) -> int:
         services["processor"].wait_for("assigned")
         services["sink"].wait_for("assigned")
         for w in ("worker-a", "worker-b"):
-            services[w].wait_for("worker assigned")
+            services[w].wait_for("ready:")
         _say("started: processor (exactly-once), sink, worker-a, worker-b (reference agent)")
         if local_model is not None:
             local_model.wait_for("listening")

@@ -22,8 +22,10 @@ __all__ = [
     "SINK_EVENTS",
     "SINK_LAG",
     "TRANSACTIONS",
+    "WORKER_ACQUIRES",
     "WORKER_CANCEL_SECONDS",
     "WORKER_RUNS",
+    "WORKER_SELF_FENCES",
     "serve",
 ]
 
@@ -73,6 +75,11 @@ SINK_LAG = Gauge(
 # -- workers -----------------------------------------------------------------------------
 WORKER_RUNS = Counter(
     "sessionstream_worker_runs", "Runs this worker executed, by how they ended", ["end"]
+)
+WORKER_ACQUIRES = Counter("sessionstream_worker_acquires", "lease.acquire commands sent")
+WORKER_SELF_FENCES = Counter(
+    "sessionstream_worker_self_fences",
+    "Runs this worker gave up because its lease could have passed unrenewed",
 )
 WORKER_CANCEL_SECONDS = Histogram(
     "sessionstream_worker_cancel_seconds",

@@ -128,6 +128,13 @@ class Settings(BaseSettings):
     state_topic: str = "session.state"
     """Compacted changelog of the processor's per-session state, keyed by ``session_id``."""
 
+    open_runs_topic: str = "session.open-runs"
+    """Compacted topic of the runs that need a holder, keyed by ``session_id``: written by the
+    processor, read whole by every worker (run discovery without a consumer group)."""
+
+    workers_topic: str = "session.workers"
+    """Compacted topic of worker presence, keyed by worker id (who is alive to take a run)."""
+
     dedup_topic: str = "session.dedup"
     """Changelog of the command ids each session remembers (duplicate detection), keyed
     ``{session_id}/{digest}``; compacted, and deleted after the dedup window."""
@@ -159,9 +166,6 @@ class Settings(BaseSettings):
     max_lease_ms: int = Field(default=300_000, ge=1000)
     """Longest lease the processor grants; a worker asking for more gets this much, and the
     grant says it was capped. A dead holder blocks a takeover at most this long."""
-
-    worker_group: str = "sessionstream-workers"
-    """Consumer group of the run workers on the events topic."""
 
     worker_lease_ms: int = Field(default=30_000, ge=500)
     """Lease a worker asks for; it renews (heartbeats) every third of it."""

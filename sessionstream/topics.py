@@ -6,6 +6,8 @@
 | session.events   | session/run/seq (unique)    | compact | the log: compaction only drops copies |
 | session.state    | session_id                  | compact | the processor's state changelog       |
 | session.dedup    | session_id/digest           | compact,delete | command ids remembered, 24 h+  |
+| session.open-runs| session_id                  | compact | runs that need a holder (workers)     |
+| session.workers  | worker id                   | compact,delete | worker presence                |
 | session.dlq      | the original key            | delete  | dead letters with their bytes         |
 
 Commands, events and state must have the same partition count: a session's events and
@@ -81,6 +83,32 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
                 "retention.ms": str(2 * 24 * 3600 * 1000),
                 "segment.ms": str(3600 * 1000),
             },
+        ),
+        # small: one record per session whose run waits for a holder; every worker reads all
+        TopicSpec(
+            settings.open_runs_topic,
+            n,
+            {
+                "cleanup.policy": "compact",
+                "segment.ms": "60000",
+                "min.cleanable.dirty.ratio": "0.1",
+                "delete.retention.ms": "60000",
+                "max.message.bytes": str(2 * 1024 * 1024),
+            },
+        ),
+        # presence: the broker stamps it (workers judge liveness by it), dead workers' last
+        # records are deleted after an hour
+        TopicSpec(
+            settings.workers_topic,
+            1,
+            {
+                "cleanup.policy": "compact,delete",
+                "retention.ms": str(3600 * 1000),
+                "segment.ms": "60000",
+                "min.cleanable.dirty.ratio": "0.1",
+                "message.timestamp.type": "LogAppendTime",
+            },
+            co_partitioned=False,
         ),
         TopicSpec(
             settings.dlq_topic,

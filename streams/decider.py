@@ -235,7 +235,7 @@ def evolve(
     elif t == "run.lease_renewed":
         r["lease_expires_at"] = event.payload_as(LeaseRenewed).lease_expires_at
     elif t in ("run.lease_released", "run.lease_expired"):
-        r.update(lease_owner=None, lease_expires_at=None)
+        r.update(lease_owner=None, lease_expires_at=None, last_holder=run.lease_owner)
     elif t == "run.steered":
         s = event.payload_as(Steered)
         pending = PendingInput(
@@ -1030,6 +1030,7 @@ def _cancel_ack(em: _Emitter, cmd: Command, run: RunState) -> None:
             tools_aborted=p.tools_aborted,
             subtasks_cancelled=p.subtasks_cancelled,
             actions_blocked=p.actions_blocked,
+            actions_executing=p.actions_executing,
         ),
     )
     _finish(em, "cancelled")

@@ -67,6 +67,8 @@ class RunState(WireModel):
     generation: int = 1
     lease_owner: str | None = None
     lease_expires_at: int | None = None
+    #: the holder whose lease was lost last (released or expired)
+    last_holder: str | None = None
     started_at: int
     timeout_at: int
     cancel_requested_at: int | None = None

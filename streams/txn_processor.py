@@ -42,6 +42,7 @@ from confluent_kafka import (
 )
 
 from schemas.codec import Codec
+from schemas.discovery import OpenRun
 from sessionstream import metrics
 from sessionstream._kafka import client_config, data_messages
 from sessionstream.errors import KafkaUnavailable
@@ -59,6 +60,7 @@ from streams.core import (
     encode_state,
 )
 from streams.decider import DeciderConfig
+from streams.open_runs import open_run
 from streams.state import SessionState
 from streams.timers import due_timers, timer_command
 
@@ -418,6 +420,13 @@ class TransactionalProcessor:
                 producer.produce(
                     s.state_topic, key=sid.encode(), value=encode_state(state), partition=p
                 )
+            # runs that now need a holder, or no longer do: what workers discover them by
+            for (p, sid), state in staged.items():
+                part = self.partitions[p]
+                was, now = open_run(part.states.get(sid)), open_run(state)
+                if _opening(was) != _opening(now):
+                    record = None if now is None else now.model_dump_json(by_alias=True).encode()
+                    producer.produce(s.open_runs_topic, key=sid.encode(), value=record, partition=p)
             for (p, _sid, _h), r in remembered.items():
                 producer.produce(
                     s.dedup_topic,
@@ -701,6 +710,11 @@ class TransactionalProcessor:
             with contextlib.suppress(KafkaException):  # a fatal producer cannot flush
                 self._producer.flush(5)
             self._producer = None
+
+
+def _opening(run: OpenRun | None) -> tuple[str, int, str] | None:
+    """What makes an open-runs record new (the clock it carries does not)."""
+    return None if run is None else (run.run_id, run.generation, run.status)
 
 
 def _log_time(msg: Message) -> int:

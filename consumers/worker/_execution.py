@@ -1,4 +1,12 @@
-"""One run on one worker: acquire, execute rounds, heartbeat, cancel, fence, finish."""
+"""One run on one worker: acquire, execute rounds, heartbeat, cancel, fence, finish.
+
+Self-fencing: the lease is counted on this worker's monotonic clock from the moment the
+command that earned it (the acquire, then each renew the processor answered) was sent, a
+conservative bound of the processor's own count. Once it has passed, or is about to, with no
+renewal answered, the run stops its model call, tools, sub-tasks and actions by itself,
+says why (`lease.release` with its generation: applied if nobody took the run yet, recorded
+as a stale write if someone did) and never starts an approved action after that point.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +16,12 @@ import time
 import uuid
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from consumers.worker._signal import RunAborted
+from consumers.worker._signal import RunAborted, RunFenced
 from consumers.worker.context import FollowUp, RunContext, Steer
+from consumers.worker.executor import ActionExecutor
+from consumers.worker.model import Model
 from schemas.commands import Command
 from schemas.events import (
     SESSION_LOG,
@@ -25,20 +35,45 @@ from schemas.events import (
     InputDelivered,
     LeaseExpired,
     LeaseGranted,
+    LeaseRenewed,
     RunFinished,
     StaleWriteRecorded,
     Steered,
 )
 from sessionstream import metrics
 
-if TYPE_CHECKING:
-    from consumers.worker.runtime import Worker
-
-__all__ = ["Execution", "Handler", "RunSpec"]
+__all__ = ["Execution", "Handler", "Host", "RunSpec"]
 
 log = logging.getLogger("sessionstream.worker")
 
 Handler = Callable[[RunContext], Coroutine[Any, Any, str | None]]
+
+#: how long a cancel waits for approved actions already executing (the processor's cancel
+#: grace is 30 s: the acknowledgement must come well before it)
+ACTION_DRAIN_S = 20.0
+
+#: a lease this close to its end with no renewal answered is given up (fraction of it)
+SELF_FENCE_MARGIN = 0.1
+
+
+class Host(Protocol):
+    """What an execution needs from the worker process that runs it."""
+
+    worker_id: str
+    lease_ms: int
+    acquire_timeout_s: float
+    cancel_grace_s: float
+    model: Model
+    executor: ActionExecutor | None
+    handler: Handler
+
+    @property
+    def control(self) -> Any: ...
+
+    def produce(self, cmd: Command) -> None: ...
+
+    def forget(self, ex: Execution) -> None: ...
+
 
 #: rejections of our own writes that mean "this generation may not write any more"
 FENCING_REASONS = frozenset({"stale_generation", "not_lease_holder", "run_finished", "unknown_run"})
@@ -57,7 +92,7 @@ class RunSpec:
 class Execution:
     """Implements RunIO for the run's context; receives the run's events from the worker."""
 
-    def __init__(self, worker: Worker, spec: RunSpec) -> None:
+    def __init__(self, worker: Host, spec: RunSpec) -> None:
         self.w = worker
         self.spec = spec
         self.run_id = spec.run_id
@@ -75,6 +110,11 @@ class Execution:
         self._early_steers: list[Steer] = []
         self._cancelling_task: asyncio.Task[None] | None = None
         self._early_follow_ups: list[FollowUp] = []
+        #: a cancel seen before the context existed (it came with the grant)
+        self._early_cancel: str | None = None
+        #: monotonic time until which our lease certainly holds (None: no lease yet)
+        self.lease_until: float | None = None
+        self._sent_at: dict[str, float] = {}  # lease command id -> monotonic send time
 
     # -- RunIO ------------------------------------------------------------------------------------
     def send(self, type_: str, payload: dict[str, Any]) -> str:
@@ -94,8 +134,20 @@ class Execution:
             payload=payload,
         )
         self._my_cmds[cmd.command_id] = type_
+        if type_ in ("lease.acquire", "lease.renew"):
+            self._sent_at[cmd.command_id] = time.monotonic()
         self.w.produce(cmd)
         return cmd.command_id
+
+    def lease_valid(self) -> bool:
+        """Our lease surely still holds (counted from when its command was sent)."""
+        return self.lease_until is not None and time.monotonic() < self.lease_until
+
+    def _lease_answered(self, command_id: str, lease_ms: int | None) -> None:
+        sent = self._sent_at.pop(command_id, None)
+        if sent is not None:
+            ms = lease_ms if lease_ms is not None else self.w.lease_ms
+            self.lease_until = max(self.lease_until or 0.0, sent + ms / 1000)
 
     async def ask_gate(self, kind: str, key: str, detail: str | None) -> tuple[str, str | None]:
         fut = self._gate.get(key)
@@ -129,6 +181,13 @@ class Execution:
             self.generation,
         )
         s = self.spec
+        if self.w.executor is not None:
+            # the fencing token: from now on no older generation's action commits
+            try:
+                await self.w.executor.raise_fence(s.run_id, self.generation)
+            except RunFenced as e:
+                self.self_fence(str(e))
+                return
         ctx = RunContext(
             session_id=s.session_id,
             run_id=s.run_id,
@@ -147,7 +206,12 @@ class Execution:
         self.ctx = ctx
         heartbeat = asyncio.create_task(self._heartbeat())
         try:
-            await self._rounds(ctx)
+            if self._early_cancel is not None:
+                # the cancel came with the grant: nothing ran, acknowledge at once
+                self.cancelling = True
+                await self._cancel(self._early_cancel)
+            else:
+                await self._rounds(ctx)
             await self.done.wait()
         finally:
             heartbeat.cancel()
@@ -183,10 +247,30 @@ class Execution:
             log.info("run %s: follow-ups delivered, round %s", self.run_id, ctx.round)
 
     async def _heartbeat(self) -> None:
+        """Renew every third of the lease; give the run up before an unanswered lease ends."""
         interval = self.w.lease_ms / 3000
+        margin = self.w.lease_ms / 1000 * SELF_FENCE_MARGIN
+        next_renew = time.monotonic() + interval
         while not self.done.is_set():
-            await asyncio.sleep(interval)
-            self.send("lease.renew", {"leaseMs": self.w.lease_ms})
+            now = time.monotonic()
+            if self.lease_until is not None and now >= self.lease_until - margin:
+                self.self_fence(f"lease not renewed in time ({self.w.lease_ms} ms)")
+                return
+            if now >= next_renew:
+                self.send("lease.renew", {"leaseMs": self.w.lease_ms})
+                next_renew = now + interval
+            wake = min(next_renew, (self.lease_until or next_renew) - margin)
+            await asyncio.sleep(max(0.01, min(wake - time.monotonic(), interval)))
+
+    def self_fence(self, why: str) -> None:
+        """Our lease may be gone: stop everything here, and tell the processor so (a
+        release with our generation; stale, and recorded, if another worker holds it)."""
+        if self.done.is_set():
+            return
+        log.warning("run %s: self-fenced at generation %s: %s", self.run_id, self.generation, why)
+        metrics.WORKER_SELF_FENCES.inc()
+        self.send("lease.release", {})
+        self._stop(f"self-fenced: {why}", fenced=True)
 
     async def _cancel(self, reason: str) -> None:
         """Model, tools, sub-tasks, actions — then acknowledge."""
@@ -194,10 +278,16 @@ class Execution:
         assert ctx is not None
         started = time.monotonic()
         report = ctx._abort(reason)
+        # approved actions already executing finish (or not) on their own: say which
+        report.actions_executing = sorted(ctx.executing_actions)
         task = self._handler
         if task is not None and not task.done():
-            # let the handler unwind (tools report tool.finished), then force it
+            # let the handler unwind (tools report tool.finished), then force it; but never
+            # in the middle of an approved action: its effect commits (or not) whole first
             await asyncio.wait({task}, timeout=self.w.cancel_grace_s)
+            drain_until = time.monotonic() + ACTION_DRAIN_S
+            while not task.done() and ctx.executing_actions and time.monotonic() < drain_until:
+                await asyncio.wait({task}, timeout=0.05)
             if not task.done():
                 task.cancel()
                 await asyncio.wait({task}, timeout=1.0)
@@ -214,6 +304,7 @@ class Execution:
                 "toolsAborted": report.tools_aborted,
                 "subtasksCancelled": report.subtasks_cancelled,
                 "actionsBlocked": sorted(set(report.actions_blocked)),
+                "actionsExecuting": sorted(set(report.actions_executing)),
             },
         )
         metrics.WORKER_CANCEL_SECONDS.observe(time.monotonic() - started)
@@ -281,13 +372,16 @@ class Execution:
     def _on_run_event(self, e: Event) -> None:
         t, me = e.type, self.w.worker_id
         if t == "run.lease_granted":
-            owner = e.payload_as(LeaseGranted).worker_id
+            g = e.payload_as(LeaseGranted)
+            owner = g.worker_id
             if owner == me and not self._granted.done():
+                self._lease_answered(e.command_id, g.lease_ms)
                 self._granted.set_result(e.generation)
             elif owner != me and self.generation is None:
                 self._stop(f"lease granted to {owner}", fenced=False)
         elif t == "run.lease_expired" and e.payload_as(LeaseExpired).worker_id == me:
-            self._stop(f"lease expired (generation now {e.generation})", fenced=True)
+            # the same stop as our own lease count would make, with its note in the trail
+            self.self_fence(f"lease expired (generation now {e.generation})")
         elif t == "run.stale_write_recorded":
             sw = e.payload_as(StaleWriteRecorded)
             if sw.worker_id == me and sw.stale_generation == self.generation:
@@ -324,10 +418,15 @@ class Execution:
         elif t == "action.decision_replayed":
             r = e.payload_as(ActionDecisionReplayed)
             self._decide(r.idempotency_key, r.decision, "replayed")
-        elif t == "run.cancel_requested" and self.ctx is not None and not self.cancelling:
-            self.cancelling = True
+        elif t == "run.lease_renewed" and e.payload_as(LeaseRenewed).worker_id == me:
+            self._lease_answered(e.command_id, e.payload_as(LeaseRenewed).lease_ms)
+        elif t == "run.cancel_requested" and not self.cancelling:
             reason = e.payload_as(CancelRequested).reason
-            self._cancelling_task = asyncio.create_task(self._cancel(reason))
+            if self.ctx is None:
+                self._early_cancel = reason  # acknowledged as soon as the context exists
+            else:
+                self.cancelling = True
+                self._cancelling_task = asyncio.create_task(self._cancel(reason))
         elif t == "run.finished":
             status = e.payload_as(RunFinished).terminal_status
             if self._round_end is not None and not self._round_end.done():

@@ -1,15 +1,14 @@
 """Kafka side of a worker (confluent-kafka, one thread per consumer; see docs/workers.md).
 
-Two consumers, because two different questions are asked of `session.events`:
+No consumer group: partition ownership has nothing to do with who runs what, the lease
+does. Three feeds, each handing decoded records to the asyncio loop with
+`call_soon_threadsafe`:
 
-* the *group* consumer (subscribe, group `worker_group`) answers "which runs in my
-  partitions may be started?": on assignment it reads the processor's state changelog
-  (`session.state`) for a snapshot of active runs, then follows the events from the end;
-* the *control* consumer (assign, no group) follows the partitions of the runs this worker
-  is acquiring or executing. Execution is governed by the lease, not by partition ownership:
-  a rebalance must not cut a run's worker off its cancel, steer and fencing events.
-
-Both hand decoded events to the asyncio loop with `call_soon_threadsafe`.
+* `OpenRunsFeed` reads the whole `session.open-runs` topic (every partition, from the
+  start: it is compacted to the runs that need a holder now) and follows it;
+* `PresenceFeed` reads the whole `session.workers` topic: who else is alive;
+* `ControlFeed` follows the events partitions of the runs this worker acquires or executes
+  (grants, cancels, steers, fencing), from their end at the moment it is asked to.
 """
 
 from __future__ import annotations
@@ -25,22 +24,24 @@ from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from pydantic import ValidationError
 
 from schemas.codec import Codec
+from schemas.discovery import OpenRun, WorkerPresence
 from schemas.errors import DecodeError
 from schemas.events import Event
 from sessionstream._kafka import client_config
 from sessionstream.settings import Settings
-from streams.core import decode_state
-from streams.state import SessionState
 
-__all__ = ["ControlFeed", "GroupFeed"]
+__all__ = ["ControlFeed", "OpenRunsFeed", "PresenceFeed"]
 
 log = logging.getLogger("sessionstream.worker")
 
 OnEvent = Callable[[Event, int], None]
-OnAssign = Callable[[int, list[SessionState]], None]
-OnRevoke = Callable[[list[int]], None]
+#: (session id, partition, the open run or None once it is taken or ended)
+OnOpenRun = Callable[[str, int, OpenRun | None], None]
+#: (worker id, its presence or None when it left, the record's broker time in ms)
+OnPresence = Callable[[str, WorkerPresence | None, int], None]
 
 
 def _decode(codec: Codec, value: bytes | None) -> Event | None:
@@ -49,6 +50,22 @@ def _decode(codec: Codec, value: bytes | None) -> Event | None:
     except DecodeError as e:  # the processor wrote it, so this is a version skew: skip loudly
         log.error("undecodable event skipped: %s", e)
         return None
+
+
+def _reader(settings: Settings, **extra: Any) -> Consumer:
+    """An assign-only consumer (its group id is never joined nor committed)."""
+    return Consumer(
+        client_config(
+            settings,
+            **{
+                "group.id": f"sessionstream-worker-{uuid.uuid4()}",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "fetch.wait.max.ms": 10,
+                **extra,
+            },
+        )
+    )
 
 
 class _Thread:
@@ -77,82 +94,103 @@ class _Thread:
         raise NotImplementedError
 
 
-class GroupFeed(_Thread):
-    """Discovery of startable runs through the worker group."""
+class _WholeTopic(_Thread):
+    """Reads every partition of a small compacted topic from its start, then follows it.
+    `caught_up` is set once the records present at start have been handed over."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        loop: asyncio.AbstractEventLoop,
-        on_event: OnEvent,
-        on_assign: OnAssign,
-        on_revoke: OnRevoke,
-        session_timeout_ms: int = 6000,
-    ) -> None:
-        super().__init__("worker-group")
+    def __init__(self, name: str, settings: Settings, topic: str) -> None:
+        super().__init__(name)
         self.settings = settings
-        self.loop = loop
-        self.on_event, self.on_assign_cb, self.on_revoke_cb = on_event, on_assign, on_revoke
-        self.codec = Codec()
-        self.assigned = threading.Event()
-        self.consumer = Consumer(
-            client_config(
-                settings,
-                **{
-                    "group.id": settings.worker_group,
-                    "enable.auto.commit": False,
-                    "isolation.level": "read_committed",
-                    "session.timeout.ms": session_timeout_ms,
-                    "heartbeat.interval.ms": max(500, session_timeout_ms // 6),
-                    "fetch.wait.max.ms": 10,
-                    "partition.assignment.strategy": "range",
-                },
-            )
-        )
+        self.topic = topic
+        self.caught_up = threading.Event()
+        self.consumer = _reader(settings, **{"enable.partition.eof": True})
+
+    def handle(self, key: bytes, value: bytes | None, partition: int, ts: int) -> None:
+        raise NotImplementedError
 
     def run(self) -> None:
         c = self.consumer
-        c.subscribe(
-            [self.settings.events_topic],
-            on_assign=self._assign,
-            on_revoke=self._revoke,
-            on_lost=self._revoke,
-        )
         try:
+            meta = _wait_metadata(c, self.topic, self.stop)
+            c.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in meta])
+            pending = set(meta)
             while not self.stop.is_set():
                 msg = c.poll(0.05)
                 if msg is None:
                     continue
                 err = msg.error()
                 if err is not None:
-                    if err.code() != KafkaError._PARTITION_EOF:
-                        log.warning("group consumer: %s", err)
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        pending.discard(msg.partition() or 0)
+                        if not pending:
+                            self.caught_up.set()
+                    elif err.fatal():
+                        raise KafkaException(err)
+                    else:
+                        log.warning("%s: %s", self.topic, err)  # a broker restarting
                     continue
-                event = _decode(self.codec, msg.value())
-                if event is not None:
-                    self.loop.call_soon_threadsafe(self.on_event, event, msg.partition() or 0)
+                key = msg.key()
+                if key is None:
+                    continue
+                self.handle(key, msg.value(), msg.partition() or 0, msg.timestamp()[1])
         finally:
             c.close()
 
-    def _assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        s = self.settings
-        start = []
-        for tp in partitions:
-            # Step 1: where the committed events end now (read_committed: the stable offset)
-            end = _end_offset(consumer, TopicPartition(s.events_topic, tp.partition), self.stop)
-            # Step 2: the state snapshot, which already holds every event below `end`
-            states = _read_states(s, tp.partition)
-            self.loop.call_soon_threadsafe(self.on_assign_cb, tp.partition, states)
-            # Step 3: follow from `end`; events the snapshot already holds are re-applied
-            start.append(TopicPartition(s.events_topic, tp.partition, end))
-        consumer.assign(start)
-        log.info("worker assigned %s", sorted(tp.partition for tp in partitions))
-        self.assigned.set()
 
-    def _revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        parts = [tp.partition for tp in partitions]
-        self.loop.call_soon_threadsafe(self.on_revoke_cb, parts)
-        log.info("worker revoked %s", sorted(parts))
+class OpenRunsFeed(_WholeTopic):
+    """The runs that need a holder, across all partitions."""
+
+    def __init__(
+        self, settings: Settings, loop: asyncio.AbstractEventLoop, on_open: OnOpenRun
+    ) -> None:
+        super().__init__("worker-open-runs", settings, settings.open_runs_topic)
+        self.loop, self.on_open = loop, on_open
+
+    def handle(self, key: bytes, value: bytes | None, partition: int, ts: int) -> None:
+        run: OpenRun | None = None
+        if value is not None:
+            try:
+                run = OpenRun.model_validate_json(value)
+            except ValidationError as e:
+                log.error("undecodable open-runs record skipped: %s", e)
+                return
+        self.loop.call_soon_threadsafe(self.on_open, key.decode(), partition, run)
+
+
+class PresenceFeed(_WholeTopic):
+    """Every worker's presence records."""
+
+    def __init__(
+        self, settings: Settings, loop: asyncio.AbstractEventLoop, on_presence: OnPresence
+    ) -> None:
+        super().__init__("worker-presence", settings, settings.workers_topic)
+        self.loop, self.on_presence = loop, on_presence
+
+    def handle(self, key: bytes, value: bytes | None, partition: int, ts: int) -> None:
+        p: WorkerPresence | None = None
+        if value is not None:
+            try:
+                p = WorkerPresence.model_validate_json(value)
+            except ValidationError as e:
+                log.error("undecodable presence record skipped: %s", e)
+                return
+        self.loop.call_soon_threadsafe(self.on_presence, key.decode(), p, ts)
+
+
+def _wait_metadata(c: Consumer, topic: str, stop: threading.Event) -> list[int]:
+    """The topic's partitions; a broker restarting is waited out."""
+    while True:
+        try:
+            t = c.list_topics(topic, timeout=10).topics.get(topic)
+            if t is not None and t.error is None and t.partitions:
+                return sorted(t.partitions)
+            log.warning("topic %s not available yet (%s); retrying", topic, t and t.error)
+        except KafkaException as e:
+            if e.args[0].fatal():
+                raise
+            log.warning("metadata of %s: %s; retrying", topic, e.args[0])
+        if stop.wait(0.5):
+            return []
 
 
 def _end_offset(consumer: Consumer, tp: TopicPartition, stop: threading.Event) -> int:
@@ -168,47 +206,8 @@ def _end_offset(consumer: Consumer, tp: TopicPartition, stop: threading.Event) -
             stop.wait(0.5)
 
 
-def _read_states(settings: Settings, partition: int) -> list[SessionState]:
-    reader = Consumer(
-        client_config(
-            settings,
-            **{
-                "group.id": f"sessionstream-worker-snapshot-{uuid.uuid4()}",
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-                "enable.partition.eof": True,
-                "fetch.wait.max.ms": 10,
-            },
-        )
-    )
-    states: dict[str, SessionState] = {}
-    try:
-        reader.assign([TopicPartition(settings.state_topic, partition, OFFSET_BEGINNING)])
-        while True:
-            msg = reader.poll(1.0)
-            if msg is None:
-                continue
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    break
-                if err.fatal():
-                    raise KafkaException(err)
-                log.warning("state snapshot: %s", err)  # a broker restarting: read on
-                continue
-            value = msg.value()
-            if value is None:
-                states.pop((msg.key() or b"").decode(), None)
-            else:
-                state = decode_state(value)
-                states[state.session_id] = state
-    finally:
-        reader.close()
-    return list(states.values())
-
-
 class ControlFeed(_Thread):
-    """Follows the partitions of the runs this worker acquires or executes."""
+    """Follows the events partitions of the runs this worker acquires or executes."""
 
     def __init__(
         self, settings: Settings, loop: asyncio.AbstractEventLoop, on_event: OnEvent
@@ -220,17 +219,7 @@ class ControlFeed(_Thread):
         self.codec = Codec()
         self._requests: queue.Queue[tuple[int, asyncio.Future[None]]] = queue.Queue()
         self._watching: set[int] = set()
-        self.consumer = Consumer(
-            client_config(
-                settings,
-                **{
-                    "group.id": f"sessionstream-worker-control-{uuid.uuid4()}",
-                    "enable.auto.commit": False,
-                    "isolation.level": "read_committed",
-                    "fetch.wait.max.ms": 5,
-                },
-            )
-        )
+        self.consumer = _reader(settings, **{"fetch.wait.max.ms": 5})
 
     async def watch(self, partition: int) -> None:
         """Return once the partition is followed from (at the latest) its end now."""

@@ -41,7 +41,13 @@ def model_from_settings(settings: Settings) -> Model | None:
     return model
 
 
-def run_worker(settings: Settings, agent: str, worker_id: str | None, lease_ms: int | None) -> int:
+def run_worker(
+    settings: Settings,
+    agent: str,
+    worker_id: str | None,
+    lease_ms: int | None,
+    capacity: int = 100,
+) -> int:
     try:
         handler = load_handler(agent)
     except (ConfigurationError, ImportError, AttributeError) as e:
@@ -58,7 +64,10 @@ def run_worker(settings: Settings, agent: str, worker_id: str | None, lease_ms: 
             loop.add_signal_handler(sig, stop.set)
         model = model_from_settings(settings)
         try:
-            await Worker(settings, handler, worker_id, model=model, lease_ms=lease_ms).run(stop)
+            worker = Worker(
+                settings, handler, worker_id, model=model, lease_ms=lease_ms, capacity=capacity
+            )
+            await worker.run(stop)
         finally:
             if isinstance(model, OpenAIChatModel):
                 await model.aclose()

@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from consumers.worker._signal import AbortSignal, RunCancelled
-from consumers.worker.executor import ActionExecutor, ActionFn
+from consumers.worker._signal import AbortSignal, RunCancelled, RunFenced
+from consumers.worker.executor import ActionExecutor, ActionFn, ActionTarget
 from consumers.worker.model import Model
 
 __all__ = [
@@ -50,6 +50,10 @@ class RunIO(Protocol):
         """(decision, reason) — decision is "approved" or "denied"."""
         ...
 
+    def lease_valid(self) -> bool:
+        """This worker's lease surely still holds (no action may start once it has not)."""
+        ...
+
 
 @dataclass(frozen=True)
 class FollowUp:
@@ -71,6 +75,8 @@ class CancelReport:
     tools_aborted: list[str] = field(default_factory=list)
     subtasks_cancelled: list[str] = field(default_factory=list)
     actions_blocked: list[str] = field(default_factory=list)
+    #: approved actions already executing when the cancel came (they are not interrupted)
+    actions_executing: list[str] = field(default_factory=list)
 
 
 class ModelCall:
@@ -133,6 +139,8 @@ class RunContext:
         self._subtasks: dict[str, asyncio.Task[Any]] = {}
         self._report = CancelReport()
         self.abort_reason: str | None = None
+        #: idempotency keys of approved actions executing now
+        self.executing_actions: set[str] = set()
 
     @property
     def database(self) -> str | None:
@@ -226,9 +234,16 @@ class RunContext:
 
         def done(t: asyncio.Task[T]) -> None:
             self._subtasks.pop(sub_id, None)
-            if not self.aborted:
-                state = "cancelled" if t.cancelled() else "ok"
-                self._progress("subtask.finished", sub_id, sub_id, state)
+            if self.aborted:
+                state = f"aborted: {self.abort_reason}"
+            elif t.cancelled():
+                state = "cancelled"
+            elif t.exception() is not None:
+                state = f"error: {t.exception()!r}"[:200]
+            else:
+                state = "ok"
+            # every sub-task ends with an event, a cancelled one with why
+            self._progress("subtask.finished", sub_id, sub_id, state)
 
         task.add_done_callback(done)
         return task
@@ -254,11 +269,21 @@ class RunContext:
         if self.aborted:  # cancel arrived after the approval: refuse locally
             self._report.actions_blocked.append(idempotency_key)
             raise RunCancelled(self.abort_reason or "aborted")
+        if not self._io.lease_valid():
+            # approved, but our lease may have passed meanwhile (a frozen process): another
+            # worker may hold the run now, so this one never acts
+            self._report.actions_blocked.append(idempotency_key)
+            raise RunFenced(f"lease passed before action {idempotency_key!r} could run")
         if self._executor is None:
             raise RuntimeError("no action executor configured (database_url)")
-        ok, result = await self._executor.execute(
-            self, kind, idempotency_key, fn, transactional=transactional
-        )
+        target = ActionTarget(self.session_id, self.run_id, self.generation, self.worker_id)
+        self.executing_actions.add(idempotency_key)
+        try:
+            ok, result = await self._executor.execute(
+                target, kind, idempotency_key, fn, transactional=transactional
+            )
+        finally:
+            self.executing_actions.discard(idempotency_key)
         self._io.send(
             "action.result", {"idempotencyKey": idempotency_key, "ok": ok, "result": result}
         )

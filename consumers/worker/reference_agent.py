@@ -4,7 +4,7 @@ Used by the tests, the benchmark and the demo. Its behaviour is set by `key=valu
 the prompt, so a test can ask for exactly the run it needs:
 
     steps=2 tool_ms=3000 model_ms=50 sql_ms=0 email=end|start|no to=ops@example.com
-    subtask_ms=0 compact=1
+    subtask_ms=0 email_ms=0 compact=1
 
 Each step: read steering, call the model (the steer text is in its prompt), call the
 "search" tool (which waits `tool_ms` unless aborted). After the steps the "sql" tool asks
@@ -41,6 +41,8 @@ class AgentConfig:
     email: str = "end"
     to: str = "user@example.com"
     subtask_ms: int = 0
+    #: how long sending the email takes (inside its transaction)
+    email_ms: int = 0
     compact: bool = False
 
     @classmethod
@@ -54,6 +56,7 @@ class AgentConfig:
             email=words.get("email", cls.email),
             to=words.get("to", cls.to),
             subtask_ms=int(words.get("subtask_ms", cls.subtask_ms)),
+            email_ms=int(words.get("email_ms", cls.email_ms)),
             compact=words.get("compact", "0") == "1",
         )
 
@@ -61,6 +64,9 @@ class AgentConfig:
 async def send_email(ctx: RunContext, cfg: AgentConfig, where: str, body: str) -> str | None:
     async def write(a: ActionRun) -> str:
         assert a.conn is not None
+        if cfg.email_ms:
+            # a slow mail server: the action is underway when a cancel may come
+            await a.conn.execute("select pg_sleep(%s)", (cfg.email_ms / 1000,))
         await a.conn.execute(
             "insert into agent_outbox (idempotency_key, session_id, run_id, recipient, subject,"
             " body) values (%s, %s, %s, %s, %s, %s)",

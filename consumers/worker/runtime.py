@@ -1,50 +1,70 @@
-"""The worker process: discovers startable runs in its partitions and executes them.
+"""The worker process: finds runs that need a holder, competes for them, executes them.
 
 `Worker(settings, handler, worker_id).run()` — see docs/workers.md for the protocol. The
 asyncio loop owns all run state; the Kafka consumers live on their own threads and only
-hand events over (`_feed.py`). Commands are produced with the murmur2 partitioner
-(`sessionstream.client.producer_config`), like every other producer of commands.
+hand records over (`_feed.py`).
+
+Discovery without a consumer group: every worker reads the whole `session.open-runs` topic
+(the runs that need a holder, written by the processor) and every worker's presence
+(`session.workers`). For each open run the live workers with room rank themselves by
+rendezvous hashing of (run, generation, worker); the first sends `lease.acquire` at once,
+the k-th waits k acquire steps and sends it only if the run is still open by then. A run
+whose holder died is therefore taken as soon as its lease expires, by one worker, wherever
+its partition sits; a dead first-ranked worker costs one step.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import socket
+import time
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, Producer
 
 from consumers.worker._execution import Execution, Handler, RunSpec
-from consumers.worker._feed import ControlFeed, GroupFeed
+from consumers.worker._feed import ControlFeed, OpenRunsFeed, PresenceFeed
 from consumers.worker.executor import ActionExecutor
 from consumers.worker.model import FakeModel, Model
 from schemas.codec import Codec
 from schemas.commands import Command
-from schemas.events import Event, LeaseGranted, RunStarted
+from schemas.discovery import OpenRun, WorkerPresence
+from schemas.events import Event
+from sessionstream import metrics
 from sessionstream.client import producer_config
 from sessionstream.settings import Settings
-from streams.state import SessionState
 
-__all__ = ["Worker", "default_worker_id"]
+__all__ = ["Worker", "default_worker_id", "rank"]
 
 log = logging.getLogger("sessionstream.worker")
 
-_STARTABLE = ("running", "compacting")
+#: a worker whose presence is older than this many of its intervals is taken for dead
+PRESENCE_TTL_INTERVALS = 3
 
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-@dataclass
-class _View:
-    """What the group consumer knows of an active run in an assigned partition."""
+def rank(run: OpenRun, workers: list[str]) -> list[str]:
+    """Rendezvous order of `workers` for `run` (at its generation): the same on every
+    worker that sees the same set, different per run, so runs spread over workers."""
 
-    spec: RunSpec
-    status: str
-    owner: str | None
+    def score(w: str) -> bytes:
+        key = f"{run.run_id}/{run.generation}/{w}".encode()
+        return hashlib.blake2b(key, digest_size=8).digest()
+
+    return sorted(workers, key=score, reverse=True)
+
+
+@dataclass
+class _Open:
+    run: OpenRun
+    partition: int
+    seen_at: float  # monotonic
 
 
 class Worker:
@@ -61,7 +81,9 @@ class Worker:
         database_url: str | None = None,
         cancel_grace_s: float = 2.0,
         acquire_timeout_s: float = 30.0,
-        session_timeout_ms: int = 6000,
+        capacity: int = 100,
+        presence_interval_s: float = 1.0,
+        acquire_step_s: float = 0.3,
     ) -> None:
         self.settings = settings
         self.handler = handler
@@ -70,16 +92,22 @@ class Worker:
         self.lease_ms = lease_ms or settings.worker_lease_ms
         self.cancel_grace_s = cancel_grace_s
         self.acquire_timeout_s = acquire_timeout_s
-        self.session_timeout_ms = session_timeout_ms
-        url = settings.database_conninfo if database_url is None else database_url
+        self.capacity = capacity
+        self.presence_interval_s = presence_interval_s
+        self.acquire_step_s = acquire_step_s
+        if database_url is None:
+            conninfo = settings.database_conninfo if settings.database_url else ""
+        else:
+            conninfo = database_url
         self.executor: ActionExecutor | None = (
-            ActionExecutor(url, settings.database_schema) if url else None
+            ActionExecutor(conninfo, settings.database_schema) if conninfo else None
         )
         self.codec = Codec()
         self.executions: dict[str, Execution] = {}
-        self._views: dict[str, _View] = {}
-        self._assigned: set[int] = set()
+        self._open: dict[str, _Open] = {}  # session id -> its open run
+        self._presence: dict[str, tuple[WorkerPresence, int]] = {}  # worker -> (record, ms)
         self._consider_scheduled = False
+        self._timers: dict[str, asyncio.TimerHandle] = {}  # run id -> its ranked wait
         self._producer: Producer | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.ready = asyncio.Event()
@@ -93,36 +121,49 @@ class Worker:
             await self.executor.open()
         self._producer = Producer(producer_config(self.settings, **{"linger.ms": 0}))
         self.control = ControlFeed(self.settings, loop, self._on_control_event)
-        self.group = GroupFeed(
-            self.settings,
-            loop,
-            self._on_group_event,
-            self._on_assign,
-            self._on_revoke,
-            session_timeout_ms=self.session_timeout_ms,
-        )
-        self.control.start()
-        self.group.start()
+        self.open_runs = OpenRunsFeed(self.settings, loop, self._on_open_run)
+        self.presence = PresenceFeed(self.settings, loop, self._on_presence)
+        for feed in (self.control, self.presence, self.open_runs):
+            feed.start()
+        self._publish_presence()
         log.info(
-            "worker %s consuming %s in group %s",
+            "worker %s consuming %s (open runs) and %s",
             self.worker_id,
+            self.settings.open_runs_topic,
             self.settings.events_topic,
-            self.settings.worker_group,
         )
         pump = asyncio.create_task(self._pump_producer())
+        beat = asyncio.create_task(self._presence_loop())
+        ready = asyncio.create_task(self._await_ready())
         try:
             await stop.wait()
         finally:
+            for t in (pump, beat, ready):
+                t.cancel()
             await self._shutdown()
-            pump.cancel()
+
+    async def _await_ready(self) -> None:
+        while not (self.open_runs.caught_up.is_set() and self.presence.caught_up.is_set()):
+            await asyncio.sleep(0.02)
+        self.ready.set()
+        log.info(
+            "worker %s ready: %s open runs, %s other workers present",
+            self.worker_id,
+            len(self._open),
+            len(set(self._presence) - {self.worker_id}),
+        )
+        self._schedule_consider()
 
     async def _shutdown(self) -> None:
         for ex in list(self.executions.values()):
             ex.release("worker shutting down")
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=5)
-        self.group.close()
-        self.control.close()
+        for handle in self._timers.values():
+            handle.cancel()
+        self._publish_presence(leaving=True)
+        for feed in (self.open_runs, self.presence, self.control):
+            feed.close()
         if self._producer is not None:
             await asyncio.to_thread(self._producer.flush, 10)
         if self.executor is not None:
@@ -135,83 +176,120 @@ class Worker:
             self._producer.poll(0)
             await asyncio.sleep(0.02)
 
-    def produce(self, cmd: Command) -> None:
+    async def _presence_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.presence_interval_s)
+            self._publish_presence()
+
+    def _publish_presence(self, *, leaving: bool = False) -> None:
+        assert self._producer is not None
+        value = None
+        if not leaving:
+            p = WorkerPresence(
+                worker_id=self.worker_id,
+                load=len(self.executions),
+                capacity=self.capacity,
+                interval_ms=int(self.presence_interval_s * 1000),
+            )
+            value = p.model_dump_json(by_alias=True).encode()
+        self._send(self.settings.workers_topic, self.worker_id.encode(), value, "presence")
+
+    def _send(self, topic: str, key: bytes, value: bytes | None, what: str) -> None:
         assert self._producer is not None
 
         def delivered(err: KafkaError | None, _msg: object) -> None:
             if err is not None:
-                log.error("command %s (%s) not delivered: %s", cmd.command_id, cmd.type, err)
+                log.error("%s not delivered: %s", what, err)
 
-        value = self.codec.encode_command(cmd)
-        key = cmd.session_id.encode()
         try:
-            self._producer.produce(
-                self.settings.commands_topic, key=key, value=value, on_delivery=delivered
-            )
+            self._producer.produce(topic, key=key, value=value, on_delivery=delivered)
         except BufferError:
             self._producer.flush(1)
-            self._producer.produce(
-                self.settings.commands_topic, key=key, value=value, on_delivery=delivered
-            )
+            self._producer.produce(topic, key=key, value=value, on_delivery=delivered)
         self._producer.poll(0)
 
-    # -- discovery (group consumer) ----------
-    def _on_assign(self, partition: int, states: list[SessionState]) -> None:
-        self._assigned.add(partition)
-        for st in states:
-            run = st.active
-            if run is None or st.tenant_id is None:
-                continue
-            spec = RunSpec(
-                st.session_id, st.tenant_id, run.run_id, partition, run.prompt, run.context_ref
-            )
-            self._views[run.run_id] = _View(spec, run.status, run.lease_owner)
-        self._schedule_consider()
-        self.ready.set()
+    def produce(self, cmd: Command) -> None:
+        """A command of one of our runs (murmur2 places it on its session's partition)."""
+        if cmd.type == "lease.acquire":
+            metrics.WORKER_ACQUIRES.inc()
+        self._send(
+            self.settings.commands_topic,
+            cmd.session_id.encode(),
+            self.codec.encode_command(cmd),
+            f"command {cmd.command_id} ({cmd.type})",
+        )
 
-    def _on_revoke(self, partitions: list[int]) -> None:
-        gone = set(partitions)
-        self._assigned -= gone
-        self._views = {k: v for k, v in self._views.items() if v.spec.partition not in gone}
-
-    def _on_group_event(self, e: Event, partition: int) -> None:
-        if partition not in self._assigned:
+    # -- discovery ----------
+    def _on_open_run(self, session_id: str, partition: int, run: OpenRun | None) -> None:
+        if run is None:
+            gone = self._open.pop(session_id, None)
+            if gone is not None:
+                self._cancel_wait(gone.run.run_id)
             return
-        t = e.type
-        if t == "run.started":
-            p = e.payload_as(RunStarted)
-            spec = RunSpec(e.session_id, e.tenant_id, e.run_id, partition, p.prompt, p.context_ref)
-            self._views[e.run_id] = _View(spec, "running", None)
-        view = self._views.get(e.run_id)
-        if view is None:
-            return
-        if t == "run.lease_granted":
-            view.owner = e.payload_as(LeaseGranted).worker_id
-        elif t in ("run.lease_expired", "run.lease_released"):
-            view.owner = None
-        elif t == "run.cancel_requested":
-            view.status = "cancelling"
-        elif t == "run.compaction_started":
-            view.status = "compacting"
-        elif t == "run.compaction_finished":
-            view.status = "running"
-        elif t == "run.finished":
-            del self._views[e.run_id]
+        self._open[session_id] = _Open(run, partition, time.monotonic())
         self._schedule_consider()
+
+    def _on_presence(self, worker_id: str, p: WorkerPresence | None, ts_ms: int) -> None:
+        if p is None:
+            self._presence.pop(worker_id, None)
+        else:
+            self._presence[worker_id] = (p, ts_ms)
+
+    def live_workers(self) -> list[str]:
+        """Workers alive by their last presence (and with room), this one always."""
+        now_ms = time.time() * 1000
+        out = {self.worker_id}
+        for w, (p, ts) in self._presence.items():
+            fresh = now_ms - ts <= PRESENCE_TTL_INTERVALS * p.interval_ms
+            if fresh and p.load < p.capacity:
+                out.add(w)
+        return sorted(out)
 
     def _schedule_consider(self) -> None:
-        # after the events already handed over are applied, not after each one
-        if not self._consider_scheduled:
+        # after the records already handed over are applied, not after each one
+        if not self._consider_scheduled and self.ready.is_set():
             self._consider_scheduled = True
             asyncio.get_running_loop().call_soon(self._consider)
 
     def _consider(self) -> None:
         self._consider_scheduled = False
-        for run_id, view in self._views.items():
-            if view.owner is None and view.status in _STARTABLE and run_id not in self.executions:
-                self._start(view.spec)
+        if len(self.executions) >= self.capacity:
+            return
+        loop = asyncio.get_running_loop()
+        live = self.live_workers()
+        for o in list(self._open.values()):
+            run = o.run
+            if run.run_id in self.executions or run.run_id in self._timers:
+                continue
+            # the holder that lost the lease is most likely gone: it is not ranked
+            candidates = [w for w in live if w != run.previous_holder] or live
+            order = rank(run, candidates)
+            if self.worker_id not in order:
+                continue
+            wait = order.index(self.worker_id) * self.acquire_step_s
+            left = o.seen_at + wait - time.monotonic()
+            if left <= 0:
+                self._start(o)
+            else:
+                self._timers[run.run_id] = loop.call_later(left, self._waited, run.run_id)
 
-    def _start(self, spec: RunSpec) -> None:
+    def _waited(self, run_id: str) -> None:
+        """Our turn came for `run_id`: take it if nobody did meanwhile."""
+        self._timers.pop(run_id, None)
+        for o in self._open.values():
+            if o.run.run_id == run_id and run_id not in self.executions:
+                if len(self.executions) < self.capacity:
+                    self._start(o)
+                return
+
+    def _cancel_wait(self, run_id: str) -> None:
+        handle = self._timers.pop(run_id, None)
+        if handle is not None:
+            handle.cancel()
+
+    def _start(self, o: _Open) -> None:
+        r = o.run
+        spec = RunSpec(r.session_id, r.tenant_id, r.run_id, o.partition, r.prompt, r.context_ref)
         ex = Execution(self, spec)
         self.executions[spec.run_id] = ex
         task = asyncio.create_task(ex.main())
@@ -221,6 +299,7 @@ class Worker:
     def forget(self, ex: Execution) -> None:
         if self.executions.get(ex.run_id) is ex:
             del self.executions[ex.run_id]
+            self._schedule_consider()
 
     # -- execution (control consumer) ----------
     def _on_control_event(self, e: Event, partition: int) -> None:

@@ -93,7 +93,7 @@ class Pipeline:
 
     def start_worker(self, wid: str) -> None:
         args = ["worker", "--agent", "reference", "--worker-id", wid]
-        args += ["--group", self.s.worker_group, "--lease-ms", str(self.lease_ms)]
+        args += ["--lease-ms", str(self.lease_ms)]
         self.workers[wid] = self._keep(Proc(self.s, *args).start())
 
     def start(self) -> Pipeline:

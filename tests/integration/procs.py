@@ -18,6 +18,14 @@ from tests.integration.helpers import wait_until
 REPO = Path(__file__).resolve().parents[2]
 
 
+TOPIC_FIELDS = tuple(f for f in Settings.model_fields if f.endswith("_topic"))
+
+
+def topic_names(prefix: str) -> dict[str, str]:
+    """Every topic setting renamed `{prefix}.{kind}` (e.g. `it.bad.commands`)."""
+    return {f: f"{prefix}.{f.removesuffix('_topic').replace('_', '-')}" for f in TOPIC_FIELDS}
+
+
 def isolated_settings(base: Settings, tag: str, partitions: int = 4) -> Settings:
     """Settings with topics and groups of their own, so tests never see each other's data."""
     suffix = f"{tag}-{uuid.uuid4().hex[:8]}"
@@ -27,6 +35,8 @@ def isolated_settings(base: Settings, tag: str, partitions: int = 4) -> Settings
             "events_topic": f"it.events.{suffix}",
             "state_topic": f"it.state.{suffix}",
             "dedup_topic": f"it.dedup.{suffix}",
+            "open_runs_topic": f"it.open-runs.{suffix}",
+            "workers_topic": f"it.workers.{suffix}",
             "dlq_topic": f"it.dlq.{suffix}",
             "processor_group": f"it-processor-{suffix}",
             "partitions": partitions,
@@ -53,7 +63,15 @@ def remove_isolated() -> None:
     topics = [
         t
         for s in ISOLATED
-        for t in (s.commands_topic, s.events_topic, s.state_topic, s.dedup_topic, s.dlq_topic)
+        for t in (
+            s.commands_topic,
+            s.events_topic,
+            s.state_topic,
+            s.dedup_topic,
+            s.open_runs_topic,
+            s.workers_topic,
+            s.dlq_topic,
+        )
     ]
     for fut in admin.delete_topics(topics, operation_timeout=30).values():
         # already gone, or the broker is down: nothing to keep

@@ -239,7 +239,7 @@ async def test_an_abort_cancels_the_query_in_the_server_within_200ms(database_ur
 def iso(request: pytest.FixtureRequest, settings: Settings, kafka_bootstrap: str) -> Settings:
     s = isolated_settings(settings, "ad-" + request.node.name[5:20].replace("_", "-"))
     migrate(s.database_url, schema=s.database_schema)
-    return s.model_copy(update={"worker_group": f"it-workers-{uuid.uuid4().hex[:8]}"})
+    return s
 
 
 @pytest.fixture
@@ -275,9 +275,9 @@ def _describe(e: Event) -> str:
 def _worker(iso: Settings, procs: list[Proc], model_url: str) -> None:
     procs.append(processor(iso))
     ws = iso.model_copy(update={"model_base_url": model_url, "model_name": "echo"})
-    w = Proc(ws, "worker", "--worker-id", "w-adapters", "--group", ws.worker_group).start()
+    w = Proc(ws, "worker", "--worker-id", "w-adapters").start()
     procs.append(w)
-    w.wait_log("worker assigned", timeout=60)
+    w.wait_log("ready:", timeout=60)
     w.wait_log(f"model: echo at {model_url}", timeout=5)
 
 

@@ -45,7 +45,6 @@ def iso(
     request: pytest.FixtureRequest, settings: Settings, kafka_bootstrap: str, database_url: str
 ) -> Iterator[Settings]:
     s = isolated_settings(settings, "f-" + request.node.name[5:18].replace("_", "-"))
-    s = s.model_copy(update={"worker_group": f"{s.processor_group}-workers"})
     migrate(database_url)  # the workers' action executor writes to the default schema
     yield s
     with psycopg.connect(s.database_url, autocommit=True) as conn:

@@ -19,10 +19,12 @@ from sessionstream.settings import Settings
 from streams.partitioning import partition_for
 from tests.integration.helpers import wait_until
 from tests.integration.procs import (
+    TOPIC_FIELDS,
     Proc,
     committed_offsets,
     isolated_settings,
     processor,
+    topic_names,
     wait_processed,
 )
 
@@ -304,14 +306,7 @@ def test_misconfigured_topics_stop_the_processor_at_startup(
 
     tag = uuid.uuid4().hex[:8]
     s = settings.model_copy(
-        update={
-            "commands_topic": f"it.bad.commands.{tag}",
-            "events_topic": f"it.bad.events.{tag}",
-            "state_topic": f"it.bad.state.{tag}",
-            "dedup_topic": f"it.bad.dedup.{tag}",
-            "dlq_topic": f"it.bad.dlq.{tag}",
-            "processor_group": f"it-bad-{tag}",
-        }
+        update={**topic_names(f"it.bad.{tag}"), "processor_group": f"it-bad-{tag}"}
     )
     admin = AdminClient({"bootstrap.servers": s.kafka_bootstrap})
     # the events topic exists first, wrongly; the processor creates the rest
@@ -335,14 +330,7 @@ def test_a_commands_topic_stamped_by_producers_stops_the_processor(
 
     tag = uuid.uuid4().hex[:8]
     s = settings.model_copy(
-        update={
-            "commands_topic": f"it.ct.commands.{tag}",
-            "events_topic": f"it.ct.events.{tag}",
-            "state_topic": f"it.ct.state.{tag}",
-            "dedup_topic": f"it.ct.dedup.{tag}",
-            "dlq_topic": f"it.ct.dlq.{tag}",
-            "processor_group": f"it-ct-{tag}",
-        }
+        update={**topic_names(f"it.ct.{tag}"), "processor_group": f"it-ct-{tag}"}
     )
     admin = AdminClient({"bootstrap.servers": s.kafka_bootstrap})
     bad = NewTopic(s.commands_topic, 4, 1, config={"message.timestamp.type": "CreateTime"})
@@ -353,7 +341,7 @@ def test_a_commands_topic_stamped_by_producers_stops_the_processor(
         assert p.popen.wait(90) == 2, p.log_text()
         assert "LogAppendTime" in p.log_text() and s.commands_topic in p.log_text()
     finally:
-        topics = [s.commands_topic, s.events_topic, s.state_topic, s.dedup_topic, s.dlq_topic]
+        topics = [getattr(s, f) for f in TOPIC_FIELDS]
         for fut in admin.delete_topics(topics, operation_timeout=30).values():
             with contextlib.suppress(Exception):  # a topic the processor never created
                 fut.result(timeout=30)

@@ -18,6 +18,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from sessionstream.settings import Settings
 from sessionstream.topics import check_topics, ensure_topics
 from tests.integration.helpers import wait_until
+from tests.integration.procs import TOPIC_FIELDS
 from tests.integration.stack_profiles import Profile, stack, up
 
 pytestmark = pytest.mark.integration
@@ -159,10 +160,16 @@ def test_three_brokers_replicate_everything(cluster: Profile, admin: AdminClient
     assert broker["transaction.state.log.replication.factor"] == "3"
     assert broker["transaction.state.log.min.isr"] == "2"
     # sessionstream's own topics, created as on a real cluster
-    s = Settings(kafka_bootstrap=cluster.bootstrap, replication_factor=3)
+    tag = uuid.uuid4().hex[:8]
+    s = Settings(kafka_bootstrap=cluster.bootstrap, replication_factor=3).model_copy(
+        update={
+            f"{t}_topic": f"it.cluster.{t}.{tag}"
+            for t in ("commands", "events", "state", "dedup", "dlq")
+        }
+    )
     ensure_topics(s)
     check_topics(s)
-    for name in (s.commands_topic, s.events_topic, s.state_topic, s.dlq_topic):
+    for name in [getattr(s, f) for f in TOPIC_FIELDS]:
 
         def replicated(n: str = name) -> bool:
             return _isr(admin, n, 3)

@@ -29,8 +29,7 @@ _codec = Codec()
 
 @pytest.fixture
 def iso(request: pytest.FixtureRequest, settings: Settings, kafka_bootstrap: str) -> Settings:
-    s = isolated_settings(settings, "w-" + request.node.name[5:20].replace("_", "-"))
-    return s.model_copy(update={"worker_group": f"it-workers-{uuid.uuid4().hex[:8]}"})
+    return isolated_settings(settings, "w-" + request.node.name[5:20].replace("_", "-"))
 
 
 @pytest.fixture
@@ -54,8 +53,6 @@ def start_worker(s: Settings, worker_id: str, lease_ms: int = 3000) -> Proc:
         "worker",
         "--worker-id",
         worker_id,
-        "--group",
-        s.worker_group,
         "--lease-ms",
         str(lease_ms),
     ).start()
@@ -120,7 +117,7 @@ def actions(db: str, run_id: str) -> list[tuple[str, int, str]]:
 
 def ready(*workers: Proc) -> None:
     for w in workers:
-        w.wait_log("worker assigned", timeout=60)
+        w.wait_log("ready:", timeout=60)
 
 
 def test_cancel_while_a_tool_runs_reaches_the_tool_and_blocks_the_email(
@@ -244,7 +241,30 @@ def test_cancel_during_a_model_call_aborts_it_and_cancels_subtasks(
     ack = next(e for e in evs if e.type == "run.cancel_acknowledged").payload.model_dump()
     assert ack["model_request_aborted"] is True
     assert ack["subtasks_cancelled"] == ["background-index"]
+    # the sub-task's end is an event of its own, with why
+    sub_end = [e for e in evs if e.type == "subtask.finished"]
+    assert len(sub_end) == 1 and _detail(sub_end[0]) == "aborted: user"
     model_end = next(e for e in evs if e.type == "model.request.finished")
     assert _detail(model_end).startswith("aborted")
     assert "tool.started" not in [e.type for e in evs]
     assert outbox(db, run_id) == []
+
+
+def test_a_cancel_during_an_approved_action_says_it_was_executing(
+    iso: Settings, db: str, procs: list[Proc]
+) -> None:
+    """An approved action already running is not torn mid-way (its transaction may be
+    committing): the acknowledgement names it, and it completes exactly once."""
+    procs.append(processor(iso))
+    w = start_worker(iso, "w-action")
+    procs.append(w)
+    ready(w)
+    sid = f"act-{uuid.uuid4().hex[:6]}"
+    run_id = prompt(iso, sid, "steps=1 tool_ms=10 email=start email_ms=3000")
+    wait_event(iso, run_id, "action.approved", procs=procs)
+    with SessionClient("tenant-w", iso) as c:
+        assert c.wait(c.abort(sid), timeout=30).status == "accepted"
+    assert terminal(iso, run_id, timeout=30) == "cancelled"
+    ack = next(e for e in run_events(iso, run_id) if e.type == "run.cancel_acknowledged")
+    assert ack.payload.model_dump()["actions_executing"] == [f"{run_id}:email:start"]
+    assert len(outbox(db, run_id)) == 1

@@ -75,6 +75,7 @@ _COMMANDS: dict[str, tuple[dict[str, Any], bool]] = {
             "tools_aborted": ["web", "sql"],
             "subtasks_cancelled": ["sub-1"],
             "actions_blocked": ["k-2"],
+            "actions_executing": ["k-3"],
         },
         True,
     ),
@@ -162,6 +163,7 @@ _PAYLOADS: dict[type[Payload], Payload] = {
         tools_aborted=["t"],
         subtasks_cancelled=["s"],
         actions_blocked=["a"],
+        actions_executing=["e"],
     ),
     RunFinished: RunFinished(terminal_status="timed_out", result="r", error="e", retryable=True),
     CommandRejected: CommandRejected(

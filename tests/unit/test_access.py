@@ -68,8 +68,10 @@ def test_readers_and_their_groups() -> None:
     assert _allowed("producer", "DESCRIBE", "group", S.processor_group)
     assert not _allowed("producer", "READ", "group", S.processor_group)
     assert not _allowed("producer", "READ", "topic", S.state_topic)
-    assert _allowed("worker", "READ", "topic", S.state_topic)
-    assert _allowed("worker", "READ", "group", S.worker_group)
+    assert not _allowed("worker", "READ", "topic", S.state_topic)
+    assert _allowed("worker", "READ", "topic", S.open_runs_topic)
+    assert _allowed("worker", "WRITE", "topic", S.workers_topic)
+    assert not _allowed("worker", "WRITE", "topic", S.open_runs_topic)
     assert not _allowed("worker", "READ", "topic", S.commands_topic)
     assert _allowed("analytics", "CREATE", "topic", "sessionstream-analytics-table-changelog")
     assert not _allowed("analytics", "READ", "topic", S.commands_topic)
@@ -82,7 +84,7 @@ def test_database_roles() -> None:
             by_role.setdefault(g.role, set()).add(g.table)
     assert by_role == {
         "ss_sink": {"agent_sessions", "agent_runs", "agent_run_events", "sink_offsets"},
-        "ss_worker": {"agent_actions", "agent_outbox"},
+        "ss_worker": {"agent_actions", "agent_outbox", "agent_run_fences"},
     }
     assert not any("DELETE" in g.privileges for g in db_grants())
 

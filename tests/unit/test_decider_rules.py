@@ -358,7 +358,12 @@ def test_cancel_carries_what_was_aborted_and_its_deadline() -> None:
     ack = {"model_request_aborted": True, "tools_aborted": ["web"], "subtasks_cancelled": ["s"]}
     ev = h.work("cancel.ack", ack)
     acked = ev[0].payload_as(CancelAcknowledged)
-    assert acked.model_dump() == {"worker_id": "w1", **ack, "actions_blocked": []}
+    assert acked.model_dump() == {
+        "worker_id": "w1",
+        **ack,
+        "actions_blocked": [],
+        "actions_executing": [],
+    }
 
 
 def test_events_carry_the_log_time_the_producer_time_and_the_tenant() -> None:
@@ -395,3 +400,24 @@ def test_acquire_with_an_old_generation_is_fenced() -> None:
     out = h.work("lease.acquire", {}, worker="w1", generation=old)
     assert tokens(out) == ["rejected:stale_generation", "run.stale_write_recorded"]
     assert tokens(h.acquire("w2")) == ["run.lease_granted"] and h.generation == old + 1
+
+
+def test_a_run_is_open_exactly_while_it_needs_a_holder() -> None:
+    from streams.open_runs import open_run
+
+    h = Harness()
+    assert open_run(h.state) is None
+    h.prompt("p")
+    o = open_run(h.state)
+    assert o is not None and (o.run_id, o.generation, o.previous_holder) == (h.last_run, 1, None)
+    h.acquire("w1")
+    assert open_run(h.state) is None
+    h.work("compact.start")
+    h.fire("lease_expiry")  # lost mid-compaction: open again, running, at the next generation
+    o = open_run(h.state)
+    assert o is not None and (o.status, o.generation, o.previous_holder) == ("running", 2, "w1")
+    h.acquire("w2")
+    h.abort()
+    assert open_run(h.state) is None  # cancelling: its holder acknowledges, nobody else runs it
+    h.work("cancel.ack", worker="w2")
+    assert open_run(h.state) is None and h.state.active is None

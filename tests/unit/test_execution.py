@@ -1,0 +1,169 @@
+"""One run's execution on a worker, driven event by event (no Kafka: the host records the
+commands the execution sends, the test hands it the events the processor would write)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from consumers.worker._execution import Execution, RunSpec
+from consumers.worker.context import RunContext
+from consumers.worker.model import FakeModel
+from schemas.commands import Command
+from schemas.events import Event
+
+SPEC = RunSpec("s-1", "acme", "r-1", 0, "do it", None)
+
+
+class Host:
+    def __init__(self, handler: Any, lease_ms: int = 3000) -> None:
+        self.worker_id = "w1"
+        self.lease_ms = lease_ms
+        self.acquire_timeout_s = 5.0
+        self.cancel_grace_s = 0.5
+        self.model = FakeModel()
+        self.executor = None
+        self.handler = handler
+        self.sent: list[Command] = []
+        self.control = self
+        self.forgotten = False
+
+    async def watch(self, partition: int) -> None:
+        return None
+
+    def produce(self, cmd: Command) -> None:
+        self.sent.append(cmd)
+
+    def forget(self, ex: Execution) -> None:
+        self.forgotten = True
+
+    def types(self) -> list[str]:
+        return [c.type for c in self.sent]
+
+
+def event(
+    type_: str, payload: dict[str, Any], *, generation: int = 1, command_id: str = "x"
+) -> Event:
+    return Event(
+        session_id="s-1",
+        run_id="r-1",
+        seq=1,
+        type=type_,
+        payload=payload,
+        generation=generation,
+        command_id=command_id,
+        ts=1,
+        tenant_id="acme",
+    )
+
+
+async def until(cond: Any, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.005)
+
+
+def grant(host: Host, lease_ms: int = 3000) -> Event:
+    acquire = next(c for c in host.sent if c.type == "lease.acquire")
+    return event(
+        "run.lease_granted",
+        {"worker_id": "w1", "lease_expires_at": 10, "lease_ms": lease_ms},
+        command_id=acquire.command_id,
+    )
+
+
+async def test_a_cancel_that_comes_with_the_grant_is_acknowledged_at_once() -> None:
+    started = asyncio.Event()
+
+    async def handler(ctx: RunContext) -> str:
+        started.set()
+        await asyncio.sleep(60)
+        return "never"
+
+    host = Host(handler)
+    ex = Execution(host, SPEC)
+    task = asyncio.create_task(ex.main())
+    await until(lambda: "lease.acquire" in host.types())
+    # the processor decided the grant and the user's abort in one batch: both arrive
+    # before the execution had a chance to build its context
+    ex.on_event(grant(host))
+    ex.on_event(event("run.cancel_requested", {"reason": "user", "cancel_deadline_at": 99}))
+    await until(lambda: "cancel.ack" in host.types(), timeout=2.0)
+    assert not started.is_set(), "the handler must not start for a cancelled run"
+    ex.on_event(event("run.finished", {"terminal_status": "cancelled"}))
+    await asyncio.wait_for(task, 5)
+
+
+async def test_an_unanswered_lease_fences_the_run_before_it_ends() -> None:
+    signals: list[Any] = []
+
+    async def handler(ctx: RunContext) -> str:
+        async with ctx.tool("search") as signal:
+            signals.append(signal)
+            await signal.wait()
+        return "stopped"
+
+    host = Host(handler, lease_ms=600)
+    ex = Execution(host, SPEC)
+    task = asyncio.create_task(ex.main())
+    await until(lambda: "lease.acquire" in host.types())
+    t0 = asyncio.get_running_loop().time()
+    ex.on_event(grant(host, lease_ms=600))
+    # no renewal is ever answered (the processor cannot be reached)
+    await until(lambda: bool(signals) and signals[0].aborted, timeout=3)
+    took = asyncio.get_running_loop().time() - t0
+    assert took < 0.6, f"still running {took:.2f}s after the grant, past its lease"
+    assert ex.fenced is not None and "self-fenced" in ex.fenced
+    assert host.types()[-1] == "lease.release", "the worker says why it stopped"
+    await asyncio.wait_for(task, 5)
+    assert host.forgotten
+
+
+@pytest.mark.parametrize("answered", [True, False])
+async def test_no_action_starts_once_the_lease_may_have_passed(answered: bool) -> None:
+    ran: list[str] = []
+
+    async def handler(ctx: RunContext) -> str:
+        from consumers.worker._signal import RunFenced
+
+        await asyncio.sleep(0.35)  # past a 300 ms lease, when nothing renewed it
+        try:
+            await ctx.action("email", "k-1", lambda a: _record(ran))
+        except RunFenced:
+            ran.append("fenced")
+        return "ok"
+
+    host = Host(handler, lease_ms=300 if not answered else 30_000)
+    ex = Execution(host, SPEC)
+    task = asyncio.create_task(ex.main())
+    await until(lambda: "lease.acquire" in host.types())
+    ex.on_event(grant(host, lease_ms=300 if not answered else 30_000))
+    if answered:
+        await until(lambda: "action.request" in host.types())
+        req = next(c for c in host.sent if c.type == "action.request")
+        ex.on_event(
+            event(
+                "action.approved",
+                {"idempotency_key": "k-1", "kind": "email"},
+                command_id=req.command_id,
+            )
+        )
+        # a valid lease lets it through to the executor (none is configured: it fails there)
+        await until(lambda: "run.fail" in host.types())
+        assert "no action executor" in str(host.sent[-1].payload)
+    else:
+        # the lease ran out unanswered during the sleep: the run stopped before it could
+        # even ask for the action
+        await until(lambda: ex.done.is_set(), timeout=3)
+        assert "action.request" not in host.types() and "run.fail" not in host.types()
+    assert "email" not in ran
+    ex._stop("test over", fenced=False)
+    await asyncio.wait_for(task, 5)
+
+
+async def _record(ran: list[str]) -> str:
+    ran.append("email")
+    return "sent"
