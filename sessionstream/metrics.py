@@ -34,7 +34,7 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 # -- processor ---------------------------------------------------------------------------
 COMMANDS = Counter(
     "sessionstream_commands", "Commands decided, by outcome", ["outcome"]
-)  # accepted | rejected | duplicate | dead_letter
+)  # accepted | rejected | duplicate | dead_letter | forwarded
 REJECTIONS = Counter("sessionstream_rejections", "command.rejected events, by reason", ["reason"])
 DEAD_LETTERS = Counter(
     "sessionstream_dead_letters", "Records sent to the DLQ, by reason", ["reason"]
@@ -52,7 +52,7 @@ ACTIVE_RUNS = Gauge("sessionstream_active_runs", "Active runs in this processor'
 LEASE_EXPIRIES = Counter("sessionstream_lease_expiries", "run.lease_expired events")
 CANCEL_LATENCY = Histogram(
     "sessionstream_cancel_seconds",
-    "run.cancel_requested -> run.finished{cancelled}, by command time",
+    "run.cancel_requested -> run.finished{cancelled}, by the decider's (log) clock",
     buckets=_LATENCY_BUCKETS,
 )
 COMMAND_AGE = Histogram(

@@ -159,9 +159,10 @@ class Settings(BaseSettings):
     metrics_port: int | None = None
     """Port of the Prometheus ``/metrics`` endpoint of processor, sink and worker (off if unset)."""
 
-    max_payload_bytes: int = Field(default=262144, ge=1024, le=1024 * 1024)
+    max_payload_bytes: int = Field(default=262144, ge=1024, le=768 * 1024)
     """Largest accepted command payload in bytes; a larger one is rejected with
-    ``payload_too_large`` (records over the codec's 900 KiB go to the DLQ)."""
+    ``payload_too_large`` (records over the codec's 900 KiB go to the DLQ, so at most
+    768 KiB: the rest of the record must fit)."""
 
     max_lease_ms: int = Field(default=300_000, ge=1000)
     """Longest lease the processor grants; a worker asking for more gets this much, and the

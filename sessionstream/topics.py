@@ -208,26 +208,39 @@ def check_topics(settings: Settings, timeout: float = 30.0) -> TopicReport:
     configs: dict[str, dict[str, str]] = {}
     for res, fut in admin.describe_configs(resources).items():
         configs[res.name] = {k: v.value for k, v in fut.result().items()}
-    policy = configs[settings.events_topic].get("cleanup.policy", "")
-    if policy != "compact":
-        raise TopicMisconfigured(
-            settings.events_topic,
-            f"cleanup.policy is {policy!r}, must be 'compact' (events are keyed uniquely; "
-            "'delete' would lose history)",
-        )
-    state_policy = configs[settings.state_topic].get("cleanup.policy", "")
-    if state_policy != "compact":
-        raise TopicMisconfigured(
-            settings.state_topic, f"cleanup.policy is {state_policy!r}, must be 'compact'"
-        )
-    stamp = configs[settings.commands_topic].get("message.timestamp.type", "")
-    if stamp != "LogAppendTime":
-        raise TopicMisconfigured(
-            settings.commands_topic,
-            f"message.timestamp.type is {stamp!r}, must be 'LogAppendTime': the decider's "
-            "clock is the broker's append time, never a producer's (kafka-configs --alter "
-            f"--entity-type topics --entity-name {settings.commands_topic} --add-config "
-            "message.timestamp.type=LogAppendTime)",
-        )
+    for spec in specs:
+        _check_config(spec, configs[spec.name])
     partitions = {s.name: len(meta.topics[s.name].partitions) for s in specs}
     return TopicReport(partitions=partitions, configs=configs)
+
+
+#: why each required setting matters, for the error that names it
+_WHY = {
+    "cleanup.policy": "compaction/deletion is part of the protocol (events are keyed uniquely; "
+    "'delete' would lose history; state and open runs must keep the latest per key)",
+    "message.timestamp.type": "the decider's clock is the broker's append time, never a producer's",
+    "max.message.bytes": "the decider's bounds size the records to it; a smaller limit fails "
+    "whole transactions",
+}
+
+
+def _check_config(spec: TopicSpec, actual: dict[str, str]) -> None:
+    """The settings the protocol relies on, as `topic_specs` creates them."""
+    for key in ("cleanup.policy", "message.timestamp.type", "max.message.bytes"):
+        want = spec.config.get(key)
+        if want is None:
+            continue
+        got = actual.get(key, "")
+        if key == "max.message.bytes":
+            ok = got.isdigit() and int(got) >= int(want)
+        elif key == "cleanup.policy":
+            ok = set(got.split(",")) == set(want.split(","))
+        else:
+            ok = got == want
+        if not ok:
+            raise TopicMisconfigured(
+                spec.name,
+                f"{key} is {got!r}, must be {'at least ' if key == 'max.message.bytes' else ''}"
+                f"{want!r}: {_WHY[key]} (kafka-configs --alter --entity-type topics "
+                f"--entity-name {spec.name} --add-config {key}={want})",
+            )

@@ -142,9 +142,8 @@ class CommandStep:
         self.max_event_bytes = max_event_bytes
         # the decider's bounds keep every state under the topic's limit unless configured
         # beyond it: then (only) each decided state is measured
-        self._measure_states = (
-            _JSON_INFLATION * config.max_held_bytes + _STATE_OVERHEAD > max_state_bytes
-        )
+        held = max(config.max_held_bytes, config.max_payload_bytes)  # a starting prompt too
+        self._measure_states = _JSON_INFLATION * held + _STATE_OVERHEAD > max_state_bytes
 
     def __call__(
         self,
@@ -192,7 +191,7 @@ class CommandStep:
         self, command: Command, at: int, state: SessionState | None, dedup_of: DedupLookup
     ) -> Outcome:
         """Decide a decoded, well-placed command."""
-        id_hash = command_hash(command.command_id)
+        id_hash = command_hash(command.command_id, command.tenant_id)
         d = decide(state, command, self.config, at=at, seen=dedup_of(command.session_id, id_hash))
         if not d.events:
             return Outcome(command=command, state=d.state)

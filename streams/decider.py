@@ -239,7 +239,10 @@ def evolve(
     elif t == "run.steered":
         s = event.payload_as(Steered)
         pending = PendingInput(
-            source_command_id=s.source_command_id or event.command_id, kind="steer", text=s.text
+            source_command_id=s.source_command_id or event.command_id,
+            kind="steer",
+            text=s.text,
+            actor=s.actor,
         )
         r["inputs"] = (*run.inputs, pending)
     elif t == "run.follow_up_queued":
@@ -249,6 +252,7 @@ def evolve(
             kind="follow_up",
             text=f.text,
             on_run_end=f.on_run_end,
+            actor=f.actor,
         )
         r["inputs"] = (*run.inputs, pending)
     elif t in ("run.input_consumed", "run.input_dropped", "run.input_requeued"):
@@ -532,7 +536,12 @@ def _finish(
         em.emit(
             SESSION_LOG,
             "run.queued",
-            RunQueued(source_command_id=i.source_command_id, kind="follow_up", text=i.text),
+            RunQueued(
+                source_command_id=i.source_command_id,
+                kind="follow_up",
+                text=i.text,
+                actor=i.actor,
+            ),
         )
     waiting = em.state.queue
     if waiting:
@@ -661,7 +670,11 @@ def _prompt(em: _Emitter, cmd: Command) -> None:
 def _retryable(em: _Emitter, run_id: str) -> bool:
     done = em.state.finished_run(run_id)
     if done is None:
-        em.reject("unknown_run", f"run {run_id} is not a recent finished run of this session")
+        em.reject(
+            "unknown_run",
+            f"retryOf {run_id} is not a recent finished run of this session",
+            target_status="unknown",
+        )
         return False
     if not done.retryable:
         em.reject(

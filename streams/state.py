@@ -48,6 +48,7 @@ class PendingInput(WireModel):
     text: str
     #: follow-ups only: what happens if the run ends without consuming it
     on_run_end: Literal["drop", "queue"] = "drop"
+    actor: str | None = None
 
 
 class ActionRecord(WireModel):
@@ -128,6 +129,9 @@ class SessionState(WireModel):
         return n
 
 
-def command_hash(command_id: str) -> int:
-    """64-bit digest of a command id: dedup records are keyed by these, not by the ids."""
-    return int.from_bytes(hashlib.blake2b(command_id.encode(), digest_size=8).digest(), "big")
+def command_hash(command_id: str, tenant_id: str = "") -> int:
+    """64-bit digest of a tenant's command id: dedup records are keyed by these, not by the
+    ids. The tenant is part of it, so another tenant's command (refused, or decided before
+    the session had an owner) never takes an id from the owner."""
+    key = f"{tenant_id}\x00{command_id}".encode() if tenant_id else command_id.encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")

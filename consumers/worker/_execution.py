@@ -114,6 +114,8 @@ class Execution:
         self._early_cancel: str | None = None
         #: monotonic time until which our lease certainly holds (None: no lease yet)
         self.lease_until: float | None = None
+        #: the lease the processor grants (what was asked, or its cap)
+        self.granted_ms = worker.lease_ms
         self._sent_at: dict[str, float] = {}  # lease command id -> monotonic send time
 
     # -- RunIO ------------------------------------------------------------------------------------
@@ -145,6 +147,8 @@ class Execution:
 
     def _lease_answered(self, command_id: str, lease_ms: int | None) -> None:
         sent = self._sent_at.pop(command_id, None)
+        if lease_ms is not None:
+            self.granted_ms = lease_ms
         if sent is not None:
             ms = lease_ms if lease_ms is not None else self.w.lease_ms
             self.lease_until = max(self.lease_until or 0.0, sent + ms / 1000)
@@ -248,16 +252,16 @@ class Execution:
 
     async def _heartbeat(self) -> None:
         """Renew every third of the lease; give the run up before an unanswered lease ends."""
-        interval = self.w.lease_ms / 3000
-        margin = self.w.lease_ms / 1000 * SELF_FENCE_MARGIN
+        interval = self.granted_ms / 3000
+        margin = self.granted_ms / 1000 * SELF_FENCE_MARGIN
         next_renew = time.monotonic() + interval
         while not self.done.is_set():
             now = time.monotonic()
             if self.lease_until is not None and now >= self.lease_until - margin:
-                self.self_fence(f"lease not renewed in time ({self.w.lease_ms} ms)")
+                self.self_fence(f"lease not renewed in time ({self.granted_ms} ms)")
                 return
             if now >= next_renew:
-                self.send("lease.renew", {"leaseMs": self.w.lease_ms})
+                self.send("lease.renew", {"leaseMs": self.granted_ms})
                 next_renew = now + interval
             wake = min(next_renew, (self.lease_until or next_renew) - margin)
             await asyncio.sleep(max(0.01, min(wake - time.monotonic(), interval)))

@@ -32,7 +32,7 @@ class Dedup:
         *,
         at: int | None = None,
     ) -> Decision:
-        key = (cmd.session_id, command_hash(cmd.command_id))
+        key = (cmd.session_id, command_hash(cmd.command_id, cmd.tenant_id))
         d = decide(state, cmd, config, at=at, seen=self.records.get(key))
         if d.remember is not None:
             self.records[key] = (d.remember, d.state.clock)
@@ -119,7 +119,7 @@ class Harness:
     def apply(self, cmd: Command, *, at: int | None = None) -> list[Event]:
         """Decide `cmd` as appended to the log at `at` (default: the harness's clock)."""
         at = self.now if at is None else at
-        key = (cmd.session_id, command_hash(cmd.command_id))
+        key = (cmd.session_id, command_hash(cmd.command_id, cmd.tenant_id))
         seen = self.dedup.records.get(key)
         d = self.dedup.decide(self.state, cmd, self.config, at=at)
         events, after = d.events, d.state

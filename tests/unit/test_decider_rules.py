@@ -17,6 +17,7 @@ from schemas.events import (
     CommandRejected,
     InputDropped,
     LeaseGranted,
+    RunQueued,
     RunStarted,
 )
 from streams.decider import RUN_ID_NAMESPACE, DeciderConfig
@@ -421,3 +422,23 @@ def test_a_run_is_open_exactly_while_it_needs_a_holder() -> None:
     assert open_run(h.state) is None  # cancelling: its holder acknowledges, nobody else runs it
     h.work("cancel.ack", worker="w2")
     assert open_run(h.state) is None and h.state.active is None
+
+
+def test_an_id_used_by_another_tenant_before_the_session_had_an_owner_stays_free() -> None:
+    h = Harness()
+    early = h.command("steer", {"text": "x"}, tenant="intruder", command_id="k-1")
+    assert tokens(h.apply(early)) == ["rejected:no_active_run"]
+    # ids are remembered per tenant: the owner's first prompt under it is its own command
+    assert tokens(h.prompt("mine", command_id="k-1")) == ["run.started:prompt"]
+
+
+def test_a_requeued_follow_up_keeps_who_sent_it() -> None:
+    h = Harness()
+    leased(h)
+    h.do("follow_up", {"text": "F", "on_run_end": "queue"}, actor="user:bo")
+    h.abort()
+    events = h.work("cancel.ack")
+    queued = next(e for e in events if e.type == "run.queued")
+    assert queued.payload_as(RunQueued).actor == "user:bo"
+    started = next(e for e in events if e.type == "run.started")
+    assert started.payload_as(RunStarted).actor == "user:bo"

@@ -446,7 +446,7 @@ class SessionMachine(RuleBasedStateMachine):
 
 
 def _h(cmd: Command) -> int:
-    return command_hash(cmd.command_id)
+    return command_hash(cmd.command_id, cmd.tenant_id)
 
 
 def _same(a: Command, b: Command) -> bool:
