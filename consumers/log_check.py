@@ -8,82 +8,18 @@ and a state table equal to the fold of the log.
 
 from __future__ import annotations
 
-import time
-import uuid
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
-
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from schemas.codec import Codec
 from schemas.events import ACTIVE_STATUSES, SESSION_LOG, Event
-from sessionstream._kafka import client_config
-from sessionstream.settings import Settings
+from sessionstream._kafka import LogRecord, read_topic
 from streams.core import decode_state
 from streams.decider import evolve
 from streams.state import SessionState
 
 __all__ = ["LogRecord", "LogReport", "check_log", "fold_log", "read_topic", "state_table"]
-
-
-@dataclass(frozen=True)
-class LogRecord:
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: dict[str, bytes]
-
-
-def read_topic(
-    settings: Settings, topic: str, *, read_committed: bool = True, timeout: float = 60.0
-) -> list[LogRecord]:
-    """Every record of `topic` up to its end now, in partition order."""
-    consumer = Consumer(
-        client_config(
-            settings,
-            **{
-                "group.id": f"sessionstream-reader-{uuid.uuid4()}",
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed" if read_committed else "read_uncommitted",
-                "enable.partition.eof": True,
-                "fetch.wait.max.ms": 10,
-            },
-        )
-    )
-    try:
-        meta = consumer.list_topics(topic, timeout=timeout)
-        parts = sorted(meta.topics[topic].partitions)
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
-        pending = set(parts)
-        out: list[LogRecord] = []
-        deadline = time.monotonic() + timeout
-        while pending:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"reading {topic}: partitions {sorted(pending)} not at end")
-            msg = consumer.poll(0.2)
-            if msg is None:
-                continue
-            err = msg.error()
-            p = msg.partition()
-            assert p is not None
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    pending.discard(p)
-                    continue
-                raise KafkaException(err)
-            offset = msg.offset()
-            assert offset is not None
-            headers: dict[str, bytes] = {}
-            raw_headers: list[tuple[str, Any]] = list(msg.headers() or [])  # type: ignore[arg-type]
-            for k, v in raw_headers:
-                headers[str(k)] = v if isinstance(v, bytes) else str(v or "").encode()
-            out.append(LogRecord(p, offset, msg.key(), msg.value(), headers))
-        return out
-    finally:
-        consumer.close()
 
 
 @dataclass

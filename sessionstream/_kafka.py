@@ -8,17 +8,30 @@ from __future__ import annotations
 
 import logging
 import ssl
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Message
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 
 from sessionstream.settings import Settings
 
 __all__ = [
+    "LogRecord",
     "aiokafka_config",
     "client_config",
     "data_messages",
     "faust_credentials",
+    "read_topic",
     "security_config",
 ]
 
@@ -106,3 +119,69 @@ def data_messages(batch: list[Message], log: logging.Logger) -> list[Message]:
         else:
             log.warning("consumer: %s", err)
     return out
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: dict[str, bytes]
+
+
+def read_topic(
+    settings: Settings,
+    topic: str,
+    *,
+    read_committed: bool = True,
+    timeout: float = 60.0,
+    partitions: Iterable[int] | None = None,
+    group_id: str | None = None,
+) -> list[LogRecord]:
+    """Every record of `topic` (or of its `partitions`) up to its end now. `group_id` is
+    never joined (the partitions are assigned); a role's ACLs may still require one of its
+    own names."""
+    consumer = Consumer(
+        client_config(
+            settings,
+            **{
+                "group.id": group_id or f"sessionstream-reader-{uuid.uuid4()}",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed" if read_committed else "read_uncommitted",
+                "enable.partition.eof": True,
+                "fetch.wait.max.ms": 10,
+            },
+        )
+    )
+    try:
+        meta = consumer.list_topics(topic, timeout=timeout)
+        parts = sorted(meta.topics[topic].partitions if partitions is None else partitions)
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+        pending = set(parts)
+        out: list[LogRecord] = []
+        deadline = time.monotonic() + timeout
+        while pending:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {topic}: partitions {sorted(pending)} not at end")
+            msg = consumer.poll(0.2)
+            if msg is None:
+                continue
+            err = msg.error()
+            p = msg.partition()
+            assert p is not None
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    pending.discard(p)
+                    continue
+                raise KafkaException(err)
+            offset = msg.offset()
+            assert offset is not None
+            headers: dict[str, bytes] = {}
+            raw_headers: list[tuple[str, Any]] = list(msg.headers() or [])  # type: ignore[arg-type]
+            for k, v in raw_headers:
+                headers[str(k)] = v if isinstance(v, bytes) else str(v or "").encode()
+            out.append(LogRecord(p, offset, msg.key(), msg.value(), headers))
+        return out
+    finally:
+        consumer.close()

@@ -111,7 +111,8 @@ def kafka_grants(settings: Settings) -> dict[str, list[Grant]]:
             # forwards to their session's partition
             *_topic("processor", commands, "READ", "WRITE", "DESCRIBE", "DESCRIBE_CONFIGS"),
             *_topic("processor", worker_commands, "READ", "DESCRIBE", "DESCRIBE_CONFIGS"),
-            *_topic("processor", events, "WRITE", "DESCRIBE", "DESCRIBE_CONFIGS"),
+            # READ: a state written by an older version is folded again from the log
+            *_topic("processor", events, "READ", "WRITE", "DESCRIBE", "DESCRIBE_CONFIGS"),
             # READ: the state changelog is restored on assignment
             *_topic("processor", state, "READ", "WRITE", "DESCRIBE", "DESCRIBE_CONFIGS"),
             *_topic("processor", dlq, "WRITE", "DESCRIBE", "DESCRIBE_CONFIGS"),

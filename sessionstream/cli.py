@@ -68,14 +68,25 @@ def _fail(message: str, code: int = 1) -> NoReturn:
 
 
 @topics_app.command("create")
-def topics_create() -> None:
-    """Create the missing topics (commands, events, state, dlq) with their settings."""
+def topics_create(
+    align: Annotated[
+        bool,
+        typer.Option(
+            help="also set the protocol's required settings (cleanup policy, timestamp type, "
+            "record size) on topics that exist with others"
+        ),
+    ] = False,
+) -> None:
+    """Create the missing topics with their settings, then check them all."""
     from sessionstream.errors import SessionstreamError
     from sessionstream.settings import get_settings
-    from sessionstream.topics import check_topics, ensure_topics
+    from sessionstream.topics import align_topics, check_topics, ensure_topics
 
     try:
         created = ensure_topics(get_settings())
+        if align:
+            for name, changes in align_topics(get_settings()).items():
+                typer.echo(f"aligned {name}: {changes}")
         check_topics(get_settings())
     except SessionstreamError as e:
         _fail(str(e))

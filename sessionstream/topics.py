@@ -26,7 +26,14 @@ from sessionstream._kafka import client_config
 from sessionstream.errors import KafkaUnavailable, TopicMisconfigured
 from sessionstream.settings import Settings
 
-__all__ = ["TopicReport", "TopicSpec", "check_topics", "ensure_topics", "topic_specs"]
+__all__ = [
+    "TopicReport",
+    "TopicSpec",
+    "align_topics",
+    "check_topics",
+    "ensure_topics",
+    "topic_specs",
+]
 
 
 @dataclass(frozen=True)
@@ -153,6 +160,47 @@ def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
     if created:
         _wait_for_leaders(admin, created, timeout)
     return created
+
+
+#: the settings `check_topics` requires, which `align_topics` may set on existing topics
+_REQUIRED = ("cleanup.policy", "message.timestamp.type", "max.message.bytes")
+
+
+def align_topics(settings: Settings, timeout: float = 30.0) -> dict[str, dict[str, str]]:
+    """Set the protocol's required settings on topics that exist with others (an upgrade, a
+    topic made by hand); returns what was changed, per topic. Never run implicitly: the
+    processor refuses misconfigured topics, `sessionstream topics create --align` fixes them."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry
+
+    admin = _admin(settings)
+    existing = set(admin.list_topics(timeout=timeout).topics)
+    specs = [sp for sp in topic_specs(settings) if sp.name in existing]
+    res = [ConfigResource(ConfigResource.Type.TOPIC, sp.name) for sp in specs]
+    current = {
+        r.name: {k: v.value for k, v in f.result().items()}
+        for r, f in admin.describe_configs(res).items()
+    }
+    changed: dict[str, dict[str, str]] = {}
+    for sp in specs:
+        todo = {}
+        for key in _REQUIRED:
+            want = sp.config.get(key)
+            if want is None:
+                continue
+            try:
+                _check_config(TopicSpec(sp.name, sp.partitions, {key: want}), current[sp.name])
+            except TopicMisconfigured:
+                todo[key] = want
+        if not todo:
+            continue
+        entries = [
+            ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in todo.items()
+        ]
+        resource = ConfigResource(ConfigResource.Type.TOPIC, sp.name, incremental_configs=entries)
+        for fut in admin.incremental_alter_configs([resource]).values():
+            fut.result(timeout)
+        changed[sp.name] = todo
+    return changed
 
 
 def _wait_for_leaders(admin: AdminClient, topics: list[str], timeout: float) -> None:

@@ -44,7 +44,7 @@ from confluent_kafka import (
 from schemas.codec import Codec
 from schemas.discovery import OpenRun
 from sessionstream import metrics
-from sessionstream._kafka import client_config, data_messages
+from sessionstream._kafka import client_config, data_messages, read_topic
 from sessionstream.errors import KafkaUnavailable
 from sessionstream.settings import Settings
 from sessionstream.topics import check_topics, ensure_topics
@@ -59,7 +59,7 @@ from streams.core import (
     encode_dedup,
     encode_state,
 )
-from streams.decider import DeciderConfig
+from streams.decider import DeciderConfig, evolve
 from streams.open_runs import open_run
 from streams.state import SessionState
 from streams.timers import due_timers, timer_command
@@ -279,6 +279,7 @@ class TransactionalProcessor:
             )
         )
         topics = (s.state_topic, s.dedup_topic)
+        stale: set[tuple[int, str]] = set()
         try:
             # metadata first: assigning before the leader is known costs librdkafka's
             # 500 ms offset-query back-off per partition
@@ -306,16 +307,59 @@ class TransactionalProcessor:
                         parts[p].dedup[(r.session_id, r.id_hash)] = (r.digest, r.at)
                 elif value is None:
                     parts[p].states.pop(key.decode(), None)
+                    stale.discard((p, key.decode()))
                 else:
-                    state = decode_state(value)
+                    try:
+                        state = decode_state(value)
+                    except ValueError as e:  # pydantic's ValidationError is one
+                        # written by another version of the processor: the log knows it
+                        stale.add((p, key.decode()))
+                        log.debug("state of %s unreadable (%s)", key, e)
+                        continue
+                    stale.discard((p, state.session_id))
                     parts[p].states[state.session_id] = state
         finally:
             reader.close()
+        if stale:
+            self._rebuild(parts, stale)
         for part in parts.values():
             part.forget_expired(self.config.dedup_ttl_ms)
             for state in part.states.values():
                 part.schedule(state)
         return parts
+
+    def _rebuild(self, parts: dict[int, _Partition], stale: set[tuple[int, str]]) -> None:
+        """States the changelog holds in a form this version cannot read (an upgrade) are
+        folded again from the events log, the source of truth: same state, new form."""
+        s = self.settings
+        by_partition: dict[int, set[str]] = {}
+        for p, sid in stale:
+            by_partition.setdefault(p, set()).add(sid)
+        log.warning(
+            "%s session states in an older form; rebuilding them from %s (partitions %s)",
+            len(stale),
+            s.events_topic,
+            sorted(by_partition),
+        )
+        rebuilt: dict[tuple[int, str], SessionState] = {}
+        for p, sids in by_partition.items():
+            events = read_topic(
+                s,
+                s.events_topic,
+                partitions=[p],
+                timeout=600,
+                group_id=f"{s.processor_group}-restore",
+            )
+            for r in events:
+                if r.value is None:
+                    continue
+                e = self.codec.decode_event(r.value)
+                if e.session_id in sids:
+                    before = rebuilt.get((p, e.session_id)) or SessionState.initial(e.session_id)
+                    rebuilt[(p, e.session_id)] = evolve(before, e, self.config)
+        for (p, sid), state in rebuilt.items():
+            parts[p].states[sid] = state
+        log.warning("rebuilt %s session states from the events log", len(rebuilt))
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self, stop: threading.Event | None = None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import threading
 import uuid
@@ -345,3 +346,30 @@ def test_a_commands_topic_stamped_by_producers_stops_the_processor(
         for fut in admin.delete_topics(topics, operation_timeout=30).values():
             with contextlib.suppress(Exception):  # a topic the processor never created
                 fut.result(timeout=30)
+
+
+def test_a_state_in_an_older_form_is_rebuilt_from_the_log(
+    iso: Settings, procs: list[Proc]
+) -> None:
+    """An upgrade: the changelog holds a state this version cannot read. The processor folds
+    that session again from the events log and decides on as if nothing happened."""
+    p = processor(iso)
+    procs.append(p)
+    sid = f"old-{uuid.uuid4().hex[:6]}"
+    with SessionClient("t", iso) as c:
+        started = c.wait(c.prompt(sid, "long task"), timeout=60)
+        assert started.status == "accepted"
+        wait_processed(iso, procs=[p])
+        assert p.stop() == 0
+        # what an earlier version wrote: a field this one refuses
+        old = json.dumps({"sessionId": sid, "recentCommands": [1, 2, 3]}).encode()
+        prod = Producer({"bootstrap.servers": iso.kafka_bootstrap})
+        part = partition_for(sid.encode(), iso.partitions)
+        prod.produce(iso.state_topic, key=sid.encode(), value=old, partition=part)
+        prod.flush(30)
+        again = processor(iso, "p0")
+        procs.append(again)
+        out = c.wait(c.abort(sid, run_id=started.run_id), timeout=60)
+    assert out.status == "accepted", out
+    assert [e.type for e in out.events] == ["run.cancel_requested", "run.finished"]
+    assert "rebuilt 1 session states from the events log" in again.log_text()

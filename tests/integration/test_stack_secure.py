@@ -33,7 +33,7 @@ from sessionstream._kafka import aiokafka_config, client_config
 from sessionstream.access import worker_commands_topic
 from sessionstream.client import SessionClient
 from sessionstream.settings import Settings
-from sessionstream.topics import ensure_topics
+from sessionstream.topics import align_topics, ensure_topics
 from tests.integration.helpers import wait_until
 from tests.integration.procs import Proc
 from tests.integration.stack_profiles import Profile, stack, up
@@ -58,6 +58,7 @@ def secure() -> Iterator[Profile]:
     profile, _ = up("secure")
     admin = profile.settings("admin")
     ensure_topics(admin)
+    align_topics(admin)  # topics left by an earlier version of the profile
     wc = worker_commands_topic(admin)
     client = AdminClient(client_config(admin, logger=QUIET))
     if wc not in client.list_topics(timeout=10).topics:
@@ -219,6 +220,9 @@ WRITES = [
     ("worker", "commands_topic", DENIED_TOPIC),
     ("worker", "events_topic", DENIED_TOPIC),
     ("worker", "state_topic", DENIED_TOPIC),
+    ("worker", "open_runs_topic", DENIED_TOPIC),
+    ("worker", "workers_topic", None),
+    ("producer", "workers_topic", DENIED_TOPIC),
     ("sink", "events_topic", DENIED_ANY_WRITE),
     ("sink", "commands_topic", DENIED_ANY_WRITE),
     ("sink", "state_topic", DENIED_ANY_WRITE),
@@ -261,7 +265,10 @@ READS = [
     ("producer", "commands_topic", "sessionstream-client-{u}", True, DENIED_TOPIC),
     ("producer", "events_topic", "somebody-else-{u}", True, DENIED_GROUP),
     ("worker", "events_topic", "sessionstream-worker-{u}", True, None),
-    ("worker", "state_topic", "sessionstream-worker-{u}", True, None),
+    ("worker", "open_runs_topic", "sessionstream-worker-{u}", True, None),
+    ("worker", "workers_topic", "sessionstream-worker-{u}", True, None),
+    # workers find runs in the open-runs topic; the state changelog is the processor's
+    ("worker", "state_topic", "sessionstream-worker-{u}", True, DENIED_TOPIC),
     ("worker", "commands_topic", "sessionstream-worker-{u}", True, DENIED_TOPIC),
     ("worker", "events_topic", "sessionstream-client-{u}", True, DENIED_GROUP),
     ("sink", "events_topic", "sessionstream-client-{u}", True, DENIED_GROUP),
