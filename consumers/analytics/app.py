@@ -73,8 +73,20 @@ def build_app(settings: Settings) -> tuple[Any, Folder]:
 
     @table.on_recover
     async def _recovered() -> None:
-        folder.load((k.decode(), v) for k, v in table.items())
-        log.info("analytics: %d records recovered, cursors %s", len(folder), folder.cursors())
+        # runs before faust resumes the source partitions, so they are seeked to their
+        # cursors while still paused and no record from another position slips in
+        assigned = {
+            tp.partition for tp in app.consumer.assignment() if tp.topic == settings.events_topic
+        }
+        folder.recovered(assigned, ((k.decode(), v) for k, v in table.items()))
+        consumer: Any = app.consumer  # the AnalyticsConsumer of transport_class
+        await consumer.resume_source()
+        log.info(
+            "analytics: partitions %s, %d records, cursors %s",
+            sorted(assigned),
+            len(folder),
+            {p: c.next_offset for p, c in sorted(folder.cursors().items())},
+        )
 
     @app.agent(events)
     async def fold(stream: Any) -> None:

@@ -65,6 +65,7 @@ class FoldStats:
     undecodable: int = 0
     late: int = 0
     expired: int = 0
+    unowned: int = 0
 
 
 def evolve_run(facts: RunFacts | None, event: Event, partition: int) -> RunFacts | None:
@@ -115,23 +116,40 @@ class Folder:
         self._cursors: dict[int, Cursor] = {}
         self._saved: dict[int, int] = {}
         self._expiry: dict[int, list[tuple[int, str]]] = {}
+        #: partitions whose state is loaded; records of others are not folded
+        self._owned: set[int] = set()
 
     # -- state ------------------------------------------------------------------------------
-    def load(self, items: Iterable[tuple[str, bytes]]) -> None:
-        """Replace the state with a recovered table's contents."""
-        self._facts.clear()
-        self._cursors.clear()
-        self._saved.clear()
-        self._expiry.clear()
+    def recovered(self, assigned: Iterable[int], items: Iterable[tuple[str, bytes]]) -> None:
+        """After faust recovered the table for the partitions `assigned` to this process.
+
+        Partitions held before keep their state: it is ahead of the changelog (faust may
+        not have sent the last writes yet). Newly assigned ones are loaded from the
+        recovered table `items`; partitions gone elsewhere are forgotten.
+        """
+        assigned = set(assigned)
+        for p in self._owned - assigned:
+            self._forget(p)
+        new = assigned - self._owned
         for key, data in items:
             fact = decode_fact(data)
-            self._facts[key] = fact
             if isinstance(fact, Cursor):
                 p = int(key.removeprefix(CURSOR_PREFIX))
-                self._cursors[p] = fact
-                self._saved[p] = fact.next_offset
-            else:
+                if p in new:
+                    self._facts[key] = fact
+                    self._cursors[p] = fact
+                    self._saved[p] = fact.next_offset
+            elif fact.partition in new:
+                self._facts[key] = fact
                 self._index(key, fact)
+        self._owned = assigned
+
+    def _forget(self, partition: int) -> None:
+        for key in [k for k, f in self._facts.items() if _partition_of(k, f) == partition]:
+            del self._facts[key]
+        self._cursors.pop(partition, None)
+        self._saved.pop(partition, None)
+        self._expiry.pop(partition, None)
 
     def resume_offset(self, partition: int) -> int | None:
         """Where to resume reading `partition` (None: from its beginning)."""
@@ -154,6 +172,10 @@ class Folder:
     def fold(self, partition: int, offset: int, value: bytes | None) -> list[Write]:
         """The writes recording the record at `offset` of `partition`, in order."""
         self.stats.records += 1
+        if partition not in self._owned:
+            # not recovered yet: the record is read again from the partition's cursor
+            self.stats.unowned += 1
+            return []
         cur = self._cursors.get(partition) or Cursor(next_offset=0, watermark=0, horizon=0)
         event = self._decode(value)
         writes: list[Write] = []
@@ -240,6 +262,12 @@ class Folder:
                 self.stats.expired += 1
                 out.append(Write(key, None))
         return out
+
+
+def _partition_of(key: str, fact: Fact) -> int:
+    if isinstance(fact, Cursor):
+        return int(key.removeprefix(CURSOR_PREFIX))
+    return fact.partition
 
 
 def _floor_minute(ms: int) -> int:

@@ -92,7 +92,7 @@ class Analytics:
         self.proc: Proc | None = None
 
     def start(self) -> Analytics:
-        self.proc = Proc(self.s, "analytics", "--log-level", "WARNING").start()
+        self.proc = Proc(self.s, "analytics").start()
         return self
 
     def get(self, path: str) -> Any:
