@@ -241,6 +241,23 @@ _register_send(app)
 
 
 @app.command()
+def analytics(
+    port: Annotated[
+        int | None, typer.Option(help="JSON endpoints' port (default SESSIONSTREAM_ANALYTICS_PORT)")
+    ] = None,
+    log_level: LogLevel = "INFO",
+) -> None:
+    """Live run, cancel-latency and rejection stats over session.events (faust), as JSON."""
+    from consumers.analytics.app import run_analytics
+    from sessionstream.settings import get_settings
+
+    settings = get_settings()
+    if port:
+        settings = settings.model_copy(update={"analytics_port": port})
+    raise typer.Exit(code=run_analytics(settings, log_level))
+
+
+@app.command()
 def demo(
     keep: Annotated[bool, typer.Option(help="leave processor, sink and workers running")] = False,
 ) -> None:

@@ -224,6 +224,24 @@ class Settings(BaseSettings):
             file_secret_settings,
         )
 
+    analytics_app_id: str = "sessionstream-analytics"
+    """faust app id of ``sessionstream analytics``: its consumer group and the prefix of the
+    topics faust creates for it (``{id}-analytics-changelog``, ``{id}-__assignor-__leader``)."""
+
+    analytics_host: str = "127.0.0.1"
+    """Address the analytics JSON endpoints (``/stats/...``) listen on."""
+
+    analytics_port: int = Field(default=6066, ge=1, le=65535)
+    """Port of the analytics JSON endpoints."""
+
+    analytics_state_dir: str | None = None
+    """faust's data directory for the analytics app (default:
+    ``$XDG_CACHE_HOME/sessionstream/analytics/{analytics_app_id}``)."""
+
+    analytics_retention_minutes: int = Field(default=180, ge=1)
+    """Finished runs and rejections older than this (event time, behind the newest event of
+    their partition) are dropped from the analytics table; the stats cover at most this."""
+
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:

@@ -348,9 +348,7 @@ def test_a_commands_topic_stamped_by_producers_stops_the_processor(
                 fut.result(timeout=30)
 
 
-def test_a_state_in_an_older_form_is_rebuilt_from_the_log(
-    iso: Settings, procs: list[Proc]
-) -> None:
+def test_a_state_in_an_older_form_is_rebuilt_from_the_log(iso: Settings, procs: list[Proc]) -> None:
     """An upgrade: the changelog holds a state this version cannot read. The processor folds
     that session again from the events log and decides on as if nothing happened."""
     p = processor(iso)
