@@ -27,11 +27,11 @@ from psycopg.types.json import Jsonb
 
 from bench._sink_harness import connect, delete_groups, fresh_schema
 from schemas.commands import Command
-from sessionstream._kafka import client_config
+from sessionstream.kafka import client_config
 from sessionstream.settings import Settings
 from sinks.writer import PendingEvent, _insert_events, _load, _write_projection
-from streams.core import decode_state, encode_state
 from streams.decider import apply
+from streams.step import decode_state, encode_state
 
 now = time.perf_counter
 Conn = psycopg.Connection[tuple[Any, ...]]

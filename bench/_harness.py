@@ -25,7 +25,6 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from hdrh.histogram import HdrHistogram  # type: ignore[import-untyped]
 
-from consumers.log_check import check_log, fold_log, read_topic, state_table
 from schemas.codec import Codec
 from schemas.commands import (
     AbortPayload,
@@ -35,10 +34,11 @@ from schemas.commands import (
     SendPayload,
     SteerPayload,
 )
-from sessionstream._kafka import client_config
 from sessionstream.client import CommandHandle, SessionClient
+from sessionstream.kafka import client_config, read_topic
 from sessionstream.settings import Settings
 from sessionstream.topics import ensure_topics
+from streams.log_check import check_log, fold_log, state_table
 
 REPO = Path(__file__).resolve().parents[1]
 EXE = REPO / ".venv" / "bin" / "sessionstream"

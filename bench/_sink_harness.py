@@ -19,7 +19,7 @@ from confluent_kafka.admin import AdminClient
 from bench._harness import cpu_seconds
 from bench.bench_decider import CYCLE, build
 from schemas.commands import Command
-from sessionstream._kafka import client_config
+from sessionstream.kafka import client_config
 from sessionstream.settings import Settings
 from sinks.migrate import migrate
 from sinks.writer import PendingEvent

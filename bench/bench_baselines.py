@@ -18,7 +18,7 @@
 
 Topics, groups and PostgreSQL schemas are private to the run and removed at the end.
 
-    .venv/bin/python bench/bench_baselines.py [--quick] [--json] [--no-save]
+    .venv/bin/python -m bench.bench_baselines [--quick] [--json] [--no-save]
 """
 
 from __future__ import annotations
@@ -35,8 +35,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench import _baselines as base
@@ -51,10 +49,9 @@ from bench._harness import (
 )
 from bench._sink_harness import RowPoller, SinkProc, connect, delete_groups, drop_schemas
 from bench._sink_harness import fresh_schema as new_schema
-from consumers.log_check import read_topic
 from schemas.commands import Command
-from sessionstream._kafka import client_config
 from sessionstream.client import CommandHandle, SessionClient
+from sessionstream.kafka import client_config, read_topic
 from sessionstream.settings import Settings
 from sinks.replay import read_range, rebuild
 

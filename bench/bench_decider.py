@@ -9,7 +9,7 @@ finish), completions, aborts and their acknowledgements. The commands are built 
 untimed pass (worker commands need the run ids and generations the decider hands out); the
 timed pass replays them from empty states.
 
-    .venv/bin/python bench/bench_decider.py [--commands 50000] [--sessions 1000] [--json]
+    .venv/bin/python -m bench.bench_decider [--commands 50000] [--sessions 1000] [--json]
 """
 
 from __future__ import annotations
@@ -20,10 +20,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from schemas.codec import Codec
 from schemas.commands import Command

@@ -11,7 +11,7 @@ Every phase sends the `CYCLE` mix (prompts with reject / enqueue / interrupt pol
 follow-ups, sends, aborts) to sessions of its own. At the end the whole events log goes
 through `check_log`; a broken log is reported loudly and exits 1. Topics are per run.
 
-    .venv/bin/python bench/bench_processor.py [--quick] [--json] [--no-save]
+    .venv/bin/python -m bench.bench_processor [--quick] [--json] [--no-save]
 """
 
 from __future__ import annotations
@@ -26,8 +26,6 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import confluent_kafka
 

@@ -15,7 +15,7 @@
    sink's share.
 Parts 2 and 3 run first (the most sensitive to a busy machine), then part 1.
 
-    .venv/bin/python bench/bench_sink.py [--quick] [--json] [--no-save]
+    .venv/bin/python -m bench.bench_sink [--quick] [--json] [--no-save]
 """
 
 from __future__ import annotations
@@ -31,8 +31,6 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg
 
@@ -61,9 +59,9 @@ from bench._sink_harness import (
     sink_run,
     workload,
 )
-from consumers.log_check import read_topic
 from schemas.commands import Command
 from sessionstream.client import SessionClient
+from sessionstream.kafka import read_topic
 from sessionstream.settings import Settings
 from sinks.writer import PendingEvent, WriteMode, _insert_events, write_batch
 

@@ -8,7 +8,7 @@
    fresh topics, the processors started and assigned first, then `--commands` produced as fast
    as the client goes; commands/s from the first send to all committed (group offsets).
 
-    .venv/bin/python bench/bench_sweep.py [--quick] [--json] [--no-save]
+    .venv/bin/python -m bench.bench_sweep [--quick] [--json] [--no-save]
 """
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import matplotlib
 

@@ -14,7 +14,7 @@
 
 Starts its own processor and workers (`sessionstream ...` subprocesses) on isolated topics.
 
-    .venv/bin/python bench/bench_worker.py [--cancels 30] [--takeovers 3] [--runs 12]
+    .venv/bin/python -m bench.bench_worker [--cancels 30] [--takeovers 3] [--runs 12]
         [--lease-ms 2500]
 """
 
@@ -23,20 +23,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from consumers.log_check import read_topic
 from schemas.codec import Codec
 from schemas.events import Event, LeaseGranted
 from sessionstream.client import SessionClient
+from sessionstream.kafka import read_topic
 from sessionstream.settings import Settings
 from sinks.migrate import migrate
 from tests.integration.procs import Proc, isolated_settings, processor

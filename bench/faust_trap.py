@@ -7,8 +7,8 @@ group committed another share of the input), restarts it, lets it finish, stops 
 and adds up the table's last values read back from its changelog topic. A correct counter
 ends at N. Evidence for docs/decisions/0002-analytics.md.
 
-    .venv/bin/python bench/faust_trap.py --guarantee at_least_once [--records 40000] [--kills 2]
-    .venv/bin/python bench/faust_trap.py --guarantee exactly_once
+    .venv/bin/python -m bench.faust_trap --guarantee at_least_once [--records 40000] [--kills 2]
+    .venv/bin/python -m bench.faust_trap --guarantee exactly_once
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ import uuid
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic

@@ -19,12 +19,12 @@ START=$(date +%s)
 
 # name | full estimate s | quick estimate s | full command | quick command
 STEPS=(
-  "decider|15|6|bench/bench_decider.py --json|bench/bench_decider.py --json --commands 20000"
-  "processor|130|45|bench/bench_processor.py --save|bench/bench_processor.py --quick --save"
-  "sink|330|60|bench/bench_sink.py --save|bench/bench_sink.py --quick --save"
-  "worker|75|45|bench/bench_worker.py|bench/bench_worker.py --cancels 15 --takeovers 2"
-  "baselines|90|60|bench/bench_baselines.py|bench/bench_baselines.py --quick"
-  "sweep|160|100|bench/bench_sweep.py|bench/bench_sweep.py --quick"
+  "decider|15|6|-m bench.bench_decider --json|-m bench.bench_decider --json --commands 20000"
+  "processor|130|45|-m bench.bench_processor --save|-m bench.bench_processor --quick --save"
+  "sink|330|60|-m bench.bench_sink --save|-m bench.bench_sink --quick --save"
+  "worker|75|45|-m bench.bench_worker|-m bench.bench_worker --cancels 15 --takeovers 2"
+  "baselines|90|60|-m bench.bench_baselines|-m bench.bench_baselines --quick"
+  "sweep|160|100|-m bench.bench_sweep|-m bench.bench_sweep --quick"
 )
 
 failed=()
@@ -76,7 +76,7 @@ joined=$(IFS=,; echo "${records[*]}")
 printf '{"started": %s, "wall_seconds": %s, "budget_seconds": %s, "steps": [%s]}\n' \
   "$START" "$wall" "$BUDGET" "$joined" >"$RESULTS/run_all.json"
 echo
-"$PY" bench/summarize.py --since "$START" --wall "$wall"
+"$PY" -m bench.summarize --since "$START" --wall "$wall"
 if ((${#failed[@]})); then
   echo "bench: failed: ${failed[*]}" >&2
   exit 1

@@ -3,7 +3,7 @@
 Only numbers found in the result files appear; a missing file or field reads "not run".
 With `--since EPOCH`, results written before then are marked stale (with their date).
 
-    .venv/bin/python bench/summarize.py [--since EPOCH] [--wall SECONDS]
+    .venv/bin/python -m bench.summarize [--since EPOCH] [--wall SECONDS]
 """
 
 from __future__ import annotations

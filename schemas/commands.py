@@ -27,6 +27,7 @@ __all__ = [
     "ActionResultPayload",
     "CancelAckPayload",
     "Command",
+    "CommandType",
     "CompactFinishPayload",
     "CompactStartPayload",
     "FollowUpPayload",
@@ -192,6 +193,26 @@ class TimerFiredPayload(Payload):
     due_at: int = Field(ge=-MAX_WIRE_INT, le=MAX_WIRE_INT)
 
 
+CommandType = Literal[
+    "prompt",
+    "steer",
+    "follow_up",
+    "send",
+    "abort",
+    "compact.start",
+    "compact.finish",
+    "lease.acquire",
+    "lease.renew",
+    "lease.release",
+    "run.progress",
+    "action.request",
+    "action.result",
+    "cancel.ack",
+    "run.complete",
+    "run.fail",
+    "timer.fired",
+]
+
 #: type -> payload model; the single source of the command vocabulary
 COMMAND_PAYLOADS: Final[dict[str, type[Payload]]] = {
     "prompt": PromptPayload,
@@ -264,7 +285,7 @@ class Command(WireModel):
     command_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
     session_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
     tenant_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
-    type: str
+    type: CommandType
     ts: int = Field(ge=0, le=MAX_WIRE_INT)
     run_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_CHARS)
     worker_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_CHARS)

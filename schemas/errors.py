@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
+from sessionstream.errors import SessionstreamError
+
 __all__ = [
+    "DeadLetterReason",
     "DecodeError",
     "MalformedRecord",
     "OversizedRecord",
@@ -13,17 +18,35 @@ __all__ = [
 ]
 
 
-class WireError(Exception):
+#: every reason a record on the dead-letter topic carries (`error.reason`)
+DeadLetterReason = Literal[
+    "malformed",
+    "oversized",
+    "unknown_schema",
+    "unknown_type",
+    "schema_violation",
+    "key_mismatch",
+    "wrong_partition",
+    "state_too_large",
+    "event_too_large",
+]
+
+
+#: `reason` of a wire error: a dead-letter reason, or the abstract roots' own
+ErrorReason = DeadLetterReason | Literal["wire_error", "decode_error"]
+
+
+class WireError(SessionstreamError):
     """Root of the wire contract's errors."""
 
     #: short machine-readable reason, recorded in the DLQ and in metrics
-    reason: str = "wire_error"
+    reason: ErrorReason = "wire_error"
 
 
 class DecodeError(WireError):
     """A record could not be turned into a command or an event."""
 
-    reason = "decode_error"
+    reason: ErrorReason = "decode_error"
 
     def __init__(self, message: str, *, size: int | None = None) -> None:
         super().__init__(message)
@@ -33,19 +56,19 @@ class DecodeError(WireError):
 class MalformedRecord(DecodeError):
     """Bytes that are neither Avro single-object encoding nor a UTF-8 JSON object."""
 
-    reason = "malformed"
+    reason: ErrorReason = "malformed"
 
 
 class OversizedRecord(DecodeError):
     """A record larger than the configured maximum."""
 
-    reason = "oversized"
+    reason: ErrorReason = "oversized"
 
 
 class UnknownSchema(DecodeError):
     """Avro single-object encoding whose writer-schema fingerprint we do not know."""
 
-    reason = "unknown_schema"
+    reason: ErrorReason = "unknown_schema"
 
     def __init__(self, message: str, *, fingerprint: bytes, size: int | None = None) -> None:
         super().__init__(message, size=size)
@@ -55,7 +78,7 @@ class UnknownSchema(DecodeError):
 class UnknownType(DecodeError):
     """A well-formed record whose `type` is not a command/event type we know."""
 
-    reason = "unknown_type"
+    reason: ErrorReason = "unknown_type"
 
     def __init__(self, message: str, *, type_name: str, size: int | None = None) -> None:
         super().__init__(message, size=size)
@@ -65,4 +88,4 @@ class UnknownType(DecodeError):
 class SchemaViolation(DecodeError):
     """A record whose fields do not satisfy the model (missing field, wrong type, ...)."""
 
-    reason = "schema_violation"
+    reason: ErrorReason = "schema_violation"

@@ -21,6 +21,7 @@ from schemas.commands import validate_payload
 __all__ = [
     "ACTIVE_STATUSES",
     "EVENT_PAYLOADS",
+    "EVENT_TYPES",
     "REJECTION_REASONS",
     "SESSION_LOG",
     "TERMINAL_STATUSES",
@@ -35,6 +36,7 @@ __all__ = [
     "CompactionStarted",
     "ContextCheckpointed",
     "Event",
+    "EventType",
     "FollowUpDelivered",
     "FollowUpQueued",
     "InputConsumed",
@@ -309,6 +311,42 @@ class StaleWriteRecorded(Payload):
     current_generation: int
 
 
+EventType = Literal[
+    "run.started",
+    "run.queued",
+    "run.lease_granted",
+    "run.lease_renewed",
+    "run.lease_released",
+    "run.lease_expired",
+    "run.steered",
+    "run.follow_up_queued",
+    "run.follow_up_delivered",
+    "run.input_delivered",
+    "run.input_consumed",
+    "run.input_dropped",
+    "run.input_requeued",
+    "model.request.started",
+    "model.request.finished",
+    "tool.started",
+    "tool.finished",
+    "subtask.started",
+    "subtask.finished",
+    "run.compaction_started",
+    "context.checkpointed",
+    "run.compaction_finished",
+    "run.compaction_abandoned",
+    "action.approved",
+    "action.denied",
+    "action.decision_replayed",
+    "action.completed",
+    "run.cancel_requested",
+    "run.cancel_acknowledged",
+    "run.finished",
+    "command.rejected",
+    "run.stale_write_recorded",
+]
+
+#: type -> payload model; the single source of the event vocabulary
 EVENT_PAYLOADS: Final[dict[str, type[Payload]]] = {
     "run.started": RunStarted,
     "run.queued": RunQueued,
@@ -344,6 +382,8 @@ EVENT_PAYLOADS: Final[dict[str, type[Payload]]] = {
     "run.stale_write_recorded": StaleWriteRecorded,
 }
 
+EVENT_TYPES: Final[frozenset[str]] = frozenset(get_args(EventType))
+
 P = TypeVar("P", bound=Payload)
 
 
@@ -353,7 +393,7 @@ class Event(WireModel):
     session_id: str
     run_id: str
     seq: int = Field(ge=1)
-    type: str
+    type: EventType
     payload: SerializeAsAny[Payload]
     generation: int = 0
     command_id: str

@@ -258,8 +258,8 @@ def tail(
     """Print SESSION's events as they are committed (Ctrl-C to stop)."""
     from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
 
-    from sessionstream._kafka import client_config
     from sessionstream.client import SessionClient
+    from sessionstream.kafka import reader_config
     from streams.partitioning import partition_for
 
     s = get_settings()
@@ -270,15 +270,7 @@ def tail(
         raise typer.Exit(code=2) from e
     p = partition_for(session.encode(), n)
     consumer = Consumer(
-        client_config(
-            s,
-            **{
-                "group.id": f"sessionstream-tail-{uuid.uuid4()}",
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-                "fetch.wait.max.ms": 50,
-            },
-        )
+        reader_config(s, group_id=f"sessionstream-tail-{uuid.uuid4()}", fetch_wait_ms=50)
     )
     consumer.assign(
         [TopicPartition(s.events_topic, p, OFFSET_BEGINNING if from_start else OFFSET_END)]

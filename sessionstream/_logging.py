@@ -34,3 +34,5 @@ def setup_logging(level: str = "INFO", json_logs: bool = False) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # librdkafka's lines follow the process's level (short CLI commands silence them)
+    logging.getLogger("sessionstream.kafka").setLevel(logging.NOTSET)

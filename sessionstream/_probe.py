@@ -29,6 +29,8 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
+from sessionstream.errors import SessionstreamError
+
 __all__ = [
     "NotAnswering",
     "NotListening",
@@ -43,11 +45,11 @@ LOCAL_PG = ("127.0.0.1", 5432)
 _LOOPBACK_NAMES = {"127.0.0.1", "localhost", "::1", ""}
 
 
-class NotListening(Exception):
+class NotListening(SessionstreamError):
     """No process accepts TCP connections on any of the addresses."""
 
 
-class NotAnswering(Exception):
+class NotAnswering(SessionstreamError):
     """Something accepts connections but does not answer as the expected server."""
 
 
@@ -110,7 +112,7 @@ def kafka_answers(
 
 def credentials_security(path: str) -> dict[str, str]:
     """librdkafka's security properties from a credentials file's Kafka settings."""
-    from sessionstream._kafka import security_config
+    from sessionstream.kafka import security_config
     from sessionstream.settings import Settings, read_credentials_file
 
     values = {k: v for k, v in read_credentials_file(path).items() if k.startswith("kafka_")}

@@ -30,7 +30,7 @@ def stop_on_signals() -> threading.Event:
 
 def run_processor(instance: str | None) -> int:
     settings = get_settings()
-    from streams.txn_processor import TransactionalProcessor
+    from streams.processor import TransactionalProcessor
 
     proc = TransactionalProcessor(settings, instance_id=instance)
     stop = stop_on_signals()

@@ -201,7 +201,7 @@ def kafka_apply(directory: Path, timeout: float = 30.0) -> str:
         UserScramCredentialUpsertion,
     )
 
-    from sessionstream._kafka import client_config
+    from sessionstream.kafka import client_config
 
     admin_settings = role_settings(directory, ADMIN)
     admin = AdminClient(client_config(admin_settings))
@@ -264,7 +264,7 @@ def _wait_login(settings: Settings, timeout: float) -> None:
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
-    from sessionstream._kafka import client_config
+    from sessionstream.kafka import client_config
 
     quiet = logging.getLogger("sessionstream.secure_stack.librdkafka")
     quiet.addHandler(logging.NullHandler())

@@ -18,7 +18,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg.types.json import Jsonb
 
-from sessionstream._kafka import client_config
+from sessionstream.errors import SessionstreamError
+from sessionstream.kafka import client_config, command_producer_config, reader_config
 from sessionstream.settings import Settings
 
 __all__ = ["SmokeError", "run_smoke"]
@@ -37,7 +38,7 @@ create table if not exists smoke_roundtrip (
 """
 
 
-class SmokeError(Exception):
+class SmokeError(SessionstreamError):
     """A step of the smoke round trip failed; the message names the step."""
 
 
@@ -76,7 +77,7 @@ def _kafka_round_trip(
         # Step 2: produce one keyed record and wait for the broker's acknowledgement.
         value = json.dumps({"smoke_id": str(smoke_id), "sent_at_unix": time.time()}).encode()
         delivered: list[Message] = []
-        producer = Producer(client_config(settings, partitioner="murmur2_random"))
+        producer = Producer(command_producer_config(settings))
         key = str(smoke_id).encode()
         producer.produce(topic, value=value, key=key, on_delivery=_collect(delivered))
         if producer.flush(_TIMEOUT_S) != 0 or not delivered:
@@ -88,9 +89,7 @@ def _kafka_round_trip(
         echo(f"kafka: produced {len(value)} bytes to {topic}[{partition}] at offset {offset}")
 
         # Step 3: read it back from exactly that offset.
-        consumer = Consumer(
-            client_config(settings, **{"group.id": f"{topic}-reader", "enable.auto.commit": False})
-        )
+        consumer = Consumer(reader_config(settings, group_id=f"{topic}-reader"))
         try:
             consumer.assign([TopicPartition(topic, partition, offset)])
             got = _poll_one(consumer)

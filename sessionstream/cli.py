@@ -13,6 +13,8 @@ app = typer.Typer(
     help="The single-writer protocol for AI-agent sessions, on Kafka.",
     no_args_is_help=True,
     add_completion=False,
+    # errors are one line (main), never a traceback
+    pretty_exceptions_enable=False,
 )
 
 
@@ -276,5 +278,23 @@ def demo(
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point. An error sessionstream raises on purpose is one line on
+    stderr and exit code 2, never a traceback; a driver error that escaped translation is
+    reported the same way, naming its type. librdkafka's own complaints (a broker that is
+    down: a line every few ms) stay quiet in short commands; the long-running ones log
+    them at their --log-level."""
+    import logging
+
+    from sessionstream.errors import SessionstreamError
+
+    logging.getLogger("sessionstream.kafka").setLevel(logging.CRITICAL)
+    try:
+        app()
+    except SessionstreamError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    except Exception as e:  # a driver error nobody translated: still no traceback
+        typer.echo(f"error: {type(e).__name__}: {e}", err=True)
+        raise SystemExit(2) from None

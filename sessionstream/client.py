@@ -34,13 +34,21 @@ from schemas.commands import (
     SendPayload,
     SteerPayload,
 )
+from schemas.errors import DecodeError
 from schemas.events import SESSION_LOG, CommandRejected, Event
-from sessionstream._kafka import client_config
-from sessionstream.errors import CommandTimeout, KafkaUnavailable
+from sessionstream.errors import CommandTimeout, IncompatibleEvent, KafkaUnavailable
+from sessionstream.kafka import (
+    DeadLetter,
+    command_producer_config,
+    produce,
+    read_records,
+    reader_config,
+    unavailable,
+)
 from sessionstream.settings import Settings, get_settings
 from streams.partitioning import partition_for
 
-__all__ = ["KNOWN_RUN", "CommandHandle", "Outcome", "SessionClient", "producer_config"]
+__all__ = ["KNOWN_RUN", "CommandHandle", "Outcome", "SessionClient"]
 
 
 class _KnownRun:
@@ -52,22 +60,6 @@ class _KnownRun:
 
 
 KNOWN_RUN: Final = _KnownRun()
-
-
-def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
-    """The settings every command producer must use (the partitioner above all)."""
-    conf: dict[str, Any] = client_config(
-        settings,
-        **{
-            "partitioner": "murmur2_random",
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": 2,
-            "message.max.bytes": 2 * 1024 * 1024,
-        },
-    )
-    conf.update(overrides)
-    return conf
 
 
 @dataclass
@@ -112,7 +104,7 @@ class SessionClient:
         self.settings = settings or get_settings()
         self.codec = codec or Codec()
         self._clock = clock
-        self._producer_conf = producer_config(self.settings, **(producer_overrides or {}))
+        self._producer_conf = command_producer_config(self.settings, **(producer_overrides or {}))
         self._producer: Producer | None = None
         self._events: Consumer | None = None
         self._offsets: Consumer | None = None
@@ -174,20 +166,15 @@ class SessionClient:
                 handle.partition, handle.offset = msg.partition(), msg.offset()
 
         try:
-            self.producer.produce(
+            produce(
+                self.producer,
                 self.settings.commands_topic,
                 key=command.session_id.encode(),
                 value=self.codec.encode_command(command),
                 on_delivery=delivered,
             )
-        except BufferError:
-            self.producer.poll(0.5)
-            self.producer.produce(
-                self.settings.commands_topic,
-                key=command.session_id.encode(),
-                value=self.codec.encode_command(command),
-                on_delivery=delivered,
-            )
+        except KafkaException as e:  # e.g. a record larger than the producer takes
+            raise unavailable(f"command {command.command_id} not sent", e, self.settings) from e
         self.producer.poll(0)
         return handle
 
@@ -273,23 +260,23 @@ class SessionClient:
                 )
 
     # -- outcomes ---------------------------------------------------------------------------
-    def _consumer(self, **extra: Any) -> Consumer:
+    def _consumer(self, *, read_committed: bool = True) -> Consumer:
         return Consumer(
-            client_config(
+            reader_config(
                 self.settings,
-                **{
-                    "group.id": f"sessionstream-client-{uuid.uuid4()}",
-                    "enable.auto.commit": False,
-                    "isolation.level": "read_committed",
-                    "enable.partition.eof": True,
-                    **extra,
-                },
+                group_id=f"sessionstream-client-{uuid.uuid4()}",
+                read_committed=read_committed,
+                eof=True,
+                fetch_wait_ms=100,
             )
         )
 
     def _partition_count(self) -> int:
         if self._partitions is None:
-            meta = self._meta_consumer().list_topics(self.settings.events_topic, timeout=10)
+            try:
+                meta = self._meta_consumer().list_topics(self.settings.events_topic, timeout=10)
+            except KafkaException as e:
+                raise unavailable("reading the events topic's metadata", e, self.settings) from e
             topic = meta.topics.get(self.settings.events_topic)
             if topic is None or topic.error is not None:
                 raise KafkaUnavailable(
@@ -307,7 +294,7 @@ class SessionClient:
         # the commit marker reaches the events partition, so a read_committed watermark
         # (the LSO) read at that moment would stop short of the command's own events.
         if self._meta is None:
-            self._meta = self._consumer(**{"isolation.level": "read_uncommitted"})
+            self._meta = self._consumer(read_committed=False)
         return self._meta
 
     def _events_high_watermarks(self, session_id: str) -> dict[int, int]:
@@ -318,15 +305,9 @@ class SessionClient:
     def _processor_position(self, partition: int) -> int:
         """The processor group's committed offset on a commands partition (-1: none)."""
         if self._offsets is None:
+            # never joined: only its committed offsets are fetched
             self._offsets = Consumer(
-                client_config(
-                    self.settings,
-                    **{
-                        "group.id": self.settings.processor_group,
-                        "enable.auto.commit": False,
-                        "isolation.level": "read_committed",
-                    },
-                )
+                reader_config(self.settings, group_id=self.settings.processor_group)
             )
         try:
             tp = self._offsets.committed(
@@ -360,14 +341,22 @@ class SessionClient:
         while msg is not None:
             err = msg.error()
             if err is None:
-                event = self.codec.decode_event(msg.value() or b"")
+                try:
+                    event = self.codec.decode_event(msg.value() or b"")
+                except DecodeError as e:
+                    raise IncompatibleEvent(
+                        f"an event at {msg.topic()}[{msg.partition()}]@{msg.offset()} this "
+                        f"version cannot read ({e.reason}): upgrade sessionstream"
+                    ) from e
                 self._saw(event)
                 bucket = self._pending.get(event.command_id)
                 offset = msg.offset()
                 if bucket is not None and (offset or 0) >= self._pending_from[event.command_id]:
                     bucket.append(event)
+            elif err.fatal():
+                raise unavailable("reading outcomes", KafkaException(err), self.settings)
             elif err.code() != KafkaError._PARTITION_EOF:
-                raise KafkaException(err)
+                pass  # a broker restarting: librdkafka reconnects, the deadline bounds us
             msg = self._events.poll(0)
 
     def _tail_position(self, partition: int) -> int:
@@ -443,39 +432,23 @@ class SessionClient:
         duplicate)? Its dead letter names the command's partition and offset."""
         if not handle.dlq_from:
             return None
-        src = (
-            self.settings.commands_topic.encode(),
-            str(handle.partition).encode(),
-            str(handle.offset).encode(),
-        )
+        src = (self.settings.commands_topic, handle.partition, handle.offset)
+        dlq = self.settings.dlq_topic
+        ends = {(dlq, p): self._hwm(p, topic=dlq) for p in handle.dlq_from}
         # read_uncommitted: the processor's commit is visible (we saw its offsets), the
         # marker on the DLQ partition may not be written yet
-        reader = self._consumer(**{"isolation.level": "read_uncommitted"})
-        try:
-            ends = {p: self._hwm(p, topic=self.settings.dlq_topic) for p in handle.dlq_from}
-            todo = {p for p, start in handle.dlq_from.items() if ends[p] > start}
-            reader.assign(
-                [TopicPartition(self.settings.dlq_topic, p, handle.dlq_from[p]) for p in todo]
-            )
-            deadline = time.monotonic() + 10
-            while todo and time.monotonic() < deadline:
-                msg = reader.poll(0.1)
-                if msg is None or msg.error() is not None:
-                    continue
-                headers = dict(msg.headers() or [])
-                key = (
-                    headers.get("source.topic"),
-                    headers.get("source.partition"),
-                    headers.get("source.offset"),
-                )
-                if key == src:
-                    reason = headers.get("error.reason") or b"dead_letter"
-                    return reason.decode() if isinstance(reason, bytes) else str(reason)
-                offset, p = msg.offset(), msg.partition()
-                if offset is not None and p is not None and offset + 1 >= ends[p]:
-                    todo.discard(p)
-        finally:
-            reader.close()
+        for r in read_records(
+            self.settings,
+            {dlq: list(handle.dlq_from)},
+            start={(dlq, p): o for p, o in handle.dlq_from.items()},
+            end=ends,
+            timeout=10,
+            group_id=f"sessionstream-client-{uuid.uuid4()}",
+            read_committed=False,
+        ):
+            d = DeadLetter.from_headers(r.headers)
+            if d is not None and (d.topic, d.partition, d.offset) == src:
+                return d.reason
         return None
 
     def _hwm(self, partition: int, timeout: float = 10.0, topic: str | None = None) -> int:

@@ -20,10 +20,10 @@ from rich.table import Table
 
 from schemas.codec import Codec
 from schemas.events import Event, FollowUpDelivered
-from sessionstream._kafka import client_config
 from sessionstream._model_server import free_port
 from sessionstream._procs import Service
 from sessionstream.client import Outcome, SessionClient
+from sessionstream.kafka import reader_config
 from sessionstream.settings import Settings
 from sessionstream.topics import check_topics, ensure_topics
 from sinks.migrate import migrate
@@ -47,17 +47,7 @@ class Watch:
 
     def _run(self) -> None:
         s = self.settings
-        c = Consumer(
-            client_config(
-                s,
-                **{
-                    "group.id": f"demo-watch-{uuid.uuid4()}",
-                    "isolation.level": "read_committed",
-                    "enable.auto.commit": False,
-                    "fetch.wait.max.ms": 20,
-                },
-            )
-        )
+        c = Consumer(reader_config(s, group_id=f"demo-watch-{uuid.uuid4()}", fetch_wait_ms=20))
         parts = c.list_topics(s.events_topic, timeout=10).topics[s.events_topic].partitions
         c.assign([TopicPartition(s.events_topic, p, OFFSET_END) for p in parts])
         codec = Codec()

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from sessionstream._kafka import client_config
 from sessionstream.errors import KafkaUnavailable, TopicMisconfigured
+from sessionstream.kafka import client_config
 from sessionstream.settings import Settings
 
 __all__ = [
@@ -69,7 +69,7 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
             },
         ),
         # one record per session matters; compact often so a restore reads little. Sized
-        # to the largest state the decider's bounds allow (streams.core)
+        # to the largest state the decider's bounds allow (streams.step)
         TopicSpec(
             settings.state_topic,
             n,

@@ -12,9 +12,9 @@ from typing import Any
 
 import psycopg
 
-from consumers.log_check import read_topic
 from schemas.commands import COMMAND_PAYLOADS
 from sessionstream.errors import SessionstreamError
+from sessionstream.kafka import read_topic
 from sessionstream.settings import Settings
 from sessionstream.topics import check_topics
 from streams import decider

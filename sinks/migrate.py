@@ -64,7 +64,11 @@ def migrate(
     done: list[Migration] = []
     with psycopg.connect(conninfo, autocommit=True) as conn:
         if schema:
-            conn.execute(f'create schema if not exists "{schema}"')
+            # two processes creating the same schema at once race inside PostgreSQL
+            # (`if not exists` is checked before the insert): the lock serializes them
+            with conn.transaction():
+                conn.execute("select pg_advisory_xact_lock(%s)", (_LOCK,))
+                conn.execute(f'create schema if not exists "{schema}"')
             conn.execute(f'set search_path to "{schema}"')
         for m in migrations():
             with conn.transaction():

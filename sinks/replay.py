@@ -12,12 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from consumers.log_check import read_topic
 from schemas.codec import Codec
 from schemas.events import Event
-from sessionstream._kafka import client_config
+from sessionstream.kafka import read_records, read_topic
 from sessionstream.settings import Settings
 from sinks.migrate import migrate
 from sinks.sink import connect
@@ -72,35 +70,16 @@ def read_range(
 ) -> Iterator[tuple[int, Event]]:
     """(offset, event) of one events partition from `start` up to `end` (exclusive) or its end."""
     codec = codec or Codec()
-    consumer = Consumer(
-        client_config(
-            settings,
-            **{
-                "group.id": f"sessionstream-replay-{uuid.uuid4()}",
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-                "enable.partition.eof": True,
-            },
-        )
-    )
-    try:
-        consumer.assign([TopicPartition(settings.events_topic, partition, start)])
-        while True:
-            msg = consumer.poll(1.0)
-            if msg is None:
-                continue
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    return
-                raise KafkaException(err)
-            offset = msg.offset()
-            assert offset is not None
-            if end is not None and offset >= end:
-                return
-            yield offset, codec.decode_event(msg.value() or b"")
-    finally:
-        consumer.close()
+    topic = settings.events_topic
+    for r in read_records(
+        settings,
+        {topic: [partition]},
+        start={(topic, partition): start},
+        end=None if end is None else {(topic, partition): end},
+        timeout=None,
+        group_id=f"sessionstream-replay-{uuid.uuid4()}",
+    ):
+        yield r.offset, codec.decode_event(r.value or b"")
 
 
 @dataclass

@@ -23,8 +23,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message,
 from schemas.codec import Codec
 from schemas.errors import DecodeError
 from sessionstream import metrics
-from sessionstream._kafka import client_config, data_messages
 from sessionstream.errors import DatabaseUnavailable, IncompatibleEvent
+from sessionstream.kafka import data_messages, group_consumer_config
 from sessionstream.settings import Settings
 from sinks.migrate import migrate
 from sinks.writer import PendingEvent, WriteMode, write_batch
@@ -133,20 +133,9 @@ class Sink:
         self._retrying(
             "migrating", lambda _conn: migrate(self.settings.database_conninfo, schema=self.schema)
         )
+        # offsets live in PostgreSQL with the rows: the group only assigns partitions
         self._consumer = Consumer(
-            client_config(
-                self.settings,
-                **{
-                    "group.id": self.group,
-                    "enable.auto.commit": False,
-                    "isolation.level": "read_committed",
-                    "auto.offset.reset": "earliest",
-                    "fetch.wait.max.ms": 20,
-                    "session.timeout.ms": 6000,
-                    "heartbeat.interval.ms": 1000,
-                    "partition.assignment.strategy": "range",
-                },
-            )
+            group_consumer_config(self.settings, self.group, **{"fetch.wait.max.ms": 20})
         )
         self._consumer.subscribe([self.settings.events_topic], on_assign=self._on_assign)
 

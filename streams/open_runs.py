@@ -3,7 +3,7 @@
 A run is open when it is active, nobody holds its lease, and it is not cancelling (an
 unheld cancelling run is finished at once): just started, or its holder's lease was lost.
 Pure: the processor compares a session's state before and after a batch and writes the
-record or its tombstone in the same transaction (streams.txn_processor).
+record or its tombstone in the same transaction (streams.processor).
 """
 
 from __future__ import annotations

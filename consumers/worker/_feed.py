@@ -23,14 +23,14 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 from pydantic import ValidationError
 
 from schemas.codec import Codec
 from schemas.discovery import OpenRun, WorkerPresence
 from schemas.errors import DecodeError
 from schemas.events import Event
-from sessionstream._kafka import client_config
+from sessionstream.kafka import end_offset, read_records, reader_config
 from sessionstream.settings import Settings
 
 __all__ = ["ControlFeed", "OpenRunsFeed", "PresenceFeed"]
@@ -55,16 +55,7 @@ def _decode(codec: Codec, value: bytes | None) -> Event | None:
 def _reader(settings: Settings, **extra: Any) -> Consumer:
     """An assign-only consumer (its group id is never joined nor committed)."""
     return Consumer(
-        client_config(
-            settings,
-            **{
-                "group.id": f"sessionstream-worker-{uuid.uuid4()}",
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-                "fetch.wait.max.ms": 10,
-                **extra,
-            },
-        )
+        reader_config(settings, group_id=f"sessionstream-worker-{uuid.uuid4()}", **extra)
     )
 
 
@@ -103,38 +94,21 @@ class _WholeTopic(_Thread):
         self.settings = settings
         self.topic = topic
         self.caught_up = threading.Event()
-        self.consumer = _reader(settings, **{"enable.partition.eof": True})
 
     def handle(self, key: bytes, value: bytes | None, partition: int, ts: int) -> None:
         raise NotImplementedError
 
     def run(self) -> None:
-        c = self.consumer
-        try:
-            meta = _wait_metadata(c, self.topic, self.stop)
-            c.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in meta])
-            pending = set(meta)
-            while not self.stop.is_set():
-                msg = c.poll(0.05)
-                if msg is None:
-                    continue
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        pending.discard(msg.partition() or 0)
-                        if not pending:
-                            self.caught_up.set()
-                    elif err.fatal():
-                        raise KafkaException(err)
-                    else:
-                        log.warning("%s: %s", self.topic, err)  # a broker restarting
-                    continue
-                key = msg.key()
-                if key is None:
-                    continue
-                self.handle(key, msg.value(), msg.partition() or 0, msg.timestamp()[1])
-        finally:
-            c.close()
+        for r in read_records(
+            self.settings,
+            {self.topic: None},
+            follow=self.stop,
+            on_caught_up=self.caught_up.set,
+            group_id=f"sessionstream-worker-{uuid.uuid4()}",
+            poll_s=0.05,
+        ):
+            if r.key is not None:
+                self.handle(r.key, r.value, r.partition, r.timestamp)
 
 
 class OpenRunsFeed(_WholeTopic):
@@ -177,35 +151,6 @@ class PresenceFeed(_WholeTopic):
         self.loop.call_soon_threadsafe(self.on_presence, key.decode(), p, ts)
 
 
-def _wait_metadata(c: Consumer, topic: str, stop: threading.Event) -> list[int]:
-    """The topic's partitions; a broker restarting is waited out."""
-    while True:
-        try:
-            t = c.list_topics(topic, timeout=10).topics.get(topic)
-            if t is not None and t.error is None and t.partitions:
-                return sorted(t.partitions)
-            log.warning("topic %s not available yet (%s); retrying", topic, t and t.error)
-        except KafkaException as e:
-            if e.args[0].fatal():
-                raise
-            log.warning("metadata of %s: %s; retrying", topic, e.args[0])
-        if stop.wait(0.5):
-            return []
-
-
-def _end_offset(consumer: Consumer, tp: TopicPartition, stop: threading.Event) -> int:
-    """Where the partition ends now. A broker restarting answers NOT_LEADER or times out
-    for a while: that is waited out, or the feed thread would die and the worker go deaf."""
-    while True:
-        try:
-            return int(consumer.get_watermark_offsets(tp, timeout=30, cached=False)[1])
-        except KafkaException as e:
-            if e.args[0].fatal() or stop.is_set():
-                raise
-            log.warning("end of %s[%s]: %s; retrying", tp.topic, tp.partition, e.args[0])
-            stop.wait(0.5)
-
-
 class ControlFeed(_Thread):
     """Follows the events partitions of the runs this worker acquires or executes."""
 
@@ -219,7 +164,7 @@ class ControlFeed(_Thread):
         self.codec = Codec()
         self._requests: queue.Queue[tuple[int, asyncio.Future[None]]] = queue.Queue()
         self._watching: set[int] = set()
-        self.consumer = _reader(settings, **{"fetch.wait.max.ms": 5})
+        self.consumer = _reader(settings, fetch_wait_ms=5)
 
     async def watch(self, partition: int) -> None:
         """Return once the partition is followed from (at the latest) its end now."""
@@ -234,9 +179,9 @@ class ControlFeed(_Thread):
             except queue.Empty:
                 return
             if p not in self._watching:
-                tp = TopicPartition(self.settings.events_topic, p)
-                end = _end_offset(self.consumer, tp, self.stop)
-                self.consumer.incremental_assign([TopicPartition(tp.topic, p, end)])
+                topic = self.settings.events_topic
+                end = end_offset(self.consumer, topic, p, self.stop)
+                self.consumer.incremental_assign([TopicPartition(topic, p, end)])
                 self._watching.add(p)
             self.loop.call_soon_threadsafe(_resolve, fut)
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import time
 
+from sessionstream.errors import SessionstreamError
+
 __all__ = ["AbortSignal", "RunAborted", "RunCancelled", "RunFenced"]
 
 
-class RunAborted(Exception):
+class RunAborted(SessionstreamError):
     """The run must stop: cancelled, fenced or finished elsewhere. `reason` says which."""
 
     def __init__(self, reason: str) -> None:

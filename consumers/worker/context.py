@@ -18,6 +18,7 @@ from typing import Any, Protocol, TypeVar
 from consumers.worker._signal import AbortSignal, RunCancelled, RunFenced
 from consumers.worker.executor import ActionExecutor, ActionFn, ActionTarget
 from consumers.worker.model import Model
+from sessionstream.errors import SessionstreamError
 
 __all__ = [
     "ActionDenied",
@@ -32,7 +33,7 @@ __all__ = [
 T = TypeVar("T")
 
 
-class ActionDenied(Exception):
+class ActionDenied(SessionstreamError):
     """The processor's gate denied the action (e.g. the run is cancelling)."""
 
     def __init__(self, idempotency_key: str, reason: str | None) -> None:

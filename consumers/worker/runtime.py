@@ -34,7 +34,7 @@ from schemas.commands import Command
 from schemas.discovery import OpenRun, WorkerPresence
 from schemas.events import Event
 from sessionstream import metrics
-from sessionstream.client import producer_config
+from sessionstream.kafka import command_producer_config, produce
 from sessionstream.settings import Settings
 
 __all__ = ["Worker", "default_worker_id", "rank"]
@@ -119,7 +119,7 @@ class Worker:
         stop = stop or asyncio.Event()
         if self.executor is not None:
             await self.executor.open()
-        self._producer = Producer(producer_config(self.settings, **{"linger.ms": 0}))
+        self._producer = Producer(command_producer_config(self.settings, **{"linger.ms": 0}))
         self.control = ControlFeed(self.settings, loop, self._on_control_event)
         self.open_runs = OpenRunsFeed(self.settings, loop, self._on_open_run)
         self.presence = PresenceFeed(self.settings, loop, self._on_presence)
@@ -201,11 +201,7 @@ class Worker:
             if err is not None:
                 log.error("%s not delivered: %s", what, err)
 
-        try:
-            self._producer.produce(topic, key=key, value=value, on_delivery=delivered)
-        except BufferError:
-            self._producer.flush(1)
-            self._producer.produce(topic, key=key, value=value, on_delivery=delivered)
+        produce(self._producer, topic, key=key, value=value, on_delivery=delivered)
         self._producer.poll(0)
 
     def produce(self, cmd: Command) -> None:

@@ -19,6 +19,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from sessionstream._probe import NotAnswering, NotListening, kafka_answers, postgres_answers
 from sessionstream.settings import Settings
 from tests.integration.helpers import wait_until
+from tests.integration.procs import Proc
 
 TopicFactory = Callable[..., str]
 
@@ -103,3 +104,12 @@ def _remove_isolated_worlds() -> Iterator[None]:
     from tests.integration.procs import remove_isolated
 
     remove_isolated()
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Proc]]:
+    """Processes a test starts (processor, sink, workers); each is stopped at teardown."""
+    started: list[Proc] = []
+    yield started
+    for p in started:
+        p.stop()

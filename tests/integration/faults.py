@@ -20,11 +20,12 @@ from dataclasses import dataclass
 
 import psycopg
 
-from consumers.log_check import LogRecord, check_log, fold_log, read_topic, state_table
 from schemas.codec import Codec
 from schemas.events import RunStarted
 from sessionstream.client import CommandHandle, SessionClient
+from sessionstream.kafka import LogRecord, read_topic
 from sessionstream.settings import Settings
+from streams.log_check import check_log, fold_log, state_table
 from tests.integration.helpers import wait_until
 from tests.integration.procs import (
     REPO,

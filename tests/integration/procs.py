@@ -9,8 +9,8 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
-from consumers.log_check import read_topic
 from sessionstream._procs import Service
+from sessionstream.kafka import read_topic
 from sessionstream.settings import Settings
 from sessionstream.topics import ensure_topics
 from tests.integration.helpers import wait_until

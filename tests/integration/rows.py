@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import psycopg
 
-from consumers.log_check import read_topic
 from schemas.codec import Codec
 from schemas.events import Event
+from sessionstream.kafka import read_topic
 from sessionstream.settings import Settings
 from sinks.projection import Projection
 

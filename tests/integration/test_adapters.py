@@ -242,17 +242,9 @@ def iso(request: pytest.FixtureRequest, settings: Settings, kafka_bootstrap: str
     return s
 
 
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    yield started
-    for p in started:
-        p.stop()
-
-
 def _events(s: Settings, run_id: str) -> list[Event]:
-    from consumers.log_check import read_topic
     from schemas.codec import Codec
+    from sessionstream.kafka import read_topic
 
     codec = Codec()
     out = [codec.decode_event(r.value or b"") for r in read_topic(s, s.events_topic)]

@@ -18,13 +18,14 @@ import psycopg
 import pytest
 from confluent_kafka import Producer
 
-from consumers.log_check import check_log, read_topic
 from schemas.codec import DEFAULT_MAX_RECORD_BYTES, Codec
 from schemas.commands import Command
 from schemas.events import Event, StaleWriteRecorded
 from sessionstream.client import SessionClient
+from sessionstream.kafka import read_topic
 from sessionstream.settings import Settings
 from sinks.migrate import migrate
+from streams.log_check import check_log
 from streams.partitioning import partition_for
 from tests.integration.faults import (
     Load,

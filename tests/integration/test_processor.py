@@ -7,16 +7,16 @@ import json
 import random
 import threading
 import uuid
-from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Producer
 
-from consumers.log_check import check_log, fold_log, read_topic, state_table
 from schemas.codec import Codec
 from schemas.commands import Command
 from sessionstream.client import SessionClient
+from sessionstream.kafka import read_topic
 from sessionstream.settings import Settings
+from streams.log_check import check_log, fold_log, state_table
 from streams.partitioning import partition_for
 from tests.integration.helpers import wait_until
 from tests.integration.procs import (
@@ -35,14 +35,6 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def iso(request: pytest.FixtureRequest, settings: Settings, kafka_bootstrap: str) -> Settings:
     return isolated_settings(settings, request.node.name[:20].replace("_", "-"))
-
-
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    yield started
-    for p in started:
-        p.stop()
 
 
 def _assert_log(s: Settings, sent: set[str]) -> None:

@@ -23,12 +23,13 @@ import psycopg
 import pytest
 from confluent_kafka import Producer
 
-from consumers.log_check import check_log, read_topic
 from schemas.codec import Codec
 from schemas.events import Event
 from sessionstream._procs import settings_env
 from sessionstream.client import Outcome, SessionClient
+from sessionstream.kafka import read_topic
 from sessionstream.settings import Settings
+from streams.log_check import check_log
 from streams.partitioning import partition_for
 from tests.integration.helpers import wait_until
 from tests.integration.procs import isolated_settings, processor, sink, wait_sink_caught_up

@@ -11,10 +11,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from consumers.log_check import read_topic
 from schemas.codec import Codec
 from sessionstream._procs import settings_env
 from sessionstream.client import SessionClient
+from sessionstream.kafka import read_topic
 from sessionstream.settings import Settings
 from sinks.audit import run_audit
 from sinks.replay import events_of_run, events_of_session, read_range, rebuild

@@ -38,14 +38,6 @@ def iso(
         conn.execute(f'drop schema if exists "{s.database_schema}" cascade')
 
 
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    yield started
-    for p in started:
-        p.stop()
-
-
 def _load(s: Settings, n: int, sessions: int, stop: threading.Event, pause: float = 0.0) -> None:
     rnd = random.Random(11)
     with SessionClient("tenant-a", s) as c:

@@ -29,9 +29,9 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from sessionstream._kafka import aiokafka_config, client_config
 from sessionstream.access import worker_commands_topic
 from sessionstream.client import SessionClient
+from sessionstream.kafka import aiokafka_config, client_config
 from sessionstream.settings import Settings
 from sessionstream.topics import align_topics, ensure_topics
 from tests.integration.helpers import wait_until

@@ -7,18 +7,18 @@ processor; the reference agent's behaviour is set by words in the prompt (tool_m
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 
 import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from consumers.log_check import check_log, read_topic
 from schemas.codec import Codec
 from schemas.events import Event, RunFinished
 from sessionstream.client import SessionClient
+from sessionstream.kafka import read_topic
 from sessionstream.settings import Settings
 from sinks.migrate import migrate
+from streams.log_check import check_log
 from tests.integration.helpers import wait_until
 from tests.integration.procs import Proc, isolated_settings, processor
 
@@ -37,14 +37,6 @@ def db(iso: Settings, database_url: str) -> str:
     """A conninfo on the test's own schema, where its workers record their actions."""
     migrate(database_url, schema=iso.database_schema)
     return make_conninfo(database_url, options=f"-c search_path={iso.database_schema}")
-
-
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    yield started
-    for p in started:
-        p.stop()
 
 
 def start_worker(s: Settings, worker_id: str, lease_ms: int = 3000) -> Proc:

@@ -23,11 +23,12 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from consumers.log_check import check_log, read_topic
 from schemas.codec import Codec
 from schemas.events import Event, LeaseGranted, RunFinished
 from sessionstream.client import SessionClient
+from sessionstream.kafka import read_topic
 from sessionstream.settings import Settings
+from streams.log_check import check_log
 from tests.integration import test_worker as _tw
 from tests.integration.helpers import wait_until
 from tests.integration.procs import Proc, processor

@@ -26,9 +26,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from schemas.codec import Codec
 from schemas.commands import PRODUCER_COMMAND_TYPES, WORKER_COMMAND_TYPES, Command
 from schemas.events import ACTIVE_STATUSES, SESSION_LOG, CommandRejected, Event
-from streams.core import encode_state
 from streams.decider import REJECTION_REASONS, DeciderConfig, decide, evolve, fold
 from streams.state import SessionState, command_hash
+from streams.step import encode_state
 from streams.timers import DueTimer, due_timers, timer_command
 from tests.unit._harness import Dedup
 from tests.unit._model import Bounds, LogModel

@@ -28,9 +28,9 @@ from streams.state import SessionState, command_hash
 __all__ = [
     "FORWARDED_HEADER",
     "CommandStep",
-    "DeadLetter",
     "DedupRecord",
-    "Outcome",
+    "StepOutcome",
+    "Undecidable",
     "decode_dedup",
     "decode_state",
     "dedup_key",
@@ -49,8 +49,8 @@ _STATE_OVERHEAD: Final = 256 * 1024
 
 
 @dataclass(frozen=True)
-class DeadLetter:
-    """A record that could not be decided, with why."""
+class Undecidable:
+    """A record that could not be decided, with why (it goes to the dead-letter topic)."""
 
     reason: str
     error: str
@@ -67,7 +67,7 @@ class DedupRecord:
 
 
 @dataclass
-class Outcome:
+class StepOutcome:
     """What one command record produced."""
 
     command: Command | None = None
@@ -76,7 +76,7 @@ class Outcome:
     records: list[tuple[bytes, bytes]] = field(default_factory=list)
     state: SessionState | None = None
     remember: DedupRecord | None = None
-    dead_letter: DeadLetter | None = None
+    dead_letter: Undecidable | None = None
     #: the partition the record belongs to, when it was found on another one
     forward_to: int | None = None
 
@@ -155,18 +155,20 @@ class CommandStep:
         dedup_of: DedupLookup,
         *,
         forwarded: bool = False,
-    ) -> Outcome:
+    ) -> StepOutcome:
         if value is None:
-            return Outcome(dead_letter=DeadLetter("malformed", "record has no value (tombstone)"))
+            return StepOutcome(
+                dead_letter=Undecidable("malformed", "record has no value (tombstone)")
+            )
         try:
             command = self.codec.decode_command(value)
         except DecodeError as e:
-            return Outcome(dead_letter=DeadLetter(e.reason, str(e)))
+            return StepOutcome(dead_letter=Undecidable(e.reason, str(e)))
         session_key = command.session_id.encode()
         if key != session_key:
-            return Outcome(
+            return StepOutcome(
                 command=command,
-                dead_letter=DeadLetter(
+                dead_letter=Undecidable(
                     "key_mismatch",
                     f"record key {key!r} is not the command's sessionId {command.session_id!r}",
                 ),
@@ -175,10 +177,10 @@ class CommandStep:
             expected = partition_for(session_key, self.partitions)
             if expected != partition:
                 if not forwarded:
-                    return Outcome(command=command, forward_to=expected)
-                return Outcome(
+                    return StepOutcome(command=command, forward_to=expected)
+                return StepOutcome(
                     command=command,
-                    dead_letter=DeadLetter(
+                    dead_letter=Undecidable(
                         "wrong_partition",
                         f"session {command.session_id!r} belongs on partition {expected}, "
                         f"found on {partition} after being forwarded: do the processors "
@@ -189,40 +191,40 @@ class CommandStep:
 
     def decide(
         self, command: Command, at: int, state: SessionState | None, dedup_of: DedupLookup
-    ) -> Outcome:
+    ) -> StepOutcome:
         """Decide a decoded, well-placed command."""
         id_hash = command_hash(command.command_id, command.tenant_id)
         d = decide(state, command, self.config, at=at, seen=dedup_of(command.session_id, id_hash))
         if not d.events:
-            return Outcome(command=command, state=d.state)
+            return StepOutcome(command=command, state=d.state)
         records = [(e.key.encode(), self.codec.encode_event(e)) for e in d.events]
         too_big = self._too_big(d.state, records)
         if too_big is not None:
-            return Outcome(command=command, dead_letter=too_big)
+            return StepOutcome(command=command, dead_letter=too_big)
         remember = (
             DedupRecord(command.session_id, id_hash, d.remember, d.state.clock)
             if d.remember is not None
             else None
         )
-        return Outcome(
+        return StepOutcome(
             command=command, events=d.events, records=records, state=d.state, remember=remember
         )
 
     def _too_big(
         self, state: SessionState, records: list[tuple[bytes, bytes]]
-    ) -> DeadLetter | None:
+    ) -> Undecidable | None:
         """The decider bounds what a state holds; this is the backstop that keeps a record
         the topics would refuse from wedging the partition's transactions."""
         for k, v in records:
             if len(k) + len(v) > self.max_event_bytes:
-                return DeadLetter(
+                return Undecidable(
                     "event_too_large",
                     f"an event of {len(k) + len(v)} bytes > {self.max_event_bytes}",
                 )
         if self._measure_states:
             size = len(encode_state(state))
             if size > self.max_state_bytes:
-                return DeadLetter(
+                return Undecidable(
                     "state_too_large",
                     f"the session's state would be {size} bytes > {self.max_state_bytes}",
                 )

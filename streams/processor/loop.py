@@ -2,9 +2,10 @@
 
 Each batch of commands is one Kafka transaction holding the events (on the command's
 partition number), the new session states (changelog `session.state`), the command ids to
-remember (`session.dedup`), dead letters, forwarded misplaced commands, fired timers and the
-input offsets (`send_offsets_to_transaction` with the group metadata, KIP-447). Either all
-of it is visible to `read_committed` readers or none of it is.
+remember (`session.dedup`), the runs that now need a holder (`session.open-runs`), dead
+letters, forwarded misplaced commands, fired timers and the input offsets
+(`send_offsets_to_transaction` with the group metadata, KIP-447). Either all of it is
+visible to `read_committed` readers or none of it is.
 
 Time: the decider's "now" is each command record's timestamp, which the broker stamps at
 append (`message.timestamp.type=LogAppendTime` on the commands topic), so the same log
@@ -14,21 +15,18 @@ Zombies: the transactional id is stable per instance (`{group}-{instance}`), so 
 instance aborts its predecessor's open transaction at `init_transactions`; a processor that
 lost its partitions is fenced by the group generation when it sends offsets.
 
-Restore: on assignment, committed offsets are fetched first (read_committed asks the broker
-for stable offsets, so a predecessor's pending transaction is resolved before we go on),
-then the state and dedup partitions are read to their ends. State and offsets come from one
-transaction, so they agree.
+Restore (`restore.py`): on assignment, committed offsets are fetched first (read_committed
+asks the broker for stable offsets, so a predecessor's pending transaction is resolved
+before we go on), then the state and dedup changelogs are read to their ends.
 """
 
 from __future__ import annotations
 
 import contextlib
-import heapq
 import logging
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import (
@@ -42,89 +40,49 @@ from confluent_kafka import (
 )
 
 from schemas.codec import Codec
+from schemas.commands import Command
 from schemas.discovery import OpenRun
 from sessionstream import metrics
-from sessionstream._kafka import client_config, data_messages, read_topic
 from sessionstream.errors import KafkaUnavailable
+from sessionstream.kafka import (
+    data_messages,
+    dead_letter_headers,
+    group_consumer_config,
+    transactional_producer_config,
+)
 from sessionstream.settings import Settings
 from sessionstream.topics import check_topics, ensure_topics
-from streams.core import (
+from streams.decider import DeciderConfig
+from streams.open_runs import open_run
+from streams.processor.partition import PartitionState
+from streams.processor.restore import restore
+from streams.processor.stats import ProcessorStats, StatsObserver
+from streams.state import SessionState
+from streams.step import (
     FORWARDED_HEADER,
     CommandStep,
     DedupRecord,
-    Outcome,
-    decode_dedup,
-    decode_state,
+    StepOutcome,
     dedup_key,
     encode_dedup,
     encode_state,
 )
-from streams.decider import DeciderConfig, evolve
-from streams.open_runs import open_run
-from streams.state import SessionState
-from streams.timers import due_timers, timer_command
 
 __all__ = ["ProcessorStats", "TransactionalProcessor", "default_instance_id"]
 
 log = logging.getLogger("sessionstream.processor")
 
-#: a fired timer is fired again only if its command has not been decided after this long
-REFIRE_MS = 5_000
 #: a producer fenced again this soon after being replaced means a second live instance
 RENEW_WINDOW_S = 60.0
 #: longest wait for send_offsets_to_transaction before the producer is given up
 SEND_OFFSETS_LIMIT_S = 30.0
+#: dedup records past the window are swept every this many transactions
+SWEEP_EVERY = 1000
 
 
 def default_instance_id() -> str:
     """Stable across restarts on one host, so a restart fences its own predecessor."""
     return socket.gethostname()
-
-
-@dataclass
-class ProcessorStats:
-    commands: int = 0
-    events: int = 0
-    dead_letters: int = 0
-    duplicates: int = 0
-    rejections: int = 0
-    timers_fired: int = 0
-    forwarded: int = 0
-    transactions: int = 0
-    aborts: int = 0
-    rejections_by_reason: dict[str, int] = field(default_factory=dict)
-    dead_letters_by_reason: dict[str, int] = field(default_factory=dict)
-
-
-class _Partition:
-    """What one assigned partition holds: its sessions' states, the command ids they
-    remember, and pending timers."""
-
-    def __init__(self) -> None:
-        self.states: dict[str, SessionState] = {}
-        self.dedup: dict[tuple[str, int], tuple[int, int]] = {}
-        #: the latest decision time on this partition (to expire dedup records)
-        self.clock = 0
-        self.timers: list[tuple[int, str]] = []  # heap of (due_at, session_id)
-        self.fired: dict[str, int] = {}  # timer command id -> when fired
-
-    def schedule(self, state: SessionState) -> None:
-        for t in due_timers(state):
-            heapq.heappush(self.timers, (t.due_at, state.session_id))
-
-    def remember(self, r: DedupRecord) -> None:
-        self.dedup[(r.session_id, r.id_hash)] = (r.digest, r.at)
-        if r.at > self.clock:
-            self.clock = r.at
-
-    def forget_expired(self, ttl_ms: int) -> None:
-        """Drop dedup records the decider would no longer look at (older than the TTL by
-        the partition's latest decision time; a session's own clock is never behind it by
-        more than its idle time, so nothing still inside a session's window goes)."""
-        if self.dedup:
-            self.clock = max(self.clock, max(at for _d, at in self.dedup.values()))
-        horizon = self.clock - ttl_ms
-        self.dedup = {k: v for k, v in self.dedup.items() if v[1] >= horizon}
 
 
 class TransactionalProcessor:
@@ -147,10 +105,9 @@ class TransactionalProcessor:
         )
         self.batch_size = batch_size
         self.clock = clock
-        self.stats = ProcessorStats()
-        self.partitions: dict[int, _Partition] = {}
+        self.observer = StatsObserver(clock)
+        self.partitions: dict[int, PartitionState] = {}
         self.ready = threading.Event()
-        self._cancel_requested: dict[str, int] = {}  # run id -> ts, for the cancel histogram
         self._step: CommandStep | None = None
         self._producer: Producer | None = None
         self._consumer: Consumer | None = None
@@ -158,6 +115,10 @@ class TransactionalProcessor:
         self._consumer_renewed_at: float | None = None
         self._forward_logged_at = 0.0
         self._transactions_since_sweep = 0
+
+    @property
+    def stats(self) -> ProcessorStats:
+        return self.observer.stats
 
     # -- setup ------------------------------------------------------------------------------
     def _now(self) -> int:
@@ -176,23 +137,17 @@ class TransactionalProcessor:
         """Our member of the processor group, subscribed to the commands topic."""
         s = self.settings
         consumer = Consumer(
-            client_config(
+            group_consumer_config(
                 s,
+                s.processor_group,
                 **{
-                    "group.id": s.processor_group,
                     "client.id": f"processor-{self.instance_id}",
                     # static membership: a restarted instance gets its partitions back at
                     # once instead of after the dead member's session timeout; a second
                     # process with the same instance id is fenced by the coordinator
                     "group.instance.id": f"processor-{self.instance_id}",
-                    "enable.auto.commit": False,
-                    "auto.offset.reset": "earliest",
-                    "isolation.level": "read_committed",
-                    "session.timeout.ms": 6000,
-                    "heartbeat.interval.ms": 1000,
                     "max.poll.interval.ms": 60000,
                     "fetch.wait.max.ms": 10,
-                    "partition.assignment.strategy": "range",
                 },
             )
         )
@@ -209,21 +164,7 @@ class TransactionalProcessor:
         aborts the open transaction of) any earlier producer with that id."""
         s = self.settings
         producer = Producer(
-            client_config(
-                s,
-                **{
-                    "transactional.id": f"{s.processor_group}-{self.instance_id}",
-                    "enable.idempotence": True,
-                    "acks": "all",
-                    "linger.ms": 1,
-                    "transaction.timeout.ms": s.transaction_timeout_ms,
-                    # a transaction begun while the broker still closes the previous one is
-                    # answered CONCURRENT_TRANSACTIONS; librdkafka's default 100 ms back-off
-                    # before the retry was most of the latency at 500 cmd/s (bench)
-                    "retry.backoff.ms": 10,
-                    "message.max.bytes": 4 * 1024 * 1024,
-                },
-            )
+            transactional_producer_config(s, f"{s.processor_group}-{self.instance_id}")
         )
         try:
             producer.init_transactions(60)
@@ -238,9 +179,12 @@ class TransactionalProcessor:
         # Step 1: committed offsets (stable: waits out a predecessor's pending transaction)
         committed = consumer.committed(partitions, timeout=60)
         # Step 2: state of each partition, read to its end (one reader for all of them)
-        for p, part in self._restore([tp.partition for tp in partitions]).items():
+        restored = restore(
+            self.settings, [tp.partition for tp in partitions], self.config, self.codec
+        )
+        for p, part in restored.items():
             self.partitions[p] = part
-            metrics.ACTIVE_RUNS.inc(sum(1 for st in part.states.values() if st.active))
+            metrics.ACTIVE_RUNS.inc(part.active_runs())
         # Step 3: consume from the committed offsets (or the beginning)
         start = [
             TopicPartition(
@@ -257,109 +201,8 @@ class TransactionalProcessor:
         for tp in partitions:
             gone = self.partitions.pop(tp.partition, None)
             if gone is not None:
-                metrics.ACTIVE_RUNS.dec(sum(1 for st in gone.states.values() if st.active))
+                metrics.ACTIVE_RUNS.dec(gone.active_runs())
         log.info("revoked %s", sorted(tp.partition for tp in partitions))
-
-    def _restore(self, partitions: list[int]) -> dict[int, _Partition]:
-        """Read the state and dedup changelogs of `partitions` to their ends."""
-        s = self.settings
-        parts = {p: _Partition() for p in partitions}
-        if not partitions:
-            return parts
-        reader = Consumer(
-            client_config(
-                s,
-                **{
-                    "group.id": f"{s.processor_group}-restore",
-                    "enable.auto.commit": False,
-                    "isolation.level": "read_committed",
-                    "enable.partition.eof": True,
-                    "fetch.wait.max.ms": 10,
-                },
-            )
-        )
-        topics = (s.state_topic, s.dedup_topic)
-        stale: set[tuple[int, str]] = set()
-        try:
-            # metadata first: assigning before the leader is known costs librdkafka's
-            # 500 ms offset-query back-off per partition
-            for t in topics:
-                reader.list_topics(t, timeout=30)
-            reader.assign(
-                [TopicPartition(t, p, OFFSET_BEGINNING) for t in topics for p in partitions]
-            )
-            pending = {(t, p) for t in topics for p in partitions}
-            while pending:
-                msg = reader.poll(1.0)
-                if msg is None:
-                    continue
-                err = msg.error()
-                topic, p, _offset = _coords(msg)
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        pending.discard((topic, p))
-                        continue
-                    raise KafkaException(err)
-                key, value = msg.key() or b"", msg.value()
-                if topic == s.dedup_topic:
-                    if value is not None:
-                        r = decode_dedup(key, value)
-                        parts[p].dedup[(r.session_id, r.id_hash)] = (r.digest, r.at)
-                elif value is None:
-                    parts[p].states.pop(key.decode(), None)
-                    stale.discard((p, key.decode()))
-                else:
-                    try:
-                        state = decode_state(value)
-                    except ValueError as e:  # pydantic's ValidationError is one
-                        # written by another version of the processor: the log knows it
-                        stale.add((p, key.decode()))
-                        log.debug("state of %s unreadable (%s)", key, e)
-                        continue
-                    stale.discard((p, state.session_id))
-                    parts[p].states[state.session_id] = state
-        finally:
-            reader.close()
-        if stale:
-            self._rebuild(parts, stale)
-        for part in parts.values():
-            part.forget_expired(self.config.dedup_ttl_ms)
-            for state in part.states.values():
-                part.schedule(state)
-        return parts
-
-    def _rebuild(self, parts: dict[int, _Partition], stale: set[tuple[int, str]]) -> None:
-        """States the changelog holds in a form this version cannot read (an upgrade) are
-        folded again from the events log, the source of truth: same state, new form."""
-        s = self.settings
-        by_partition: dict[int, set[str]] = {}
-        for p, sid in stale:
-            by_partition.setdefault(p, set()).add(sid)
-        log.warning(
-            "%s session states in an older form; rebuilding them from %s (partitions %s)",
-            len(stale),
-            s.events_topic,
-            sorted(by_partition),
-        )
-        rebuilt: dict[tuple[int, str], SessionState] = {}
-        for p, sids in by_partition.items():
-            events = read_topic(
-                s,
-                s.events_topic,
-                partitions=[p],
-                timeout=600,
-                group_id=f"{s.processor_group}-restore",
-            )
-            for r in events:
-                if r.value is None:
-                    continue
-                e = self.codec.decode_event(r.value)
-                if e.session_id in sids:
-                    before = rebuilt.get((p, e.session_id)) or SessionState.initial(e.session_id)
-                    rebuilt[(p, e.session_id)] = evolve(before, e, self.config)
-        for (p, sid), state in rebuilt.items():
-            parts[p].states[sid] = state
-        log.warning("rebuilt %s session states from the events log", len(rebuilt))
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self, stop: threading.Event | None = None) -> None:
@@ -379,44 +222,28 @@ class TransactionalProcessor:
                 except KafkaException as e:
                     self._renew_consumer(e)
                     continue
-                timers = self._due_timer_commands()
+                timers = self._due_timers()
                 if batch or timers:
                     self._transact(batch, timers)
         finally:
             self.close()
 
-    def _due_timer_commands(self) -> list[tuple[int, str, bytes, bytes]]:
+    def _due_timers(self) -> list[tuple[int, Command]]:
         now = self._now()
-        out = []
-        for p, part in self.partitions.items():
-            if len(part.fired) > 10_000:
-                part.fired = {k: v for k, v in part.fired.items() if now - v < REFIRE_MS}
-            while part.timers and part.timers[0][0] <= now:
-                _due, sid = heapq.heappop(part.timers)
-                state = part.states.get(sid)
-                if state is None:
-                    continue
-                for t in due_timers(state):
-                    if t.due_at > now:
-                        heapq.heappush(part.timers, (t.due_at, sid))
-                        continue
-                    cmd = timer_command(state, t, now)
-                    fired = part.fired.get(cmd.command_id)
-                    if fired is not None and now - fired < REFIRE_MS:
-                        heapq.heappush(part.timers, (fired + REFIRE_MS, sid))
-                        continue
-                    part.fired[cmd.command_id] = now
-                    out.append((p, cmd.command_id, sid.encode(), self.codec.encode_command(cmd)))
-        return out
+        return [
+            (p, cmd)
+            for p, part in self.partitions.items()
+            for cmd in part.timers.due(now, part.state)
+        ]
 
-    def _transact(self, batch: list[Message], timers: list[tuple[int, str, bytes, bytes]]) -> None:
+    def _transact(self, batch: list[Message], timers: list[tuple[int, Command]]) -> None:
         assert self._producer is not None and self._consumer is not None and self._step is not None
         s = self.settings
         producer = self._producer
         staged: dict[tuple[int, str], SessionState] = {}
         remembered: dict[tuple[int, str, int], DedupRecord] = {}
         offsets: dict[tuple[str, int], int] = {}
-        outcomes: list[Outcome] = []
+        outcomes: list[StepOutcome] = []
         # Step 1: open the transaction
         producer.begin_transaction()
         try:
@@ -427,14 +254,16 @@ class TransactionalProcessor:
                     continue  # revoked mid-batch: the new owner re-reads it
                 part = self.partitions[p]
 
-                def state_of(sid: str, p: int = p, part: _Partition = part) -> SessionState | None:
-                    return staged.get((p, sid)) or part.states.get(sid)
+                def state_of(
+                    sid: str, p: int = p, part: PartitionState = part
+                ) -> SessionState | None:
+                    return staged.get((p, sid)) or part.state(sid)
 
                 def dedup_of(
-                    sid: str, h: int, p: int = p, part: _Partition = part
+                    sid: str, h: int, p: int = p, part: PartitionState = part
                 ) -> tuple[int, int] | None:
                     r = remembered.get((p, sid, h))
-                    return (r.digest, r.at) if r is not None else part.dedup.get((sid, h))
+                    return (r.digest, r.at) if r is not None else part.seen(sid, h)
 
                 headers = msg.headers()
                 forwarded = headers is not None and any(h[0] == FORWARDED_HEADER for h in headers)
@@ -460,14 +289,13 @@ class TransactionalProcessor:
                 if outcome.forward_to is not None:
                     self._forward(msg, outcome.forward_to)
                 offsets[(topic, p)] = offset + 1
+            # Step 3: the changelogs: states, runs that now need a holder (or no longer do:
+            # what workers discover them by), the command ids remembered
             for (p, sid), state in staged.items():
                 producer.produce(
                     s.state_topic, key=sid.encode(), value=encode_state(state), partition=p
                 )
-            # runs that now need a holder, or no longer do: what workers discover them by
-            for (p, sid), state in staged.items():
-                part = self.partitions[p]
-                was, now = open_run(part.states.get(sid)), open_run(state)
+                was, now = open_run(self.partitions[p].state(sid)), open_run(state)
                 if _opening(was) != _opening(now):
                     record = None if now is None else now.model_dump_json(by_alias=True).encode()
                     producer.produce(s.open_runs_topic, key=sid.encode(), value=record, partition=p)
@@ -478,35 +306,39 @@ class TransactionalProcessor:
                     value=encode_dedup(r),
                     partition=p,
                 )
-            # Step 3: timers become commands on the session's own partition
-            for p, _cid, key, value in timers:
-                producer.produce(s.commands_topic, key=key, value=value, partition=p)
-            # Step 4: the input offsets join the transaction
+            # Step 4: timers become commands on the session's own partition
+            for p, cmd in timers:
+                producer.produce(
+                    s.commands_topic,
+                    key=cmd.session_id.encode(),
+                    value=self.codec.encode_command(cmd),
+                    partition=p,
+                )
+            # Step 5: the input offsets join the transaction
             if offsets:
                 self._send_offsets([TopicPartition(t, p, o) for (t, p), o in offsets.items()])
-            # Step 5: commit — events, state, dedup, dead letters, forwards, timers and
+            # Step 6: commit — events, changelogs, dead letters, forwards, timers and
             # offsets at once
             self._commit()
         except KafkaException as e:
             self._abort(e, batch)
             self._unfire(timers)
             return
-        # Step 6: only now does the in-memory state move on
-        for (p, sid), state in staged.items():
+        # Step 7: only now does the in-memory state move on
+        for (p, _sid), state in staged.items():
             owner = self.partitions.get(p)
             if owner is not None:
-                before = owner.states.get(sid)
+                before = owner.state(state.session_id)
                 was_active = before is not None and before.active is not None
                 metrics.ACTIVE_RUNS.inc(int(state.active is not None) - int(was_active))
-                owner.states[sid] = state
-                owner.schedule(state)
+                owner.put(state)
         for (p, _sid, _h), r in remembered.items():
             owner = self.partitions.get(p)
             if owner is not None:
                 owner.remember(r)
-        self._count(outcomes, len(timers))
+        self.observer.committed(outcomes, len(timers))
         self._transactions_since_sweep += 1
-        if self._transactions_since_sweep >= 1000:
+        if self._transactions_since_sweep >= SWEEP_EVERY:
             self._transactions_since_sweep = 0
             for part in self.partitions.values():
                 part.forget_expired(self.config.dedup_ttl_ms)
@@ -550,22 +382,20 @@ class TransactionalProcessor:
                     raise
                 log.warning("commit_transaction: %s; retrying", kerr)
 
-    def _dead_letter(self, msg: Message, outcome: Outcome) -> None:
+    def _dead_letter(self, msg: Message, outcome: StepOutcome) -> None:
         assert self._producer is not None and outcome.dead_letter is not None
         d = outcome.dead_letter
         topic, partition, offset = _coords(msg)
+        headers = dead_letter_headers(
+            msg.headers(),
+            topic,
+            partition,
+            offset,
+            d.reason,
+            d.error,
+        )
         self._producer.produce(
-            self.settings.dlq_topic,
-            key=msg.key(),
-            value=msg.value(),
-            headers=[
-                *(msg.headers() or []),
-                ("source.topic", topic.encode()),
-                ("source.partition", str(partition).encode()),
-                ("source.offset", str(offset).encode()),
-                ("error.reason", d.reason.encode()),
-                ("error.message", d.error.encode()[:4000]),
-            ],
+            self.settings.dlq_topic, key=msg.key(), value=msg.value(), headers=headers
         )
         log.warning("dead letter %s/%s@%s: %s", topic, partition, offset, d.error)
 
@@ -585,8 +415,7 @@ class TransactionalProcessor:
                 (FORWARDED_HEADER, f"{topic}/{source}/{offset}".encode()),
             ],
         )
-        metrics.FORWARDED.inc()
-        self.stats.forwarded += 1
+        count = self.observer.forwarded()
         now = time.monotonic()
         if now - self._forward_logged_at > 10.0:
             self._forward_logged_at = now
@@ -598,7 +427,7 @@ class TransactionalProcessor:
                 topic,
                 source,
                 partition,
-                self.stats.forwarded,
+                count,
             )
 
     def _abort(self, error: KafkaException, batch: list[Message]) -> None:
@@ -613,8 +442,7 @@ class TransactionalProcessor:
         # the _STATE error produce() raises once the transaction failed in the background
         # (a broker restart: OUT_OF_ORDER_SEQUENCE_NUMBER). abort_transaction says if not.
         log.warning("aborting transaction: %s", kerr)
-        self.stats.aborts += 1
-        metrics.TRANSACTIONS.labels("aborted").inc()
+        self.observer.aborted()
         while True:
             try:
                 self._producer.abort_transaction(30)
@@ -631,18 +459,12 @@ class TransactionalProcessor:
                 log.warning("abort_transaction: %s; retrying", e.args[0])
         self._rewind(batch)
 
-    def _unfire(self, timers: list[tuple[int, str, bytes, bytes]]) -> None:
-        """The timers of an aborted transaction were never sent: due again at once. (Their
-        heap entries are gone; without this they came back only with the session's next
-        state change, so a run whose worker had gone quiet kept an expired lease.)"""
-        for p, cid, key, _value in timers:
+    def _unfire(self, timers: list[tuple[int, Command]]) -> None:
+        """The timers of an aborted transaction were never sent: due again at once."""
+        for p, cmd in timers:
             part = self.partitions.get(p)
-            if part is None:
-                continue
-            part.fired.pop(cid, None)
-            state = part.states.get(key.decode())
-            if state is not None:
-                part.schedule(state)
+            if part is not None:
+                part.timers.unfire(cmd, part.state(cmd.session_id))
 
     def _rewind(self, batch: list[Message]) -> None:
         """Back to the first offset of the batch per partition: nothing of it happened."""
@@ -695,55 +517,6 @@ class TransactionalProcessor:
         with contextlib.suppress(KafkaException, RuntimeError):
             self._consumer.close()
         self._consumer = self._group_consumer()
-
-    def _count(self, outcomes: list[Outcome], timers: int) -> None:
-        st = self.stats
-        st.transactions += 1
-        st.timers_fired += timers
-        metrics.TRANSACTIONS.labels("committed").inc()
-        now = self.clock()
-        for o in outcomes:
-            st.commands += 1
-            st.events += len(o.events)
-            metrics.EVENTS.inc(len(o.events))
-            if o.dead_letter is not None:
-                st.dead_letters += 1
-                r = o.dead_letter.reason
-                st.dead_letters_by_reason[r] = st.dead_letters_by_reason.get(r, 0) + 1
-                metrics.COMMANDS.labels("dead_letter").inc()
-                metrics.DEAD_LETTERS.labels(r).inc()
-                continue
-            if o.forward_to is not None:
-                metrics.COMMANDS.labels("forwarded").inc()
-                continue
-            if o.duplicate:
-                st.duplicates += 1
-                metrics.COMMANDS.labels("duplicate").inc()
-                continue
-            if o.command is not None:
-                metrics.COMMAND_AGE.observe(max(0.0, now - o.command.ts / 1000))
-            rejected = False
-            for e in o.events:
-                if e.type == "command.rejected":
-                    rejected = True
-                    st.rejections += 1
-                    reason = str(getattr(e.payload, "reason", "?"))
-                    st.rejections_by_reason[reason] = st.rejections_by_reason.get(reason, 0) + 1
-                    metrics.REJECTIONS.labels(reason).inc()
-                elif e.type == "run.lease_expired":
-                    metrics.LEASE_EXPIRIES.inc()
-                elif e.type == "run.cancel_requested":
-                    self._cancel_requested[e.run_id] = e.ts
-                    if len(self._cancel_requested) > 10_000:  # runs that never finished here
-                        self._cancel_requested.pop(next(iter(self._cancel_requested)))
-                elif e.type == "run.finished":
-                    asked = self._cancel_requested.pop(e.run_id, None)
-                    if (
-                        asked is not None
-                        and getattr(e.payload, "terminal_status", "") == "cancelled"
-                    ):
-                        metrics.CANCEL_LATENCY.observe(max(0, e.ts - asked) / 1000)
-            metrics.COMMANDS.labels("rejected" if rejected else "accepted").inc()
 
     def close(self) -> None:
         if self._consumer is not None:

@@ -1,0 +1,1 @@
+"""Benchmarks: scripts that print numbers. Run each as `python -m bench.<name>`."""

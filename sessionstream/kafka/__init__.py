@@ -1,0 +1,47 @@
+"""The Kafka adapter: every client sessionstream creates is configured, read and produced
+through here, and driver errors become sessionstream's own (`sessionstream.errors`)."""
+
+from sessionstream.kafka.config import (
+    KAFKA_LOG,
+    aiokafka_config,
+    client_config,
+    command_producer_config,
+    faust_credentials,
+    group_consumer_config,
+    reader_config,
+    security_config,
+    transactional_producer_config,
+)
+from sessionstream.kafka.dlq import DeadLetter, dead_letter_headers
+from sessionstream.kafka.errors import unavailable
+from sessionstream.kafka.producer import produce
+from sessionstream.kafka.reader import (
+    LogRecord,
+    data_messages,
+    end_offset,
+    partitions_of,
+    read_records,
+    read_topic,
+)
+
+__all__ = [
+    "KAFKA_LOG",
+    "DeadLetter",
+    "LogRecord",
+    "aiokafka_config",
+    "client_config",
+    "command_producer_config",
+    "data_messages",
+    "dead_letter_headers",
+    "end_offset",
+    "faust_credentials",
+    "group_consumer_config",
+    "partitions_of",
+    "produce",
+    "read_records",
+    "read_topic",
+    "reader_config",
+    "security_config",
+    "transactional_producer_config",
+    "unavailable",
+]

@@ -1,0 +1,206 @@
+"""Reading topics: one loop to the end of partitions (optionally following them), with one
+error policy, for every reader sessionstream has (processor restore, worker feeds, log
+checks, replay).
+
+The policy: a partition's end (`_PARTITION_EOF`) finishes that partition; a fatal error
+raises `KafkaUnavailable`; anything else (a broker restarting, a leader moving) is logged
+and waited out — librdkafka reconnects by itself — until the deadline, if there is one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message
+from confluent_kafka import TopicPartition as _TP
+
+from sessionstream.errors import KafkaUnavailable
+from sessionstream.kafka.config import reader_config
+from sessionstream.settings import Settings
+
+__all__ = [
+    "LogRecord",
+    "data_messages",
+    "end_offset",
+    "partitions_of",
+    "read_records",
+    "read_topic",
+]
+
+log = logging.getLogger("sessionstream.kafka")
+
+#: (topic, partition) -> first offset to read (OFFSET_BEGINNING by default)
+Start = Mapping[tuple[str, int], int]
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    """One consumed record, detached from the client."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: dict[str, bytes]
+    #: the record's timestamp (ms): the broker's append time on a LogAppendTime topic
+    timestamp: int = 0
+
+
+def _record(msg: Message) -> LogRecord:
+    topic, p, offset = msg.topic(), msg.partition(), msg.offset()
+    assert topic is not None and p is not None and offset is not None
+    headers: dict[str, bytes] = {}
+    raw: list[tuple[str, Any]] = list(msg.headers() or [])  # type: ignore[arg-type]
+    for k, v in raw:
+        headers[str(k)] = v if isinstance(v, bytes) else str(v or "").encode()
+    return LogRecord(topic, p, offset, msg.key(), msg.value(), headers, msg.timestamp()[1])
+
+
+def data_messages(batch: list[Message], logger: logging.Logger = log) -> list[Message]:
+    """The records of a consumed batch. librdkafka also hands out error events (a broker
+    going away, a partition at its end); those are logged and dropped — the client
+    reconnects by itself — except fatal ones, which end the process."""
+    out = []
+    for msg in batch:
+        err = msg.error()
+        if err is None:
+            out.append(msg)
+        elif err.fatal() or err.code() == KafkaError._FATAL:
+            # a fatal consumer error arrives as a _FATAL event whose fatal() is False
+            raise KafkaException(err)
+        else:
+            logger.warning("consumer: %s", err)
+    return out
+
+
+def partitions_of(consumer: Consumer, topic: str, stop: threading.Event | None = None) -> list[int]:
+    """The topic's partitions; a broker restarting (or a topic not created yet) is waited
+    out until `stop` is set (then: empty)."""
+    while True:
+        try:
+            t = consumer.list_topics(topic, timeout=10).topics.get(topic)
+            if t is not None and t.error is None and t.partitions:
+                return sorted(t.partitions)
+            log.warning("topic %s not available yet (%s); retrying", topic, t and t.error)
+        except KafkaException as e:
+            if e.args[0].fatal():
+                raise
+            log.warning("metadata of %s: %s; retrying", topic, e.args[0])
+        if stop is None:
+            time.sleep(0.5)
+        elif stop.wait(0.5):
+            return []
+
+
+def end_offset(consumer: Consumer, topic: str, partition: int, stop: threading.Event) -> int:
+    """Where the partition ends now (read_committed: its stable offset). A broker
+    restarting answers NOT_LEADER or times out for a while: that is waited out."""
+    tp = _TP(topic, partition)
+    while True:
+        try:
+            return int(consumer.get_watermark_offsets(tp, timeout=30, cached=False)[1])
+        except KafkaException as e:
+            if e.args[0].fatal() or stop.is_set():
+                raise
+            log.warning("end of %s[%s]: %s; retrying", topic, partition, e.args[0])
+            stop.wait(0.5)
+
+
+def read_records(
+    settings: Settings,
+    topics: Mapping[str, Iterable[int] | None],
+    *,
+    start: Start | None = None,
+    end: Start | None = None,
+    follow: threading.Event | None = None,
+    on_caught_up: Callable[[], None] | None = None,
+    timeout: float | None = 60.0,
+    group_id: str | None = None,
+    read_committed: bool = True,
+    poll_s: float = 0.2,
+) -> Iterator[LogRecord]:
+    """The records of `topics` (topic -> partitions, None: all of them) from `start` (or
+    their beginning), up to `end` (exclusive) or their end now. With `follow`, reading goes
+    on past the end (`on_caught_up` is called once there) until `follow` is set."""
+    consumer = Consumer(
+        reader_config(settings, group_id=group_id, read_committed=read_committed, eof=True)
+    )
+    halt = follow or threading.Event()
+    try:
+        assign = []
+        for topic, parts in topics.items():
+            for p in partitions_of(consumer, topic, halt) if parts is None else parts:
+                first = (start or {}).get((topic, p), OFFSET_BEGINNING)
+                last = None if end is None else end.get((topic, p))
+                if last is not None and first != OFFSET_BEGINNING and first >= last:
+                    continue
+                assign.append(_TP(topic, p, first))
+        consumer.assign(assign)
+        pending = {(tp.topic, tp.partition) for tp in assign}
+        deadline = None if timeout is None or follow is not None else time.monotonic() + timeout
+        caught_up = not pending
+        if caught_up and follow is None:
+            return
+        if caught_up and on_caught_up is not None:
+            on_caught_up()
+        while not halt.is_set():
+            if deadline is not None and time.monotonic() > deadline:
+                raise KafkaUnavailable(
+                    f"reading {sorted(pending)}: not at their end after {timeout}s",
+                    bootstrap=settings.kafka_bootstrap,
+                )
+            msg = consumer.poll(poll_s)
+            if msg is None:
+                continue
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    pending.discard((msg.topic() or "", msg.partition() or 0))
+                elif err.fatal():
+                    raise KafkaUnavailable(
+                        f"reading {msg.topic()}: {err}", bootstrap=settings.kafka_bootstrap
+                    ) from KafkaException(err)
+                else:
+                    log.warning("reading %s: %s", msg.topic(), err)  # a broker restarting
+            else:
+                r = _record(msg)
+                stop_at = None if end is None else end.get((r.topic, r.partition))
+                if stop_at is not None and r.offset >= stop_at:
+                    pending.discard((r.topic, r.partition))
+                else:
+                    yield r
+            if not pending and not caught_up:
+                caught_up = True
+                if follow is None:
+                    return
+                if on_caught_up is not None:
+                    on_caught_up()
+    finally:
+        consumer.close()
+
+
+def read_topic(
+    settings: Settings,
+    topic: str,
+    *,
+    read_committed: bool = True,
+    timeout: float = 60.0,
+    partitions: Iterable[int] | None = None,
+    group_id: str | None = None,
+) -> list[LogRecord]:
+    """Every record of `topic` (or of its `partitions`) up to its end now."""
+    return list(
+        read_records(
+            settings,
+            {topic: partitions},
+            timeout=timeout,
+            group_id=group_id,
+            read_committed=read_committed,
+        )
+    )
