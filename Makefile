@@ -20,7 +20,7 @@ help:
 	@echo "                the 3-node cluster; both next to the default one, see docs/local-stack.md)"
 	@echo "make test     install, up, run all tests"
 	@echo "make soak     install, up, the fault suite at 10x load and rounds"
-	@echo "make lint     ruff + mypy"
+	@echo "make lint     ruff + mypy + lint-imports (the layer contracts in pyproject.toml)"
 	@echo "make demo     install, up, run the demo"
 	@echo "make bench    install, up, run the benchmarks"
 	@echo "make clean    remove the virtualenv and caches (not the stack's data)"
@@ -69,6 +69,7 @@ lint: install
 	@rc=0; \
 	echo "ruff check ."; $(VENV)/bin/ruff check . || rc=1; \
 	echo "mypy"; $(VENV)/bin/mypy || rc=1; \
+	echo "lint-imports"; $(VENV)/bin/lint-imports || rc=1; \
 	exit $$rc
 
 # Until the real demo lands this is the smoke round trip through Kafka and PostgreSQL.

@@ -11,8 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import signal
-import subprocess
 import tempfile
 import threading
 import time
@@ -22,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient
 from hdrh.histogram import HdrHistogram  # type: ignore[import-untyped]
 
 from schemas.codec import Codec
@@ -34,96 +31,29 @@ from schemas.commands import (
     SendPayload,
     SteerPayload,
 )
+from sessionstream._procs import Service, cpu_seconds, delete_world
+from sessionstream._procs import isolated_settings as _isolated
 from sessionstream.client import CommandHandle, SessionClient
 from sessionstream.kafka import client_config, read_topic
 from sessionstream.settings import Settings
-from sessionstream.topics import ensure_topics
 from streams.log_check import check_log, fold_log, state_table
 
 REPO = Path(__file__).resolve().parents[1]
-EXE = REPO / ".venv" / "bin" / "sessionstream"
 TICKS = os.sysconf("SC_CLK_TCK")
-
-_ENV_FIELDS = (
-    "kafka_bootstrap",
-    "commands_topic",
-    "events_topic",
-    "state_topic",
-    "dedup_topic",
-    "open_runs_topic",
-    "workers_topic",
-    "dlq_topic",
-    "processor_group",
-    "partitions",
-)
 
 
 # -- topics and groups ------------------------------------------------------------------------
 def isolated_settings(tag: str, partitions: int = 4) -> Settings:
     """Settings with topics and a group of their own (created here)."""
-    suffix = f"{tag}-{uuid.uuid4().hex[:8]}"
-    s = Settings().model_copy(
-        update={
-            "commands_topic": f"bench.commands.{suffix}",
-            "events_topic": f"bench.events.{suffix}",
-            "state_topic": f"bench.state.{suffix}",
-            "dedup_topic": f"bench.dedup.{suffix}",
-            "open_runs_topic": f"bench.open-runs.{suffix}",
-            "workers_topic": f"bench.workers.{suffix}",
-            "dlq_topic": f"bench.dlq.{suffix}",
-            "processor_group": f"bench-processor-{suffix}",
-            "partitions": partitions,
-        }
-    )
-    ensure_topics(s)
-    return s
-
-
-def settings_env(s: Settings) -> dict[str, str]:
-    env = dict(os.environ)
-    for name in _ENV_FIELDS:
-        env[f"SESSIONSTREAM_{name.upper()}"] = str(getattr(s, name))
-    return env
+    return _isolated(Settings(), tag, prefix="bench", partitions=partitions, schema=False)
 
 
 def delete_topics_and_groups(s: Settings) -> list[str]:
     """Best effort; returns what could not be deleted."""
-    admin = AdminClient(client_config(s))
-    failed = []
-    topics = [
-        s.commands_topic,
-        s.events_topic,
-        s.state_topic,
-        s.dedup_topic,
-        s.open_runs_topic,
-        s.workers_topic,
-        s.dlq_topic,
-    ]
-    for name, fut in admin.delete_topics(topics, operation_timeout=30).items():
-        try:
-            fut.result()
-        except KafkaException as e:
-            failed.append(f"{name}: {e}")
-    groups = [s.processor_group, f"{s.processor_group}-restore"]
-    for fut in admin.delete_consumer_groups(groups, request_timeout=30).values():
-        with contextlib.suppress(KafkaException):  # a group that never committed is absent
-            fut.result()
-    return failed
+    return delete_world([s], schemas=False)
 
 
 # -- processes ----------------------------------------------------------------------------------
-def cpu_seconds(pid: int | None) -> float:
-    """user + system CPU seconds of a live process (all its threads)."""
-    if pid is None:
-        return 0.0
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0.0
-    fields = stat.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
-
-
 def broker_pid() -> int | None:
     """The local Kafka broker's pid (a JVM running kafka.Kafka), if it runs on this host."""
     for entry in Path("/proc").iterdir():
@@ -134,60 +64,31 @@ def broker_pid() -> int | None:
     return None
 
 
-class Processor:
+class Processor(Service):
     """`sessionstream processor --instance ID` as a subprocess, its output in a temp file."""
 
     def __init__(self, settings: Settings, instance: str) -> None:
-        self.settings = settings
-        self.instance = instance
         fd, path = tempfile.mkstemp(prefix=f"{instance}-", suffix=".log")
         os.close(fd)
+        super().__init__(instance, settings, ["processor", "--instance", instance], REPO)
         self.log = Path(path)
+        self.cwd = REPO
+        self.instance = instance
         self.started_at = 0.0
-        self.popen: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Processor:
-        with self.log.open("ab") as out:
-            self.started_at = time.perf_counter()
-            self.popen = subprocess.Popen(
-                [str(EXE), "processor", "--instance", self.instance],
-                env=settings_env(self.settings),
-                cwd=REPO,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
+        self.started_at = time.perf_counter()
+        super().start()
         return self
 
-    @property
-    def pid(self) -> int | None:
-        return self.popen.pid if self.popen else None
-
-    def cpu(self) -> float:
-        return cpu_seconds(self.pid)
-
     def log_text(self) -> str:
-        return self.log.read_text(errors="replace")
+        return self.text()
 
     def assert_alive(self) -> None:
         assert self.popen is not None
         code = self.popen.poll()
         if code is not None:
             raise RuntimeError(f"processor exited with {code}:\n{self.log_text()[-3000:]}")
-
-    def kill9(self) -> None:
-        assert self.popen is not None
-        self.popen.send_signal(signal.SIGKILL)
-        self.popen.wait(10)
-
-    def stop(self) -> int:
-        if self.popen is None or self.popen.poll() is not None:
-            return self.popen.returncode if self.popen else 0
-        self.popen.send_signal(signal.SIGTERM)
-        try:
-            return self.popen.wait(30)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            return self.popen.wait(10)
 
 
 # -- offsets ------------------------------------------------------------------------------------

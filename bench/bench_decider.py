@@ -24,7 +24,7 @@ from typing import Any
 
 from schemas.codec import Codec
 from schemas.commands import Command
-from streams.decider import DEFAULT_CONFIG, apply, decide, evolve
+from streams.decider import DEFAULT_CONFIG, apply, decide
 from streams.state import SessionState
 
 W = True  # a worker command: it needs the run id and generation the decider handed out
@@ -41,7 +41,7 @@ CYCLE: list[tuple[str, dict[str, Any], bool]] = [
     ("lease.renew", {"lease_ms": 30_000}, W),
     ("run.progress", {"kind": "tool.finished", "name": "web_search", "call_id": "t1"}, W),
     ("run.complete", {"result": "draft"}, W),  # delivers the follow-up, the run goes on
-    ("run.complete", {"result": "3 options"}, W),
+    ("run.complete", {"result": "3 options", "consume": True}, W),  # takes steer + follow-up
     ("prompt", {"text": "book the second one"}, False),
     ("lease.acquire", {"lease_ms": 30_000}, W),
     ("run.progress", {"kind": "model.request.started", "name": "gpt"}, W),
@@ -75,6 +75,17 @@ def build(n_commands: int, n_sessions: int) -> list[Command]:
             extra = {"run_id": run.run_id, "worker_id": "w-1"}
             if type_ != "lease.acquire":
                 extra["generation"] = run.generation
+            if payload.get("consume"):
+                # a run completes once the worker says it consumed every input it was given
+                ids = {
+                    k: [i.source_command_id for i in run.inputs if i.kind == k]
+                    for k in ("steer", "follow_up")
+                }
+                payload = {
+                    "result": payload["result"],
+                    "consumed_steers": ids["steer"],
+                    "consumed_follow_ups": ids["follow_up"],
+                }
         cmd = Command(
             command_id=f"{sid}-{steps[sid]}",
             session_id=sid,
@@ -84,9 +95,10 @@ def build(n_commands: int, n_sessions: int) -> list[Command]:
             payload=payload,
             **extra,
         )
-        for e in decide(state, cmd):
+        decision = decide(state, cmd)
+        for e in decision.events:
             assert e.type != "command.rejected", (cmd, e)  # the mix is all accepted work
-            state = evolve(state, e)
+        state = decision.state
         states[sid] = state
         out.append(cmd)
     return out
@@ -101,11 +113,11 @@ def run(commands: list[Command]) -> tuple[float, int, int]:
     t0 = time.perf_counter()
     for cmd in commands:
         state = states.get(cmd.session_id) or SessionState.initial(cmd.session_id)
-        for e in decide(state, cmd, config):
-            state = evolve(state, e, config)
+        decision = decide(state, cmd, config)
+        for e in decision.events:
             n_bytes += len(codec.encode_event(e))
             n_events += 1
-        states[cmd.session_id] = state
+        states[cmd.session_id] = decision.state
     return time.perf_counter() - t0, n_events, n_bytes
 
 

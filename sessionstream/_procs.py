@@ -7,13 +7,97 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 from pydantic import SecretStr
 
 from sessionstream.settings import Settings
 
-__all__ = ["Service", "settings_env"]
+__all__ = [
+    "TOPIC_FIELDS",
+    "Service",
+    "cpu_seconds",
+    "delete_world",
+    "isolated_settings",
+    "settings_env",
+    "world_topics",
+]
+
+#: every topic the settings name (commands, events, state, ...)
+TOPIC_FIELDS = tuple(f for f in Settings.model_fields if f.endswith("_topic"))
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def isolated_settings(
+    base: Settings, tag: str, *, prefix: str, partitions: int = 4, schema: bool = True
+) -> Settings:
+    """`base` with topics, a processor group and (with `schema`) a PostgreSQL schema of its
+    own, named `{prefix}.{kind}.{tag}-{random}`: tests and benchmarks never see each other's
+    data. The topics are created here."""
+    from sessionstream.topics import ensure_topics
+
+    suffix = f"{tag}-{uuid.uuid4().hex[:8]}"
+    update: dict[str, object] = {
+        f: f"{prefix}.{f.removesuffix('_topic').replace('_', '-')}.{suffix}" for f in TOPIC_FIELDS
+    }
+    update["processor_group"] = f"{prefix}-processor-{suffix}"
+    update["partitions"] = partitions
+    if schema:
+        update["database_schema"] = f"{prefix}_{suffix.replace('-', '_').replace('.', '_').lower()}"
+    s = base.model_copy(update=update)
+    ensure_topics(s)
+    return s
+
+
+def world_topics(s: Settings) -> list[str]:
+    return [getattr(s, f) for f in TOPIC_FIELDS]
+
+
+def delete_world(worlds: list[Settings], *, schemas: bool = True) -> list[str]:
+    """Best effort: delete the worlds' topics, processor groups and (with `schemas`) their
+    PostgreSQL schemas. Returns what could not be deleted."""
+    import contextlib
+
+    import psycopg
+    from confluent_kafka.admin import AdminClient
+
+    from sessionstream.kafka import client_config
+
+    if not worlds:
+        return []
+    failed: list[str] = []
+    admin = AdminClient(client_config(worlds[0]))
+    topics = [t for s in worlds for t in world_topics(s)]
+    for name, fut in admin.delete_topics(topics, operation_timeout=30).items():
+        try:
+            fut.result(timeout=60)
+        except Exception as e:  # already gone, or the broker is down: nothing to keep
+            failed.append(f"{name}: {e}")
+    groups = [g for s in worlds for g in (s.processor_group, f"{s.processor_group}-restore")]
+    for fut in admin.delete_consumer_groups(groups, request_timeout=30).values():
+        with contextlib.suppress(Exception):  # a group that never committed is absent
+            fut.result(timeout=30)
+    if schemas:
+        try:
+            with psycopg.connect(worlds[0].database_url, autocommit=True) as conn:
+                for s in worlds:
+                    conn.execute(f'drop schema if exists "{s.database_schema}" cascade')
+        except psycopg.Error as e:
+            failed.append(f"schemas: {e}")
+    return failed
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """user + system CPU seconds of a live process (all its threads); 0 when gone."""
+    if pid is None:
+        return 0.0
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
 def settings_env(s: Settings) -> dict[str, str]:
@@ -58,6 +142,9 @@ class Service:
     def pid(self) -> int:
         assert self.popen is not None
         return self.popen.pid
+
+    def cpu(self) -> float:
+        return cpu_seconds(self.popen.pid if self.popen else None)
 
     def text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""

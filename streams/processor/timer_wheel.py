@@ -3,9 +3,10 @@
 The processor schedules a session whenever its state changes; `due(now)` pops the sessions
 whose earliest deadline has passed and turns their due timers into commands. A timer fired
 and not decided yet is not fired again for `refire_ms` (its command is on its way through
-the commands topic); after that it is fired again (the command could have been lost with an
-aborted transaction, or rejected as not due by the log's clock). `unfire` is for the timers
-of an aborted transaction: they never went out, so they are due again at once.
+the commands topic); when its session is scheduled again after that (its command was
+rejected as not due by the log's clock, which is a state change) it is fired again.
+`unfire` is for the timers of an aborted transaction: they never went out, so they are
+due again at once.
 """
 
 from __future__ import annotations

@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
 import uuid
 from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
-from sessionstream._procs import Service
+from sessionstream._procs import TOPIC_FIELDS, Service, delete_world
+from sessionstream._procs import isolated_settings as _isolated
 from sessionstream.kafka import read_topic
 from sessionstream.settings import Settings
-from sessionstream.topics import ensure_topics
 from tests.integration.helpers import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-TOPIC_FIELDS = tuple(f for f in Settings.model_fields if f.endswith("_topic"))
 
 
 def topic_names(prefix: str) -> dict[str, str]:
@@ -27,23 +23,8 @@ def topic_names(prefix: str) -> dict[str, str]:
 
 
 def isolated_settings(base: Settings, tag: str, partitions: int = 4) -> Settings:
-    """Settings with topics and groups of their own, so tests never see each other's data."""
-    suffix = f"{tag}-{uuid.uuid4().hex[:8]}"
-    s = base.model_copy(
-        update={
-            "commands_topic": f"it.commands.{suffix}",
-            "events_topic": f"it.events.{suffix}",
-            "state_topic": f"it.state.{suffix}",
-            "dedup_topic": f"it.dedup.{suffix}",
-            "open_runs_topic": f"it.open-runs.{suffix}",
-            "workers_topic": f"it.workers.{suffix}",
-            "dlq_topic": f"it.dlq.{suffix}",
-            "processor_group": f"it-processor-{suffix}",
-            "partitions": partitions,
-            "database_schema": f"it_{suffix.replace('-', '_').replace('.', '_').lower()}",
-        }
-    )
-    ensure_topics(s)
+    """Settings with topics, groups and a schema of their own, removed at the session's end."""
+    s = _isolated(base, tag, prefix="it", partitions=partitions)
     ISOLATED.append(s)
     return s
 
@@ -54,35 +35,7 @@ ISOLATED: list[Settings] = []
 
 def remove_isolated() -> None:
     """Delete the isolated topics and PostgreSQL schemas, so reruns do not pile them up."""
-    import psycopg
-    from confluent_kafka.admin import AdminClient
-
-    if not ISOLATED:
-        return
-    admin = AdminClient({"bootstrap.servers": ISOLATED[0].kafka_bootstrap})
-    topics = [
-        t
-        for s in ISOLATED
-        for t in (
-            s.commands_topic,
-            s.events_topic,
-            s.state_topic,
-            s.dedup_topic,
-            s.open_runs_topic,
-            s.workers_topic,
-            s.dlq_topic,
-        )
-    ]
-    for fut in admin.delete_topics(topics, operation_timeout=30).values():
-        # already gone, or the broker is down: nothing to keep
-        with contextlib.suppress(Exception):
-            fut.result(timeout=60)
-    try:
-        with psycopg.connect(ISOLATED[0].database_url, autocommit=True) as conn:
-            for s in ISOLATED:
-                conn.execute(f'drop schema if exists "{s.database_schema}" cascade')
-    except psycopg.Error:
-        pass
+    delete_world(ISOLATED)
     ISOLATED.clear()
 
 

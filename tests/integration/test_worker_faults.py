@@ -29,7 +29,7 @@ from tests.integration.test_worker import (
 pytestmark = pytest.mark.integration
 
 # the fixtures of test_worker.py, shared
-iso, db, procs = _tw.iso, _tw.db, _tw.procs
+iso, db = _tw.iso, _tw.db
 
 LEASE_MS = 2500
 

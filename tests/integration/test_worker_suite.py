@@ -36,7 +36,7 @@ from tests.integration.test_worker import ready, start_worker
 
 pytestmark = pytest.mark.integration
 
-iso, db, procs = _tw.iso, _tw.db, _tw.procs
+iso, db = _tw.iso, _tw.db
 
 WORKERS = 4
 RUNS = 50
