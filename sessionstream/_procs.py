@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -43,6 +45,8 @@ def isolated_settings(
     }
     update["processor_group"] = f"{prefix}-processor-{suffix}"
     update["partitions"] = partitions
+    # the processors' local stores: the world's own, removed with it
+    update["store_dir"] = Path(tempfile.mkdtemp(prefix=f"ss-store-{suffix}-"))
     if schema:
         update["database_schema"] = f"{prefix}_{suffix.replace('-', '_').replace('.', '_').lower()}"
     s = base.model_copy(update=update)
@@ -74,6 +78,9 @@ def delete_world(worlds: list[Settings], *, schemas: bool = True) -> list[str]:
             fut.result(timeout=60)
         except Exception as e:  # already gone, or the broker is down: nothing to keep
             failed.append(f"{name}: {e}")
+    for s in worlds:
+        if s.store_dir is not None:
+            shutil.rmtree(s.store_dir, ignore_errors=True)
     groups = [g for s in worlds for g in (s.processor_group, f"{s.processor_group}-restore")]
     for fut in admin.delete_consumer_groups(groups, request_timeout=30).values():
         with contextlib.suppress(Exception):  # a group that never committed is absent
@@ -125,9 +132,12 @@ class Service:
         self.log = log_dir / f"{name}.log"
         self.cwd: Path | None = None
         self.popen: subprocess.Popen[bytes] | None = None
+        #: the `sessionstream` executable (default: this interpreter's); a benchmark points
+        #: it at another checkout's to compare versions on one load
+        self.exe: Path | None = None
 
     def start(self) -> Service:
-        exe = Path(sys.executable).with_name("sessionstream")
+        exe = self.exe or Path(sys.executable).with_name("sessionstream")
         with self.log.open("ab") as out:
             self.popen = subprocess.Popen(
                 [str(exe), *self.args],

@@ -13,6 +13,7 @@ file, then the defaults. Passwords are ``SecretStr``: they never show in a repr 
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -145,6 +146,25 @@ class Settings(BaseSettings):
     processor_instance: str | None = None
     """This processor's stable instance id (default: the host name). Two processors on one
     host need distinct ids; a restarted one must keep its id so it fences its predecessor."""
+
+    store_dir: Path | None = None
+    """The processor's local state store (RocksDB, one per assigned partition, under
+    ``{store_dir}/{processor_group}/{instance}/``); default
+    ``$XDG_STATE_HOME/sessionstream/store`` (``~/.local/state/...``). A copy of the state and
+    dedup changelogs with a checkpoint, so a restart reads only the changelogs' tail; safe
+    to delete (the next start restores in full)."""
+
+    state_cache_sessions: int = Field(default=20_000, ge=1)
+    """Decoded session states the processor keeps in memory (least recently used go; the
+    rest are on disk in the store)."""
+
+    @property
+    def store_path(self) -> Path:
+        """``store_dir`` or its default."""
+        if self.store_dir is not None:
+            return self.store_dir
+        base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+        return Path(base) / "sessionstream" / "store"
 
     transaction_timeout_ms: int = Field(default=10_000, ge=1000)
     """How long a dead processor's open transaction may block readers before the broker aborts

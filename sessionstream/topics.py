@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaException, TopicCollection
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from sessionstream.errors import KafkaUnavailable, TopicMisconfigured
@@ -32,6 +32,7 @@ __all__ = [
     "align_topics",
     "check_topics",
     "ensure_topics",
+    "topic_ids",
     "topic_specs",
 ]
 
@@ -132,6 +133,23 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
 
 def _admin(settings: Settings) -> AdminClient:
     return AdminClient(client_config(settings))
+
+
+def topic_ids(settings: Settings, topics: list[str], timeout: float = 30.0) -> dict[str, str]:
+    """Each topic's id: a topic deleted and created again under its name has a new one."""
+
+    admin = _admin(settings)
+    out: dict[str, str] = {}
+    for name, fut in admin.describe_topics(
+        TopicCollection(topics), request_timeout=timeout
+    ).items():
+        try:
+            out[name] = str(fut.result(timeout=timeout).topic_id)
+        except KafkaException as e:
+            raise KafkaUnavailable(
+                f"describing topic {name}: {e.args[0]}", bootstrap=settings.kafka_bootstrap
+            ) from e
+    return out
 
 
 def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:

@@ -24,6 +24,7 @@ from schemas.events import Event
 from streams.decider import DEFAULT_CONFIG, DeciderConfig, decide
 from streams.partitioning import partition_for
 from streams.state import SessionState, command_hash
+from streams.state_codec import decode_state, encode_state
 
 __all__ = [
     "FORWARDED_HEADER",
@@ -43,7 +44,8 @@ FORWARDED_HEADER: Final = "sessionstream.forwarded-from"
 #: the largest state record / event record the topics are configured to take
 DEFAULT_MAX_STATE_BYTES: Final = 4 * 1024 * 1024 - 64 * 1024
 DEFAULT_MAX_EVENT_BYTES: Final = 2 * 1024 * 1024 - 64 * 1024
-#: JSON escapes at most this many bytes per byte of text (`\\u0001` for a control byte)
+#: bytes per byte of held text a state record may take (the binary record holds text as is;
+#: 6 is JSON's worst case, `\\u0001`, kept as the margin)
 _JSON_INFLATION: Final = 6
 _STATE_OVERHEAD: Final = 256 * 1024
 
@@ -88,15 +90,6 @@ class StepOutcome:
             and self.dead_letter is None
             and self.forward_to is None
         )
-
-
-def encode_state(state: SessionState) -> bytes:
-    """State table / changelog value."""
-    return state.model_dump_json(by_alias=True).encode()
-
-
-def decode_state(data: bytes) -> SessionState:
-    return SessionState.model_validate_json(data)
 
 
 _DEDUP = struct.Struct(">QQ")

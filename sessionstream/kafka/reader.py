@@ -27,12 +27,16 @@ __all__ = [
     "LogRecord",
     "data_messages",
     "end_offset",
+    "log_bounds",
     "partitions_of",
     "read_records",
     "read_topic",
 ]
 
 log = logging.getLogger("sessionstream.kafka")
+
+#: records fetched per call (the reader decodes nothing; its caller decides what to)
+_BATCH = 1000
 
 #: (topic, partition) -> first offset to read (OFFSET_BEGINNING by default)
 Start = Mapping[tuple[str, int], int]
@@ -112,6 +116,27 @@ def end_offset(consumer: Consumer, topic: str, partition: int, stop: threading.E
             stop.wait(0.5)
 
 
+def log_bounds(
+    settings: Settings, coords: Iterable[tuple[str, int]], timeout: float = 30.0
+) -> dict[tuple[str, int], tuple[int, int]]:
+    """(first offset, end offset) of each (topic, partition), read_committed (the end is
+    the last stable offset)."""
+    consumer = Consumer(reader_config(settings, read_committed=True))
+    try:
+        out: dict[tuple[str, int], tuple[int, int]] = {}
+        for topic, p in coords:
+            low, high = consumer.get_watermark_offsets(_TP(topic, p), timeout=timeout, cached=False)
+            out[(topic, p)] = (int(low), int(high))
+        return out
+    except KafkaException as e:
+        raise KafkaUnavailable(
+            f"log offsets: {e.args[0]}",
+            bootstrap=settings.kafka_bootstrap,
+        ) from e
+    finally:
+        consumer.close()
+
+
 def read_records(
     settings: Settings,
     topics: Mapping[str, Iterable[int] | None],
@@ -155,20 +180,19 @@ def read_records(
                     f"reading {sorted(pending)}: not at their end after {timeout}s",
                     bootstrap=settings.kafka_bootstrap,
                 )
-            msg = consumer.poll(poll_s)
-            if msg is None:
-                continue
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    pending.discard((msg.topic() or "", msg.partition() or 0))
-                elif err.fatal():
-                    raise KafkaUnavailable(
-                        f"reading {msg.topic()}: {err}", bootstrap=settings.kafka_bootstrap
-                    ) from KafkaException(err)
-                else:
-                    log.warning("reading %s: %s", msg.topic(), err)  # a broker restarting
-            else:
+            batch = consumer.consume(_BATCH, poll_s)
+            for msg in batch:
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        pending.discard((msg.topic() or "", msg.partition() or 0))
+                    elif err.fatal():
+                        raise KafkaUnavailable(
+                            f"reading {msg.topic()}: {err}", bootstrap=settings.kafka_bootstrap
+                        ) from KafkaException(err)
+                    else:
+                        log.warning("reading %s: %s", msg.topic(), err)  # a broker restarting
+                    continue
                 r = _record(msg)
                 stop_at = None if end is None else end.get((r.topic, r.partition))
                 if stop_at is not None and r.offset >= stop_at:

@@ -17,7 +17,10 @@ lost its partitions is fenced by the group generation when it sends offsets.
 
 Restore (`restore.py`): on assignment, committed offsets are fetched first (read_committed
 asks the broker for stable offsets, so a predecessor's pending transaction is resolved
-before we go on), then the state and dedup changelogs are read to their ends.
+before we go on), then each partition's local store (`store.py`) reads the state and dedup
+changelogs from its checkpoint to their ends. After each commit the transaction's states
+and dedup records go to the store with the changelog offsets they bring it to, so the
+store is never ahead of the committed log.
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ import logging
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
+import rocksdict
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
@@ -55,7 +60,7 @@ from sessionstream.topics import check_topics, ensure_topics
 from streams.decider import DeciderConfig
 from streams.open_runs import open_run
 from streams.processor.partition import PartitionState
-from streams.processor.restore import restore
+from streams.processor.restore import RestoreReport, restore
 from streams.processor.stats import ProcessorStats, StatsObserver
 from streams.state import SessionState
 from streams.step import (
@@ -68,6 +73,10 @@ from streams.step import (
     encode_state,
 )
 
+#: RocksDB's block cache, shared by the processor's stores (the hot states are cached
+#: decoded in front of it)
+BLOCK_CACHE_BYTES = 32 << 20
+
 __all__ = ["ProcessorStats", "TransactionalProcessor", "default_instance_id"]
 
 log = logging.getLogger("sessionstream.processor")
@@ -76,8 +85,6 @@ log = logging.getLogger("sessionstream.processor")
 RENEW_WINDOW_S = 60.0
 #: longest wait for send_offsets_to_transaction before the producer is given up
 SEND_OFFSETS_LIMIT_S = 30.0
-#: dedup records past the window are swept every this many transactions
-SWEEP_EVERY = 1000
 
 
 def default_instance_id() -> str:
@@ -114,7 +121,11 @@ class TransactionalProcessor:
         self._renewed_at: float | None = None
         self._consumer_renewed_at: float | None = None
         self._forward_logged_at = 0.0
-        self._transactions_since_sweep = 0
+        #: (topic, partition) -> next offset after the records the transaction delivered
+        self._delivered: dict[tuple[str, int], int] = {}
+        self.store_base: Path = settings.store_path / settings.processor_group / self.instance_id
+        self._block_cache = rocksdict.Cache(BLOCK_CACHE_BYTES)
+        self.last_restore: RestoreReport | None = None
 
     @property
     def stats(self) -> ProcessorStats:
@@ -179,12 +190,23 @@ class TransactionalProcessor:
         # Step 1: committed offsets (stable: waits out a predecessor's pending transaction)
         committed = consumer.committed(partitions, timeout=60)
         # Step 2: state of each partition, read to its end (one reader for all of them)
-        restored = restore(
-            self.settings, [tp.partition for tp in partitions], self.config, self.codec
+        restored, report = restore(
+            self.settings,
+            [tp.partition for tp in partitions],
+            self.config,
+            self.codec,
+            base=self.store_base,
+            cache_sessions=self.settings.state_cache_sessions,
+            block_cache=self._block_cache,
         )
+        self.last_restore = report
         for p, part in restored.items():
+            old = self.partitions.pop(p, None)
+            if old is not None:  # assigned again without a revoke in between
+                metrics.ACTIVE_RUNS.dec(old.active)
+                old.close()
             self.partitions[p] = part
-            metrics.ACTIVE_RUNS.inc(part.active_runs())
+            metrics.ACTIVE_RUNS.inc(part.active)
         # Step 3: consume from the committed offsets (or the beginning)
         start = [
             TopicPartition(
@@ -201,7 +223,8 @@ class TransactionalProcessor:
         for tp in partitions:
             gone = self.partitions.pop(tp.partition, None)
             if gone is not None:
-                metrics.ACTIVE_RUNS.dec(gone.active_runs())
+                metrics.ACTIVE_RUNS.dec(gone.active)
+                gone.close()
         log.info("revoked %s", sorted(tp.partition for tp in partitions))
 
     # -- the loop ---------------------------------------------------------------------------
@@ -244,6 +267,8 @@ class TransactionalProcessor:
         remembered: dict[tuple[int, str, int], DedupRecord] = {}
         offsets: dict[tuple[str, int], int] = {}
         outcomes: list[StepOutcome] = []
+        records: dict[int, list[tuple[SessionState, bytes]]] = {}
+        self._delivered.clear()
         # Step 1: open the transaction
         producer.begin_transaction()
         try:
@@ -291,9 +316,16 @@ class TransactionalProcessor:
                 offsets[(topic, p)] = offset + 1
             # Step 3: the changelogs: states, runs that now need a holder (or no longer do:
             # what workers discover them by), the command ids remembered
+            delivered = self._on_delivery
             for (p, sid), state in staged.items():
+                value = encode_state(state)
+                records.setdefault(p, []).append((state, value))
                 producer.produce(
-                    s.state_topic, key=sid.encode(), value=encode_state(state), partition=p
+                    s.state_topic,
+                    key=sid.encode(),
+                    value=value,
+                    partition=p,
+                    on_delivery=delivered,
                 )
                 was, now = open_run(self.partitions[p].state(sid)), open_run(state)
                 if _opening(was) != _opening(now):
@@ -305,6 +337,7 @@ class TransactionalProcessor:
                     key=dedup_key(r.session_id, r.id_hash),
                     value=encode_dedup(r),
                     partition=p,
+                    on_delivery=delivered,
                 )
             # Step 4: timers become commands on the session's own partition
             for p, cmd in timers:
@@ -324,24 +357,32 @@ class TransactionalProcessor:
             self._abort(e, batch)
             self._unfire(timers)
             return
-        # Step 7: only now does the in-memory state move on
-        for (p, _sid), state in staged.items():
-            owner = self.partitions.get(p)
-            if owner is not None:
-                before = owner.state(state.session_id)
-                was_active = before is not None and before.active is not None
-                metrics.ACTIVE_RUNS.inc(int(state.active is not None) - int(was_active))
-                owner.put(state)
+        # Step 7: only now does the partition's state move on: its store gets the
+        # transaction's states and dedup records with the changelog offsets they reach
+        # (delivery reports are served by commit_transaction; one missing leaves the
+        # checkpoint behind, which only lengthens the next restore's tail)
+        by_partition: dict[int, list[DedupRecord]] = {}
         for (p, _sid, _h), r in remembered.items():
+            by_partition.setdefault(p, []).append(r)
+        for p in records.keys() | by_partition.keys():
             owner = self.partitions.get(p)
             if owner is not None:
-                owner.remember(r)
+                delta = owner.commit(
+                    records.get(p, ()),
+                    by_partition.get(p, ()),
+                    self._delivered.get((s.state_topic, p)),
+                    self._delivered.get((s.dedup_topic, p)),
+                )
+                if delta:
+                    metrics.ACTIVE_RUNS.inc(delta)
         self.observer.committed(outcomes, len(timers))
-        self._transactions_since_sweep += 1
-        if self._transactions_since_sweep >= SWEEP_EVERY:
-            self._transactions_since_sweep = 0
-            for part in self.partitions.values():
-                part.forget_expired(self.config.dedup_ttl_ms)
+
+    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        if err is None:
+            topic, p, offset = _coords(msg)
+            key = (topic, p)
+            if offset + 1 > self._delivered.get(key, 0):
+                self._delivered[key] = offset + 1
 
     def _send_offsets(self, offsets: list[TopicPartition]) -> None:
         """`send_offsets_to_transaction`, bounded for real. After a broker restart librdkafka
@@ -523,6 +564,9 @@ class TransactionalProcessor:
             with contextlib.suppress(KafkaException, RuntimeError):
                 self._consumer.close()
             self._consumer = None
+        for part in self.partitions.values():
+            part.close()
+        self.partitions.clear()
         if self._producer is not None:
             with contextlib.suppress(KafkaException):  # a fatal producer cannot flush
                 self._producer.flush(5)

@@ -1,48 +1,89 @@
-"""What one assigned partition holds: its sessions' states, the command ids they remember,
-and their timers."""
+"""What one assigned partition holds: its sessions' states and the command ids they
+remember (in its local store, the hot states cached), and their timers."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from streams.processor.store import Checkpoint, PartitionStore, remove_private
 from streams.processor.timer_wheel import TimerWheel
 from streams.state import SessionState
-from streams.step import DedupRecord
+from streams.step import DedupRecord, dedup_key, encode_dedup
+from streams.timers import next_due
 
 __all__ = ["PartitionState"]
+
+_DEDUP_VALUE_BYTES = 16
 
 
 class PartitionState:
     """The sessions of one commands partition, as its changelogs say."""
 
-    def __init__(self) -> None:
-        self.states: dict[str, SessionState] = {}
-        self.dedup: dict[tuple[str, int], tuple[int, int]] = {}
-        #: the latest decision time on this partition (to expire dedup records)
-        self.clock = 0
+    def __init__(
+        self,
+        partition: int,
+        store: PartitionStore,
+        *,
+        state_topic_id: str,
+        dedup_topic_id: str,
+        private: bool = False,
+    ) -> None:
+        self.partition = partition
+        self.store = store
+        self.state_topic_id = state_topic_id
+        self.dedup_topic_id = dedup_topic_id
+        self.private = private
         self.timers = TimerWheel()
+        #: sessions with an active run
+        self.active = 0
 
     def state(self, session_id: str) -> SessionState | None:
-        return self.states.get(session_id)
-
-    def put(self, state: SessionState) -> None:
-        self.states[state.session_id] = state
-        self.timers.schedule(state)
+        return self.store.state(session_id)
 
     def seen(self, session_id: str, id_hash: int) -> tuple[int, int] | None:
-        return self.dedup.get((session_id, id_hash))
+        raw = self.store.seen(dedup_key(session_id, id_hash))
+        if raw is None or len(raw) != _DEDUP_VALUE_BYTES:
+            return None
+        return (int.from_bytes(raw[:8], "big"), int.from_bytes(raw[8:], "big"))
 
-    def remember(self, r: DedupRecord) -> None:
-        self.dedup[(r.session_id, r.id_hash)] = (r.digest, r.at)
-        if r.at > self.clock:
-            self.clock = r.at
+    def load_timers(self) -> None:
+        """The timer wheel and the active count from the store's deadline index."""
+        self.active = 0
+        for due, sid in self.store.deadlines():
+            self.timers.push(due, sid)
+            self.active += 1
 
-    def forget_expired(self, ttl_ms: int) -> None:
-        """Drop dedup records the decider would no longer look at (older than the TTL by
-        the partition's latest decision time; a session's own clock is never behind it by
-        more than its idle time, so nothing still inside a session's window goes)."""
-        if self.dedup:
-            self.clock = max(self.clock, max(at for _d, at in self.dedup.values()))
-        horizon = self.clock - ttl_ms
-        self.dedup = {k: v for k, v in self.dedup.items() if v[1] >= horizon}
+    def commit(
+        self,
+        states: Iterable[tuple[SessionState, bytes]],
+        remembered: Iterable[DedupRecord],
+        state_offset: int | None,
+        dedup_offset: int | None,
+    ) -> int:
+        """A transaction committed: its states and dedup records go to the store with where
+        the changelogs now are; the wheel watches the new deadlines. Returns the change in
+        the number of active runs."""
+        delta = 0
+        rows = []
+        for state, raw in states:
+            before = self.store.state(state.session_id)
+            was = before is not None and before.active is not None
+            delta += int(state.active is not None) - int(was)
+            rows.append((state, state.session_id, raw, next_due(state)))
+            self.timers.schedule(state)
+        self.store.write_states(
+            rows,
+            None if state_offset is None else Checkpoint(self.state_topic_id, state_offset),
+        )
+        self.store.write_dedup(
+            ((dedup_key(r.session_id, r.id_hash), encode_dedup(r)) for r in remembered),
+            None if dedup_offset is None else Checkpoint(self.dedup_topic_id, dedup_offset),
+        )
+        self.active += delta
+        return delta
 
-    def active_runs(self) -> int:
-        return sum(1 for st in self.states.values() if st.active is not None)
+    def close(self) -> None:
+        if self.private:
+            remove_private(self.store)
+        else:
+            self.store.close()

@@ -40,6 +40,11 @@ class TimerWheel:
         for t in due_timers(state):
             heapq.heappush(self._heap, (t.due_at, state.session_id))
 
+    def push(self, due_at: int, session_id: str) -> None:
+        """A session's earliest deadline, known without its state (from the store's
+        deadline index at restore); the state is read when the deadline comes."""
+        heapq.heappush(self._heap, (due_at, session_id))
+
     def due(self, now: int, state_of: Callable[[str], SessionState | None]) -> list[Command]:
         """The `timer.fired` commands due at `now` (ms), each fired once per refire window."""
         if len(self._fired) > _FIRED_CAP:

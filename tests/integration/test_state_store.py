@@ -1,0 +1,143 @@
+"""The processor's local state store against the real broker: a restart reads the changelogs'
+tail from the store's checkpoint, a store that does not belong to the log is not trusted,
+and the sessions the store holds decide the same as the log says (issue 14)."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import uuid
+
+import pytest
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+from sessionstream._procs import world_topics
+from sessionstream.client import SessionClient
+from sessionstream.errors import SessionstreamError
+from sessionstream.kafka import client_config, read_topic
+from sessionstream.settings import Settings
+from sessionstream.topics import ensure_topics
+from streams.log_check import check_log, fold_log, state_table
+from tests.integration.helpers import wait_until
+from tests.integration.procs import Proc, isolated_settings, processor, wait_processed
+
+pytestmark = pytest.mark.integration
+
+RESTORED = re.compile(
+    r"restored partitions \[[\d, ]*\]: (\d+) changelog records in [\d.]+s "
+    r"\((\d+) from a checkpoint, (\d+) in full\)"
+)
+
+
+@pytest.fixture
+def iso(request: pytest.FixtureRequest, settings: Settings, kafka_bootstrap: str) -> Settings:
+    return isolated_settings(settings, request.node.name[:20].replace("_", "-"))
+
+
+def _restores(p: Proc) -> list[tuple[int, int, int]]:
+    """(records read, databases from a checkpoint, databases in full) of each restore."""
+    return [tuple(map(int, m.groups())) for m in RESTORED.finditer(p.log_text())]  # type: ignore[misc]
+
+
+def _wait_restored(p: Proc, count: int = 1) -> tuple[int, int, int]:
+    wait_until(lambda: len(_restores(p)) >= count, timeout=90, what="restore line")
+    return _restores(p)[-1]
+
+
+def _prompts(s: Settings, sessions: list[str], tag: str) -> list[str]:
+    ids = []
+    with SessionClient("tenant-a", s) as c:
+        for sid in sessions:
+            cmd = c.command(sid, "prompt", {"text": f"task {tag}"}, command_id=f"{tag}-{sid}")
+            c.submit(cmd, track=False)
+            ids.append(cmd.command_id)
+        c.flush()
+    return ids
+
+
+def _assert_log(s: Settings) -> None:
+    events = read_topic(s, s.events_topic)
+    report = check_log(events)
+    assert report.ok, report.violations
+    assert state_table(read_topic(s, s.state_topic)) == fold_log(events)
+
+
+def test_restart_after_kill9_reads_only_the_tail(iso: Settings, procs: list[Proc]) -> None:
+    p = processor(iso, "st")
+    procs.append(p)
+    sessions = [f"st-{i}" for i in range(400)]
+    _prompts(iso, sessions, "a")
+    wait_processed(iso, procs=procs)
+    first = _wait_restored(p)
+    assert first[2] == 8, f"a new store restores all 8 databases in full: {first}"
+
+    p.kill9()
+    # while it is down: aborts of the runs the store knows about
+    aborted = sessions[:25]
+    with SessionClient("tenant-a", iso) as c:
+        for sid in aborted:
+            c.submit(c.command(sid, "abort", {}, command_id=f"abort-{sid}"), track=False)
+        c.flush()
+
+    p2 = processor(iso, "st")
+    procs.append(p2)
+    records, from_checkpoint, full = _wait_restored(p2)
+    # 400 sessions -> 400 state records and 400 dedup records on the changelogs; a restart
+    # reads only what the store had not applied when it was killed (at most the last batch)
+    assert (from_checkpoint, full) == (8, 0)
+    assert records < 100, f"restart read {records} changelog records: not just the tail"
+    wait_processed(iso, procs=[p2])
+
+    events = read_topic(iso, iso.events_topic)
+    report = check_log(events)
+    assert report.ok, report.violations
+    for sid in aborted:  # each abort found its session's run in the store
+        types = [e.type for e in report.outcomes[f"abort-{sid}"]]
+        assert "run.cancel_requested" in types or "run.finished" in types, (sid, types)
+    _assert_log(iso)
+
+
+def _recreate_topics(s: Settings) -> None:
+    admin = AdminClient(client_config(s))
+    for fut in admin.delete_topics(world_topics(s), operation_timeout=30).values():
+        fut.result(timeout=60)
+    for fut in admin.delete_consumer_groups([s.processor_group], request_timeout=30).values():
+        with contextlib.suppress(KafkaException):
+            fut.result(timeout=30)
+
+    def created() -> bool:
+        try:
+            ensure_topics(s)
+        except SessionstreamError:
+            return False  # still marked for deletion
+        return set(world_topics(s)) <= set(admin.list_topics(timeout=10).topics)
+
+    wait_until(created, timeout=60, interval=0.5, what="topics created again")
+
+
+def test_a_store_of_a_topic_created_again_is_not_trusted(iso: Settings, procs: list[Proc]) -> None:
+    p = processor(iso, "st")
+    procs.append(p)
+    sid = f"old-{uuid.uuid4().hex[:6]}"
+    _prompts(iso, [sid], "a")
+    wait_processed(iso, procs=procs)
+    assert p.stop() == 0
+
+    # the topics are deleted and created again (same names, new ids); the store stays
+    _recreate_topics(iso)
+
+    p2 = processor(iso, "st")
+    procs.append(p2)
+    records, from_checkpoint, full = _wait_restored(p2)
+    assert p2.log_text().count("(the topic was created again)") == 8
+    assert full == 8 and from_checkpoint == 0 and records == 0
+
+    # the old session is unknown to the new log: a steer has no run to go to
+    with SessionClient("tenant-a", iso) as c:
+        c.submit(c.command(sid, "steer", {"text": "x"}, command_id="steer-1"), track=False)
+        c.flush()
+    wait_processed(iso, procs=[p2])
+    report = check_log(read_topic(iso, iso.events_topic))
+    assert [e.type for e in report.outcomes["steer-1"]] == ["command.rejected"]
+    _assert_log(iso)

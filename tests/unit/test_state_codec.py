@@ -1,0 +1,137 @@
+"""The state record's binary form: every field written, read back equal to the validated
+model, old JSON still read, broken bytes refused, a busy session under 1 KiB (issue 14)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from bench.bench_decider import build
+from streams.decider import decide
+from streams.state import (
+    ActionRecord,
+    FinishedRun,
+    PendingInput,
+    QueueEntry,
+    RunState,
+    SessionState,
+)
+from streams.state_codec import (
+    STATE_FIELDS,
+    decode_if_active,
+    decode_state,
+    encode_state,
+    is_current,
+)
+
+RUN = "0f8fad5b-d9cb-469f-a165-70867728950e"
+
+
+def _full() -> SessionState:
+    """A state with every optional field set and every collection non-empty."""
+    return SessionState(
+        session_id="s-ü",
+        tenant_id="acme",
+        active=RunState(
+            run_id=RUN,
+            status="cancelling",
+            seq=12,
+            generation=3,
+            lease_owner="w-1",
+            lease_expires_at=1_767_225_630_000,
+            last_holder="w-0",
+            started_at=1_767_225_600_000,
+            timeout_at=1_767_226_200_000,
+            cancel_requested_at=1_767_225_610_000,
+            cancel_deadline_at=1_767_225_640_000,
+            prompt="find flights ✈",
+            context_ref="ctx://1",
+            source_command_id="c-1",
+            actions={
+                "k1": ActionRecord(kind="email", decision="approved", completed=True),
+                "k2": ActionRecord(kind="pay", decision="denied"),
+            },
+            inputs=(
+                PendingInput(source_command_id="c-2", kind="steer", text="direct", actor="ui"),
+                PendingInput(
+                    source_command_id="c-3", kind="follow_up", text="trains", on_run_end="queue"
+                ),
+            ),
+        ),
+        queue=(
+            QueueEntry(
+                source_command_id="c-4",
+                kind="follow_up",
+                text="later",
+                context_ref="ctx://2",
+                timeout_ms=5000,
+                actor="sched",
+                retry_of="r-0",
+            ),
+            QueueEntry(source_command_id="c-5", kind="prompt", text="next"),
+        ),
+        log_seq=4,
+        runs_started=9,
+        clock=1_767_225_611_000,
+        finished=(
+            FinishedRun(run_id="not-a-uuid", status="failed", generation=2, retryable=True),
+            FinishedRun(run_id=RUN.upper(), status="timed_out", generation=1),
+            FinishedRun(run_id=RUN.replace("0f8f", "1f8f"), status="completed", generation=1),
+        ),
+    )
+
+
+@pytest.mark.parametrize("model", list(STATE_FIELDS))
+def test_the_codec_writes_every_field_of_every_model(model: type) -> None:
+    assert set(STATE_FIELDS[model]) == set(model.model_fields), (
+        f"{model.__name__} changed: write its new field in streams/state_codec.py (a new "
+        "format tag) and read the old tag still"
+    )
+
+
+def test_a_full_state_reads_back_equal_field_for_field() -> None:
+    state = _full()
+    data = encode_state(state)
+    assert is_current(data)
+    back = decode_state(data)
+    assert back == state
+    assert back.model_dump() == state.model_dump()
+    assert back.model_dump_json() == state.model_dump_json()
+    # ids that are not canonical UUIDs (upper case, free text) come back as they were
+    assert [f.run_id for f in back.finished] == [f.run_id for f in state.finished]
+    # frozen like the validated model
+    with pytest.raises(ValidationError):
+        back.clock = 0  # type: ignore[misc]
+
+
+def test_the_json_of_earlier_versions_is_still_read() -> None:
+    state = _full()
+    assert decode_state(state.model_dump_json(by_alias=True).encode()) == state
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"", b"\x02whatever", b"\x01", b"\x01\x93\x01\x02\x03", encode_state(_full())[:-3]],
+)
+def test_bytes_that_are_no_state_record_are_refused(data: bytes) -> None:
+    with pytest.raises(ValueError):
+        decode_state(data)
+
+
+def test_decode_if_active_skips_idle_sessions() -> None:
+    assert decode_if_active(encode_state(SessionState.initial("idle"))) is None
+    assert decode_if_active(encode_state(_full())) == _full()
+
+
+def test_a_busy_session_record_stays_under_1_kib() -> None:
+    """600 commands on one session (runs completed and aborted, steers, follow-ups, leases):
+    the finished-run memory is bounded and the record compact."""
+    state = SessionState.initial("s-0")
+    largest = 0
+    for cmd in build(600, 1):
+        state = decide(state, cmd).state
+        data = encode_state(state)
+        assert decode_state(data) == state
+        largest = max(largest, len(data))
+    assert largest <= 1024, largest
+    assert len(state.model_dump_json()) > 2 * largest  # what JSON took
