@@ -94,6 +94,10 @@ def replay_offsets(
     partition: Annotated[int, typer.Option(help="events partition")],
     from_: Annotated[int, typer.Option("--from", help="first offset")] = 0,
     to: Annotated[int | None, typer.Option(help="stop before this offset")] = None,
+    session: Annotated[
+        str | None, typer.Option(help="only this session's events (decodes only those)")
+    ] = None,
+    run: Annotated[str | None, typer.Option(help="only this run's events")] = None,
     fold: Annotated[
         bool, typer.Option(help="fold the events and print each session's state")
     ] = False,
@@ -104,7 +108,12 @@ def replay_offsets(
     from streams.decider import evolve
     from streams.state import SessionState
 
-    events = [e for _o, e in read_range(get_settings(), partition, from_, to)]
+    events = [
+        e
+        for _o, e in read_range(
+            get_settings(), partition, from_, to, session_id=session, run_id=run
+        )
+    ]
     if not fold:
         _print(events, as_json, f"partition {partition} from {from_}")
         return

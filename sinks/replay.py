@@ -67,10 +67,18 @@ def read_range(
     start: int,
     end: int | None = None,
     codec: Codec | None = None,
+    *,
+    session_id: str | None = None,
+    run_id: str | None = None,
 ) -> Iterator[tuple[int, Event]]:
-    """(offset, event) of one events partition from `start` up to `end` (exclusive) or its end."""
+    """(offset, event) of one events partition from `start` up to `end` (exclusive) or its
+    end; with `session_id` / `run_id`, only that session's / run's events. The filter reads
+    the record key (`{session}/{run}/{seq}`), so only the events asked for are decoded:
+    reading is ~6x faster than decoding (bench/results/profile.md)."""
     codec = codec or Codec()
     topic = settings.events_topic
+    prefix = None if session_id is None else f"{session_id}/".encode()
+    run = None if run_id is None else run_id.encode()
     for r in read_records(
         settings,
         {topic: [partition]},
@@ -79,6 +87,11 @@ def read_range(
         timeout=None,
         group_id=f"sessionstream-replay-{uuid.uuid4()}",
     ):
+        key = r.key or b""
+        if prefix is not None and not key.startswith(prefix):
+            continue
+        if run is not None and key.rsplit(b"/", 2)[-2:-1] != [run]:
+            continue
         yield r.offset, codec.decode_event(r.value or b"")
 
 

@@ -97,6 +97,27 @@ def test_replay_by_offset_and_rebuild(world: tuple[Settings, str, str]) -> None:
     assert report.equal, report.differences
 
 
+def test_replay_by_offset_of_one_session_or_run_decodes_only_those(
+    world: tuple[Settings, str, str],
+) -> None:
+    s, sid, run = world
+    codec = Codec()
+    records = read_topic(s, s.events_topic)
+    part = next(r.partition for r in records if (r.key or b"").startswith(f"{sid}/".encode()))
+    everything = [(o, e) for o, e in read_range(s, part, 0)]
+    by_session = list(read_range(s, part, 0, session_id=sid))
+    by_run = list(read_range(s, part, 0, run_id=run))
+    assert by_session == [(o, e) for o, e in everything if e.session_id == sid]
+    assert by_run == [(o, e) for o, e in everything if e.run_id == run]
+    assert by_run and len(by_run) < len(by_session)  # the session log is not the run's
+    assert list(read_range(s, part, 0, session_id=sid + "x")) == []  # a prefix is no session
+    assert all(
+        codec.decode_event(r.value or b"").session_id == sid
+        for r in records
+        if (r.key or b"").startswith(f"{sid}/".encode())
+    )
+
+
 def _audit(s: Settings) -> dict[int, bool]:
     with connect(s) as conn:
         return {c.number: c.ok for c in run_audit(s, conn)}
