@@ -55,6 +55,13 @@ CANCEL_LATENCY = Histogram(
     "run.cancel_requested -> run.finished{cancelled}, by the decider's (log) clock",
     buckets=_LATENCY_BUCKETS,
 )
+TRANSACTION_PHASE_SECONDS = Histogram(
+    "sessionstream_transaction_phase_seconds",
+    "Time of each phase of a committed processor transaction (begin, decide, changelogs, "
+    "send_offsets, commit, store)",
+    ["phase"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0),
+)
 COMMAND_AGE = Histogram(
     "sessionstream_command_age_seconds",
     "Producer timestamp of a command -> its events committed",

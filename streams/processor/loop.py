@@ -269,8 +269,11 @@ class TransactionalProcessor:
         outcomes: list[StepOutcome] = []
         records: dict[int, list[tuple[SessionState, bytes]]] = {}
         self._delivered.clear()
+        clock = time.perf_counter
+        t0 = clock()
         # Step 1: open the transaction
         producer.begin_transaction()
+        t_begun = clock()
         try:
             # Step 2: decide each command in partition order, producing its records
             for msg in batch:
@@ -314,6 +317,7 @@ class TransactionalProcessor:
                 if outcome.forward_to is not None:
                     self._forward(msg, outcome.forward_to)
                 offsets[(topic, p)] = offset + 1
+            t_decided = clock()
             # Step 3: the changelogs: states, runs that now need a holder (or no longer do:
             # what workers discover them by), the command ids remembered
             delivered = self._on_delivery
@@ -347,12 +351,15 @@ class TransactionalProcessor:
                     value=self.codec.encode_command(cmd),
                     partition=p,
                 )
+            t_produced = clock()
             # Step 5: the input offsets join the transaction
             if offsets:
                 self._send_offsets([TopicPartition(t, p, o) for (t, p), o in offsets.items()])
+            t_offsets = clock()
             # Step 6: commit — events, changelogs, dead letters, forwards, timers and
             # offsets at once
             self._commit()
+            t_committed = clock()
         except KafkaException as e:
             self._abort(e, batch)
             self._unfire(timers)
@@ -376,6 +383,14 @@ class TransactionalProcessor:
                 if delta:
                     metrics.ACTIVE_RUNS.inc(delta)
         self.observer.committed(outcomes, len(timers))
+        self.observer.phases(
+            begin=t_begun - t0,
+            decide=t_decided - t_begun,
+            changelogs=t_produced - t_decided,
+            send_offsets=t_offsets - t_produced,
+            commit=t_committed - t_offsets,
+            store=clock() - t_committed,
+        )
 
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         if err is None:

@@ -31,6 +31,8 @@ class ProcessorStats:
     aborts: int = 0
     rejections_by_reason: dict[str, int] = field(default_factory=dict)
     dead_letters_by_reason: dict[str, int] = field(default_factory=dict)
+    #: seconds spent in each phase of the committed transactions, summed
+    phase_seconds: dict[str, float] = field(default_factory=dict)
 
 
 class StatsObserver:
@@ -49,6 +51,14 @@ class StatsObserver:
         self.stats.forwarded += 1
         metrics.FORWARDED.inc()
         return self.stats.forwarded
+
+    def phases(self, **seconds: float) -> None:
+        """Where a committed transaction's time went: begin, decide (commands decided and
+        their events produced), changelogs, send_offsets, commit, store (after the commit)."""
+        sums = self.stats.phase_seconds
+        for phase, s in seconds.items():
+            sums[phase] = sums.get(phase, 0.0) + s
+            metrics.TRANSACTION_PHASE_SECONDS.labels(phase).observe(s)
 
     def committed(self, outcomes: list[StepOutcome], timers: int) -> None:
         st = self.stats

@@ -1,0 +1,122 @@
+"""Command -> event latency at paced rates, with where each transaction's time went.
+
+One processor (Prometheus endpoint on), a paced producer per `--rates` step for `--seconds`
+(after a warm-up), a `read_committed` tail timing each command's first event. Printed per
+rate: p50 / p90 / p99 latency, the processor's transactions and their mean size, and the
+mean milliseconds of each transaction phase (`sessionstream_transaction_phase_seconds`:
+begin, decide, changelogs, send_offsets, commit, store) over that step, plus the load
+average.
+
+    .venv/bin/python -m bench.bench_latency [--rates 1000,5000] [--seconds 15] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+import urllib.request
+from typing import Any
+
+from bench._harness import (
+    EventTail,
+    PacedProducer,
+    Processor,
+    Workload,
+    delete_topics_and_groups,
+    isolated_settings,
+    percentiles,
+)
+from sessionstream.client import SessionClient
+
+PHASES = ("begin", "decide", "changelogs", "send_offsets", "commit", "store")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def scrape(port: int) -> dict[str, float]:
+    """Phase sums and counts, and committed transactions, from the processor's /metrics."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("sessionstream_transaction_phase_seconds_sum") or line.startswith(
+            "sessionstream_transaction_phase_seconds_count"
+        ):
+            name, value = line.rsplit(" ", 1)
+            phase = name.split('phase="')[1].split('"')[0]
+            kind = "sum" if "_sum{" in name else "count"
+            out[f"{phase}.{kind}"] = float(value)
+        elif line.startswith("sessionstream_commands_total"):
+            out["commands"] = out.get("commands", 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--rates", default="1000,5000")
+    ap.add_argument("--seconds", type=float, default=15.0)
+    ap.add_argument("--warmup", type=float, default=3.0)
+    ap.add_argument("--sessions", type=int, default=1000)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    port = free_port()
+    s = isolated_settings("latency").model_copy(update={"metrics_port": port})
+    proc = Processor(s, "latency-0").start()
+    proc.wait_for("assigned", timeout=90)
+    tail = EventTail(s)
+    tail.start()
+    results: list[dict[str, Any]] = []
+    try:
+        with SessionClient("bench", s) as client:
+            for i, rate in enumerate(float(r) for r in args.rates.split(",")):
+                prod = PacedProducer(client, Workload(client, f"l{i}", args.sessions, i), rate)
+                prod.start()
+                time.sleep(args.warmup)
+                before, load0 = scrape(port), os.getloadavg()[0]
+                time.sleep(args.seconds)
+                after, load1 = scrape(port), os.getloadavg()[0]
+                prod.stop()
+                tail.settle(prod.sent)
+                start = prod.first + args.warmup
+                window = {c: t for c, t in prod.sent.items() if t >= start}
+                lat = [tail.first_seen[c] - t for c, t in window.items() if c in tail.first_seen]
+                txns = after["commit.count"] - before["commit.count"]
+                r: dict[str, Any] = {
+                    "target_rate": rate,
+                    "achieved_rate": round(len(window) / args.seconds, 1),
+                    "measured": len(lat),
+                    **percentiles(lat),
+                    "transactions_per_s": round(txns / args.seconds, 1),
+                    "commands_per_transaction": round(
+                        (after.get("commands", 0) - before.get("commands", 0)) / max(txns, 1), 1
+                    ),
+                    "phase_ms": {
+                        ph: round(
+                            1000 * (after[f"{ph}.sum"] - before[f"{ph}.sum"]) / max(txns, 1), 2
+                        )
+                        for ph in PHASES
+                    },
+                    "load_average": round((load0 + load1) / 2, 2),
+                }
+                results.append(r)
+    finally:
+        tail.halt.set()
+        proc.kill9()
+        delete_topics_and_groups(s)
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        for r in results:
+            print(json.dumps(r))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
