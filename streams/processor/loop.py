@@ -46,7 +46,6 @@ from confluent_kafka import (
 
 from schemas.codec import Codec
 from schemas.commands import Command
-from schemas.discovery import OpenRun
 from sessionstream import metrics
 from sessionstream.errors import KafkaUnavailable
 from sessionstream.kafka import (
@@ -60,6 +59,7 @@ from sessionstream.topics import check_topics, ensure_topics
 from streams.decider import DeciderConfig
 from streams.open_runs import open_run
 from streams.processor.partition import PartitionState
+from streams.processor.records import coords, log_time, opening_key
 from streams.processor.restore import RestoreReport, restore
 from streams.processor.stats import ProcessorStats, StatsObserver
 from streams.state import SessionState
@@ -277,7 +277,7 @@ class TransactionalProcessor:
         try:
             # Step 2: decide each command in partition order, producing its records
             for msg in batch:
-                topic, p, offset = _coords(msg)
+                topic, p, offset = coords(msg)
                 if p not in self.partitions:
                     continue  # revoked mid-batch: the new owner re-reads it
                 part = self.partitions[p]
@@ -299,7 +299,7 @@ class TransactionalProcessor:
                     msg.key(),
                     msg.value(),
                     p,
-                    _log_time(msg),
+                    log_time(msg),
                     state_of,
                     dedup_of,
                     forwarded=forwarded,
@@ -332,7 +332,7 @@ class TransactionalProcessor:
                     on_delivery=delivered,
                 )
                 was, now = open_run(self.partitions[p].state(sid)), open_run(state)
-                if _opening(was) != _opening(now):
+                if opening_key(was) != opening_key(now):
                     record = None if now is None else now.model_dump_json(by_alias=True).encode()
                     producer.produce(s.open_runs_topic, key=sid.encode(), value=record, partition=p)
             for (p, _sid, _h), r in remembered.items():
@@ -394,7 +394,7 @@ class TransactionalProcessor:
 
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         if err is None:
-            topic, p, offset = _coords(msg)
+            topic, p, offset = coords(msg)
             key = (topic, p)
             if offset + 1 > self._delivered.get(key, 0):
                 self._delivered[key] = offset + 1
@@ -441,7 +441,7 @@ class TransactionalProcessor:
     def _dead_letter(self, msg: Message, outcome: StepOutcome) -> None:
         assert self._producer is not None and outcome.dead_letter is not None
         d = outcome.dead_letter
-        topic, partition, offset = _coords(msg)
+        topic, partition, offset = coords(msg)
         headers = dead_letter_headers(
             msg.headers(),
             topic,
@@ -460,7 +460,7 @@ class TransactionalProcessor:
         processor never looks for it: it goes, in this transaction, to the partition its key
         hashes to, and is decided there in its turn."""
         assert self._producer is not None
-        topic, source, offset = _coords(msg)
+        topic, source, offset = coords(msg)
         self._producer.produce(
             topic,
             key=msg.key(),
@@ -527,7 +527,7 @@ class TransactionalProcessor:
         assert self._consumer is not None
         first: dict[tuple[str, int], int] = {}
         for msg in batch:
-            topic, p, offset = _coords(msg)
+            topic, p, offset = coords(msg)
             first.setdefault((topic, p), offset)
         for (t, p), o in first.items():
             if p in self.partitions:
@@ -586,22 +586,3 @@ class TransactionalProcessor:
             with contextlib.suppress(KafkaException):  # a fatal producer cannot flush
                 self._producer.flush(5)
             self._producer = None
-
-
-def _opening(run: OpenRun | None) -> tuple[str, int, str] | None:
-    """What makes an open-runs record new (the clock it carries does not)."""
-    return None if run is None else (run.run_id, run.generation, run.status)
-
-
-def _log_time(msg: Message) -> int:
-    """The record's timestamp: the broker's append time on a `LogAppendTime` topic (the
-    commands topic is created so; `topics check` verifies it)."""
-    _kind, ts = msg.timestamp()
-    return max(0, int(ts))
-
-
-def _coords(msg: Message) -> tuple[str, int, int]:
-    """(topic, partition, offset) of a consumed record (never None for those)."""
-    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
-    assert topic is not None and partition is not None and offset is not None
-    return topic, partition, offset
