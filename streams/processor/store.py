@@ -174,6 +174,9 @@ class StateCache:
         while len(states) > self.capacity:
             states.popitem(last=False)
 
+    def drop(self, sid: str) -> None:
+        self._states.pop(sid, None)
+
     def __len__(self) -> int:
         return len(self._states)
 
@@ -247,7 +250,7 @@ class PartitionStore:
         for state, sid, raw, due in states:
             if raw is None:
                 deletes += (state_key(sid), active_key(sid))
-                self.cache._states.pop(sid, None)
+                self.cache.drop(sid)
                 continue
             puts.append((state_key(sid), raw))
             if due is None:
@@ -257,7 +260,7 @@ class PartitionStore:
             if state is not None:
                 self.cache.put(state)
             else:
-                self.cache._states.pop(sid, None)  # decoded when next asked for
+                self.cache.drop(sid)  # decoded when next asked for
         self.state_db.write(puts, deletes, checkpoint)
 
     def write_dedup(
