@@ -2,8 +2,36 @@
 
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
+
+_M = TypeVar("_M", bound=BaseModel)
+_new = object.__new__
+_set = object.__setattr__
+
+
+def construct(cls: type[_M], values: dict[str, Any], fields: frozenset[str] | None = None) -> _M:
+    """A model from values already of its fields' types, without validation: for records our
+    own processes wrote (and validated when they made them). What `model_construct` does,
+    minus its per-field default handling (every field is given), which costs 4x as much;
+    the unit tests hold the result equal to the validated model. `values` becomes the
+    model's `__dict__`, so it is not copied."""
+    m = _new(cls)
+    _set(m, "__dict__", values)
+    _set(m, "__pydantic_fields_set__", set(values if fields is None else fields))
+    _set(m, "__pydantic_extra__", None)
+    _set(m, "__pydantic_private__", None)
+    return m
+
+
+def replace(model: _M, update: dict[str, Any]) -> _M:
+    """`model.model_copy(update=update)` (no validation either) at a fraction of its cost:
+    the decider's fold makes one or two of these per event."""
+    values = model.__dict__.copy()
+    values.update(update)
+    return construct(type(model), values, model.__pydantic_fields_set__ | update.keys())
 
 
 class WireModel(BaseModel):

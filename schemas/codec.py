@@ -9,6 +9,7 @@ other languages need no Avro. Anything else is a typed `DecodeError`.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 from importlib import resources
@@ -19,7 +20,8 @@ from fastavro.schema import to_parsing_canonical_form
 from pydantic import ValidationError
 
 from schemas._avro import command_schema, event_schema
-from schemas._base import Payload
+from schemas._avro_compiled import Envelope, ReadError, Unsupported
+from schemas._base import Payload, WireModel
 from schemas.commands import COMMAND_PAYLOADS, Command
 from schemas.errors import (
     MalformedRecord,
@@ -75,7 +77,13 @@ def single_object_header(schema: dict[str, Any]) -> bytes:
 class _Kind:
     """One envelope kind (commands or events): its current schema and known writers."""
 
-    def __init__(self, name: str, current: dict[str, Any], registry: dict[str, type[Payload]]):
+    def __init__(
+        self,
+        name: str,
+        current: dict[str, Any],
+        registry: dict[str, type[Payload]],
+        envelope: type[WireModel],
+    ):
         self.name = name
         self.registry = registry
         self.schema = fastavro.parse_schema(current)
@@ -85,6 +93,12 @@ class _Kind:
         ns = f"sessionstream.{current['name'].lower()}"
         for model in registry.values():
             self.payload_names[model] = f"{ns}.{model.__name__}"
+        #: the current schema's compiled writer and reader (None: fastavro does it all)
+        self.compiled: Envelope | None
+        try:
+            self.compiled = Envelope(current, envelope, dict(registry), self.header)
+        except Unsupported:
+            self.compiled = None
 
     def add_writer(self, schema: dict[str, Any]) -> bytes:
         header = single_object_header(schema)
@@ -104,8 +118,8 @@ def _history(prefix: str) -> list[dict[str, Any]]:
 
 
 def _kinds() -> tuple[_Kind, _Kind]:
-    cmd = _Kind("command", command_schema(), COMMAND_PAYLOADS)
-    evt = _Kind("event", event_schema(), EVENT_PAYLOADS)
+    cmd = _Kind("command", command_schema(), COMMAND_PAYLOADS, Command)
+    evt = _Kind("event", event_schema(), EVENT_PAYLOADS, Event)
     for old in _history("command"):
         cmd.add_writer(old)
     for old in _history("event"):
@@ -131,6 +145,9 @@ class Codec:
 
     # -- encoding ---------------------------------------------------------------------------
     def _encode(self, kind: _Kind, model: Command | Event) -> bytes:
+        if kind.compiled is not None:
+            with contextlib.suppress(Unsupported):
+                return kind.compiled.write(model)
         record = model.model_dump(by_alias=True)
         record["payload"] = (kind.payload_names[type(model.payload)], record["payload"])
         buf = io.BytesIO()
@@ -157,7 +174,7 @@ class Codec:
         return event.model_dump(by_alias=True, mode="json")
 
     # -- decoding ---------------------------------------------------------------------------
-    def _decode(self, kind: _Kind, data: bytes, allow_json: bool) -> Any:
+    def _check_size(self, kind: _Kind, data: bytes) -> None:
         size = len(data)
         if size > self.max_record_bytes:
             raise OversizedRecord(
@@ -165,6 +182,10 @@ class Codec:
                 f"{self.max_record_bytes} bytes",
                 size=size,
             )
+
+    def _decode(self, kind: _Kind, data: bytes, allow_json: bool) -> Any:
+        self._check_size(kind, data)
+        size = len(data)
         if data[:2] == MAGIC:
             record = self._read_avro(kind, data)
         elif allow_json and data.lstrip()[:1] == b"{":
@@ -186,6 +207,11 @@ class Codec:
         size = len(data)
         if size < 10:
             raise MalformedRecord(f"truncated Avro header ({size} bytes)", size=size)
+        if kind.compiled is not None and data[:10] == kind.header:
+            # our current schema: the compiled reader; what it refuses, fastavro reads (and
+            # says what is wrong)
+            with contextlib.suppress(ReadError):
+                return kind.compiled.read_dict(data, 10)
         fingerprint = data[2:10]
         writer = kind.writers.get(fingerprint)
         if writer is None:
@@ -247,8 +273,19 @@ class Codec:
         except ValidationError as e:
             raise _violation("command", e, len(data)) from e
 
-    def decode_event(self, data: bytes) -> Event:
-        """Avro bytes -> Event."""
+    def decode_event(self, data: bytes, *, validate: bool = False) -> Event:
+        """Avro bytes -> Event.
+
+        A record in the current event schema is built without pydantic validation (only the
+        processor writes events, through `encode_event`; the bytes are still checked to be
+        one well-formed record whose `type` matches its payload); `validate=True`, or any
+        other writer schema, validates it."""
+        evt = self._evt
+        if not validate and evt.compiled is not None and data[:10] == evt.header:
+            self._check_size(evt, data)
+            with contextlib.suppress(ReadError):
+                event: Event = evt.compiled.read(data, 10)
+                return event
         record = self._decode(self._evt, data, allow_json=False)
         try:
             return Event.model_validate(record)

@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Final
 
-from schemas._base import Payload
+from schemas._base import Payload, construct, replace
 from schemas.commands import (
     PRODUCER_COMMAND_TYPES,
     AbortPayload,
@@ -157,19 +157,19 @@ def command_digest(command: Command, payload_json: bytes | None = None) -> int:
     the same id with another type, target or payload does not."""
     if payload_json is None:
         payload_json = command.payload.__pydantic_serializer__.to_json(command.payload)
-    h = hashlib.blake2b(digest_size=8)
-    for part in (
-        command.type,
-        command.tenant_id,
-        command.run_id,
-        command.worker_id,
-        command.generation,
-        command.actor,
-    ):
-        h.update(b"\x00" if part is None else f"\x01{part}".encode())
-        h.update(b"\x1f")
-    h.update(payload_json)
-    return int.from_bytes(h.digest(), "big")
+    parts = [
+        b"\x00\x1f" if part is None else f"\x01{part}\x1f".encode()
+        for part in (
+            command.type,
+            command.tenant_id,
+            command.run_id,
+            command.worker_id,
+            command.generation,
+            command.actor,
+        )
+    ]
+    parts.append(payload_json)
+    return int.from_bytes(hashlib.blake2b(b"".join(parts), digest_size=8).digest(), "big")
 
 
 # ------------------------------------------------------------------------------------------
@@ -201,7 +201,7 @@ def evolve(
             update["queue"] = (entry, *state.queue) if q.front else (*state.queue, entry)
         # command.rejected, action.denied for finished runs: recorded outcomes that change
         # nothing else
-        return state.model_copy(update=update)
+        return replace(state, update)
 
     if event.type == "run.started":
         p = event.payload_as(RunStarted)
@@ -222,7 +222,7 @@ def evolve(
         )
         if state.tenant_id is None:
             update["tenant_id"] = event.tenant_id
-        return state.model_copy(update=update)
+        return replace(state, update)
 
     run = state.active
     if run is None or run.run_id != event.run_id:
@@ -275,7 +275,7 @@ def evolve(
             }
     elif t == "action.completed":
         key = event.payload_as(ActionCompleted).idempotency_key
-        r["actions"] = {**run.actions, key: run.actions[key].model_copy(update={"completed": True})}
+        r["actions"] = {**run.actions, key: replace(run.actions[key], {"completed": True})}
     elif t == "run.cancel_requested":
         c = event.payload_as(CancelRequested)
         r.update(
@@ -293,12 +293,12 @@ def evolve(
         )
         update["active"] = None
         update["finished"] = (*state.finished, done)[-config.finished_window :]
-        return state.model_copy(update=update)
+        return replace(state, update)
     # model.*, tool.*, subtask.*, context.checkpointed, action.decision_replayed,
     # run.input_delivered, run.follow_up_delivered, run.cancel_acknowledged,
     # run.stale_write_recorded: appended to the run, seq advances
-    update["active"] = run.model_copy(update=r)
-    return state.model_copy(update=update)
+    update["active"] = replace(run, r)
+    return replace(state, update)
 
 
 def fold(
@@ -338,17 +338,22 @@ class _Emitter:
             seq, gen = run.seq + 1, run.generation
         else:  # run.started
             seq, gen = 1, 1
-        event = Event(
-            session_id=self.cmd.session_id,
-            run_id=run_id,
-            seq=seq,
-            type=type_,
-            payload=payload,
-            generation=gen if generation is None else generation,
-            command_id=self.cmd.command_id,
-            ts=self.now,
-            tenant_id=self.state.tenant_id or self.cmd.tenant_id,
-            producer_ts=self.cmd.ts,
+        # built without a second validation: every value is typed here, the payload was
+        # validated when its handler made it (the unit tests validate every event emitted)
+        event = construct(
+            Event,
+            {
+                "session_id": self.cmd.session_id,
+                "run_id": run_id,
+                "seq": seq,
+                "type": type_,
+                "payload": payload,
+                "generation": gen if generation is None else generation,
+                "command_id": self.cmd.command_id,
+                "ts": self.now,
+                "tenant_id": self.state.tenant_id or self.cmd.tenant_id,
+                "producer_ts": self.cmd.ts,
+            },
         )
         self.events.append(event)
         self.state = evolve(self.state, event, self.config)

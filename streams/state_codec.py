@@ -23,7 +23,9 @@ from functools import lru_cache
 from typing import Any, Final, TypeVar, get_args
 
 import msgspec
+from pydantic import BaseModel
 
+from schemas._base import construct
 from schemas.events import InputKind, RunStatus, TerminalStatus
 from streams.state import (
     ActionRecord,
@@ -218,22 +220,14 @@ def decode_if_active(data: bytes) -> SessionState | None:
 
 
 # The records come from the processor itself (validated when they were decided), so they
-# are rebuilt without a second validation: the way `model_construct` does it, minus its
-# per-field default handling (every field is given), which costs 4x as much. A unit test
-# holds the result equal to the validated model, field by field.
+# are rebuilt without a second validation (`schemas._base.construct`).
 
-_M = TypeVar("_M")
-_new = object.__new__
-_set = object.__setattr__
+
+_M = TypeVar("_M", bound=BaseModel)
 
 
 def _make(cls: type[_M], fields: frozenset[str], values: dict[str, Any]) -> _M:
-    m = _new(cls)
-    _set(m, "__dict__", values)
-    _set(m, "__pydantic_fields_set__", set(fields))
-    _set(m, "__pydantic_extra__", None)
-    _set(m, "__pydantic_private__", None)
-    return m
+    return construct(cls, values, fields)
 
 
 _F = {cls: frozenset(names) for cls, names in STATE_FIELDS.items()}

@@ -120,6 +120,8 @@ class SessionMachine(RuleBasedStateMachine):
         seen = self.dedup.records.get((SID, _h(cmd)))
         d = self.dedup.decide(pre, cmd, CONFIG, at=self.now)
         events = d.events
+        for e in events:  # the decider builds events unvalidated: each must validate
+            assert Event.model_validate(e.model_dump(by_alias=True)) == e
         encoded = [CODEC.encode_event(e) for e in events]
         # the state record (binary) and the JSON of earlier versions read back the same
         restored = decode_state(encode_state(pre))
