@@ -12,7 +12,9 @@ _new = object.__new__
 _set = object.__setattr__
 
 
-def construct(cls: type[_M], values: dict[str, Any], fields: set[str] | frozenset[str] | None = None) -> _M:
+def construct(
+    cls: type[_M], values: dict[str, Any], fields: set[str] | frozenset[str] | None = None
+) -> _M:
     """A model from values already of its fields' types, without validation: for records our
     own processes wrote (and validated when they made them). What `model_construct` does,
     minus its per-field default handling (every field is given), which costs 4x as much;
