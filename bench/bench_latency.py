@@ -58,14 +58,11 @@ def scrape(port: int) -> dict[str, float]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--rates", default="1000,5000")
-    ap.add_argument("--seconds", type=float, default=15.0)
-    ap.add_argument("--warmup", type=float, default=3.0)
-    ap.add_argument("--sessions", type=int, default=1000)
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
+def measure(
+    rates: list[float], seconds: float, warmup: float, sessions: int
+) -> list[dict[str, Any]]:
+    """One processor; per rate, paced commands for `seconds` after `warmup`: latency and
+    the transaction phases."""
     port = free_port()
     s = isolated_settings("latency").model_copy(update={"metrics_port": port})
     proc = Processor(s, "latency-0").start()
@@ -75,41 +72,57 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     try:
         with SessionClient("bench", s) as client:
-            for i, rate in enumerate(float(r) for r in args.rates.split(",")):
-                prod = PacedProducer(client, Workload(client, f"l{i}", args.sessions, i), rate)
+            for i, rate in enumerate(rates):
+                prod = PacedProducer(client, Workload(client, f"l{i}", sessions, i), rate)
                 prod.start()
-                time.sleep(args.warmup)
+                time.sleep(warmup)
                 before, load0 = scrape(port), os.getloadavg()[0]
-                time.sleep(args.seconds)
+                time.sleep(seconds)
                 after, load1 = scrape(port), os.getloadavg()[0]
                 prod.stop()
                 tail.settle(prod.sent)
-                start = prod.first + args.warmup
+                start = prod.first + warmup
                 window = {c: t for c, t in prod.sent.items() if t >= start}
                 lat = [tail.first_seen[c] - t for c, t in window.items() if c in tail.first_seen]
                 txns = after["commit.count"] - before["commit.count"]
-                r: dict[str, Any] = {
-                    "target_rate": rate,
-                    "achieved_rate": round(len(window) / args.seconds, 1),
-                    "measured": len(lat),
-                    **percentiles(lat),
-                    "transactions_per_s": round(txns / args.seconds, 1),
-                    "commands_per_transaction": round(
-                        (after.get("commands", 0) - before.get("commands", 0)) / max(txns, 1), 1
-                    ),
-                    "phase_ms": {
-                        ph: round(
-                            1000 * (after[f"{ph}.sum"] - before[f"{ph}.sum"]) / max(txns, 1), 2
-                        )
-                        for ph in PHASES
-                    },
-                    "load_average": round((load0 + load1) / 2, 2),
-                }
-                results.append(r)
+                results.append(
+                    {
+                        "target_rate": rate,
+                        "achieved_rate": round(len(window) / seconds, 1),
+                        "measured": len(lat),
+                        **percentiles(lat),
+                        "transactions_per_s": round(txns / seconds, 1),
+                        "commands_per_transaction": round(
+                            (after.get("commands", 0) - before.get("commands", 0)) / max(txns, 1),
+                            1,
+                        ),
+                        "phase_ms": {
+                            ph: round(
+                                1000 * (after[f"{ph}.sum"] - before[f"{ph}.sum"]) / max(txns, 1),
+                                2,
+                            )
+                            for ph in PHASES
+                        },
+                        "load_average": round((load0 + load1) / 2, 2),
+                    }
+                )
     finally:
         tail.halt.set()
         proc.kill9()
         delete_topics_and_groups(s)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--rates", default="1000,5000")
+    ap.add_argument("--seconds", type=float, default=15.0)
+    ap.add_argument("--warmup", type=float, default=3.0)
+    ap.add_argument("--sessions", type=int, default=1000)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    rates = [float(r) for r in args.rates.split(",")]
+    results = measure(rates, args.seconds, args.warmup, args.sessions)
     if args.json:
         print(json.dumps(results, indent=2))
     else:

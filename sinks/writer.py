@@ -20,15 +20,15 @@ from schemas.codec import Codec
 from schemas.events import SESSION_LOG, Event
 from sinks.projection import Projection, RunRow, SessionRow
 
-__all__ = ["PendingEvent", "WriteMode", "write_batch"]
+__all__ = ["EVENT_COLS", "RUN_COLS", "RUN_TIMES", "PendingEvent", "WriteMode", "write_batch"]
 
 WriteMode = Literal["copy", "executemany"]
 
-_EVENT_COLS = (
+EVENT_COLS = (
     "session_id, run_id, seq, type, payload, generation, command_id, tenant_id, ts,"
     " producer_ts, kafka_partition, kafka_offset"
 )
-_RUN_COLS = [
+RUN_COLS = [
     "run_id",
     "session_id",
     "tenant_id",
@@ -51,7 +51,7 @@ _RUN_COLS = [
     "retryable",
     "retry_of",
 ]
-_RUN_TIMES = {
+RUN_TIMES = {
     "lease_expires_at",
     "timeout_at",
     "cancel_requested_at",
@@ -114,13 +114,13 @@ def _insert_events(
             " kafka_offset bigint)"
             " on commit delete rows"
         )
-        with cur.copy(f"copy stage_events ({_EVENT_COLS}) from stdin") as copy:
+        with cur.copy(f"copy stage_events ({EVENT_COLS}) from stdin") as copy:
             for p in batch:
                 row = list(_event_row(p))
                 row[4] = json.dumps(row[4])
                 copy.write_row(row)
         cur.execute(
-            f"insert into agent_run_events ({_EVENT_COLS}) select {_EVENT_COLS} from stage_events"
+            f"insert into agent_run_events ({EVENT_COLS}) select {EVENT_COLS} from stage_events"
             " order by kafka_partition, kafka_offset on conflict do nothing"
         )
     else:
@@ -130,7 +130,7 @@ def _insert_events(
             row[4] = Jsonb(row[4])
             rows.append(tuple(row))
         cur.executemany(
-            f"insert into agent_run_events ({_EVENT_COLS}) values"
+            f"insert into agent_run_events ({EVENT_COLS}) values"
             " (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) on conflict do nothing",
             rows,
         )
@@ -159,13 +159,13 @@ def _load(cur: psycopg.Cursor[tuple[object, ...]], batch: Sequence[PendingEvent]
         )
     if run_ids:
         cur.execute(
-            f"select {', '.join(_RUN_COLS)} from agent_runs where run_id = any(%s)"
+            f"select {', '.join(RUN_COLS)} from agent_runs where run_id = any(%s)"
             " order by run_id for update",
             (run_ids,),
         )
         for row in cur.fetchall():
-            values = dict(zip(_RUN_COLS, row, strict=True))
-            for k in _RUN_TIMES:
+            values = dict(zip(RUN_COLS, row, strict=True))
+            for k in RUN_TIMES:
                 values[k] = _ms(values[k])  # type: ignore[arg-type]
             runs[str(values["run_id"])] = RunRow(**values)  # type: ignore[arg-type]
     return Projection(runs, sessions)
@@ -193,13 +193,13 @@ def _write_projection(cur: psycopg.Cursor[tuple[object, ...]], proj: Projection)
         )
     runs = proj.runs_to_write()
     if runs:
-        cols = ", ".join(_RUN_COLS)
-        updates = ", ".join(f"{c} = excluded.{c}" for c in _RUN_COLS[1:])
+        cols = ", ".join(RUN_COLS)
+        updates = ", ".join(f"{c} = excluded.{c}" for c in RUN_COLS[1:])
         cur.executemany(
-            f"insert into agent_runs ({cols}) values ({', '.join(['%s'] * len(_RUN_COLS))})"
+            f"insert into agent_runs ({cols}) values ({', '.join(['%s'] * len(RUN_COLS))})"
             f" on conflict (run_id) do update set {updates}",
             [
-                tuple(ts(getattr(r, c)) if c in _RUN_TIMES else getattr(r, c) for c in _RUN_COLS)
+                tuple(ts(getattr(r, c)) if c in RUN_TIMES else getattr(r, c) for c in RUN_COLS)
                 for r in runs
             ],
         )

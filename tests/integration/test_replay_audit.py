@@ -10,13 +10,17 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from confluent_kafka import Producer
 
 from schemas.codec import Codec
 from sessionstream._procs import settings_env
 from sessionstream.client import SessionClient
-from sessionstream.kafka import read_topic
+from sessionstream.kafka import client_config, read_topic
 from sessionstream.settings import Settings
+from sessionstream.topics import ensure_topics
+from streams.decider import decide
 from sinks.audit import run_audit
+from sinks.migrate import migrate
 from sinks.replay import events_of_run, events_of_session, read_range, rebuild
 from sinks.sink import connect
 from tests.integration.procs import (
@@ -95,6 +99,61 @@ def test_replay_by_offset_and_rebuild(world: tuple[Settings, str, str]) -> None:
     report = rebuild(s)
     assert report.events == len(records)
     assert report.equal, report.differences
+
+
+def _layout(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> set[str]:
+    """The keys, foreign keys, checks and indexes of a schema's tables, schema name left out."""
+    rows = conn.execute(
+        "select conrelid::regclass::text || ' ' || conname || ' ' || pg_get_constraintdef(c.oid)"
+        " from pg_constraint c join pg_namespace n on n.oid = c.connamespace"
+        " where n.nspname = %s union all"
+        " select indexdef from pg_indexes where schemaname = %s",
+        (schema, schema),
+    ).fetchall()
+    return {str(r[0]).replace(f"{schema}.", "").replace(f'"{schema}".', "") for r in rows}
+
+
+def test_rebuild_skips_a_duplicated_event_as_the_sink_does_and_restores_every_index(
+    settings: Settings,
+) -> None:
+    """A log holding one event twice (a producer re-sent it outside a transaction): the sink
+    keeps the first, so must the bulk rebuild; and the rebuilt schema has every key and
+    index a migrated one has, plus the offsets a sink would go on from."""
+    s = isolated_settings(settings, "rebuild-dup", partitions=2)
+    ensure_topics(s)
+    codec = Codec()
+    client = SessionClient("tenant-d", s)
+    events = []
+    for i in range(3):
+        cmd = client.command(f"dup-{i}", "prompt", {"text": f"hello {i}"})
+        events += decide(None, cmd, at=cmd.ts).events
+    client.close()
+    producer = Producer(client_config(s))
+    records = [(e.key.encode(), codec.encode_event(e)) for e in events]
+    for key, value in [*records, records[0]]:  # the first event again, at the end
+        producer.produce(s.events_topic, key=key, value=value, partition=0)
+    assert producer.flush(30) == 0
+    proc = sink(s)
+    try:
+        wait_sink_caught_up(s, procs=[proc])
+    finally:
+        proc.stop()
+    report = rebuild(s, keep=True)
+    assert report.events == len(records)  # the copy was skipped
+    assert report.equal, report.differences
+    reference = f"{s.database_schema}_ref"
+    migrate(s.database_conninfo, schema=reference)
+    try:
+        with psycopg.connect(s.database_url) as conn:
+            assert _layout(conn, report.schema) == _layout(conn, reference)
+            rows = conn.execute(
+                f'select partition, next_offset from "{report.schema}".sink_offsets'
+            ).fetchall()
+            assert rows == [(0, len(records) + 1)]
+    finally:
+        with psycopg.connect(s.database_url, autocommit=True) as conn:
+            conn.execute(f'drop schema "{report.schema}" cascade')
+            conn.execute(f'drop schema "{reference}" cascade')
 
 
 def test_replay_by_offset_of_one_session_or_run_decodes_only_those(
