@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Final
 
-from schemas._base import Payload, construct, replace
+from schemas._base import Payload, construct, make, replace
 from schemas.commands import (
     PRODUCER_COMMAND_TYPES,
     AbortPayload,
@@ -189,7 +189,8 @@ def evolve(
         update["log_seq"] = event.seq
         if event.type == "run.queued":
             q = event.payload_as(RunQueued)
-            entry = QueueEntry(
+            entry = make(
+                QueueEntry,
                 source_command_id=q.source_command_id,
                 kind=q.kind,
                 text=q.text,
@@ -205,7 +206,8 @@ def evolve(
 
     if event.type == "run.started":
         p = event.payload_as(RunStarted)
-        update["active"] = RunState(
+        update["active"] = make(
+            RunState,
             run_id=event.run_id,
             status="running",
             seq=event.seq,
@@ -238,7 +240,8 @@ def evolve(
         r.update(lease_owner=None, lease_expires_at=None, last_holder=run.lease_owner)
     elif t == "run.steered":
         s = event.payload_as(Steered)
-        pending = PendingInput(
+        pending = make(
+            PendingInput,
             source_command_id=s.source_command_id or event.command_id,
             kind="steer",
             text=s.text,
@@ -247,7 +250,8 @@ def evolve(
         r["inputs"] = (*run.inputs, pending)
     elif t == "run.follow_up_queued":
         f = event.payload_as(FollowUpQueued)
-        pending = PendingInput(
+        pending = make(
+            PendingInput,
             source_command_id=f.source_command_id,
             kind="follow_up",
             text=f.text,
@@ -271,7 +275,7 @@ def evolve(
             decision = "approved" if t == "action.approved" else "denied"
             r["actions"] = {
                 **run.actions,
-                d.idempotency_key: ActionRecord(kind=d.kind, decision=decision),
+                d.idempotency_key: make(ActionRecord, kind=d.kind, decision=decision),
             }
     elif t == "action.completed":
         key = event.payload_as(ActionCompleted).idempotency_key
@@ -285,7 +289,8 @@ def evolve(
         )
     elif t == "run.finished":
         f_ = event.payload_as(RunFinished)
-        done = FinishedRun(
+        done = make(
+            FinishedRun,
             run_id=run.run_id,
             status=f_.terminal_status,
             generation=event.generation,
@@ -373,7 +378,8 @@ class _Emitter:
         self.emit(
             SESSION_LOG,
             "command.rejected",
-            CommandRejected(
+            make(
+                CommandRejected,
                 reason=reason,
                 command_type=self.cmd.type,
                 target_run_id=self.cmd.run_id,
@@ -488,7 +494,8 @@ def _start_run(
     em.emit(
         run_id,
         "run.started",
-        RunStarted(
+        make(
+            RunStarted,
             prompt=text,
             origin=origin,
             source_command_id=source_command_id,
@@ -518,15 +525,19 @@ def _finish(
         if i.kind == "follow_up" and i.on_run_end == "queue" and len(requeue) < room:
             em.on_run(
                 "run.input_requeued",
-                InputRequeued(
-                    source_command_id=i.source_command_id, kind=i.kind, terminal_status=status
+                make(
+                    InputRequeued,
+                    source_command_id=i.source_command_id,
+                    kind=i.kind,
+                    terminal_status=status,
                 ),
             )
             requeue.append(i)
         else:
             em.on_run(
                 "run.input_dropped",
-                InputDropped(
+                make(
+                    InputDropped,
                     source_command_id=i.source_command_id,
                     kind=i.kind,
                     reason="run_ended",
@@ -535,13 +546,14 @@ def _finish(
             )
     em.on_run(
         "run.finished",
-        RunFinished(terminal_status=status, result=result, error=error, retryable=retryable),
+        make(RunFinished, terminal_status=status, result=result, error=error, retryable=retryable),
     )
     for i in requeue:  # their text was already held: the bytes bound still holds
         em.emit(
             SESSION_LOG,
             "run.queued",
-            RunQueued(
+            make(
+                RunQueued,
                 source_command_id=i.source_command_id,
                 kind="follow_up",
                 text=i.text,
@@ -597,7 +609,8 @@ def _enqueue(
     em.emit(
         SESSION_LOG,
         "run.queued",
-        RunQueued(
+        make(
+            RunQueued,
             source_command_id=em.cmd.command_id,
             kind=kind,
             text=text,
@@ -616,8 +629,11 @@ def _request_cancel(em: _Emitter, reason: str) -> None:
     assert run is not None
     em.on_run(
         "run.cancel_requested",
-        CancelRequested(
-            reason=reason, cancel_deadline_at=em.now + em.config.cancel_grace_ms, actor=em.cmd.actor
+        make(
+            CancelRequested,
+            reason=reason,
+            cancel_deadline_at=em.now + em.config.cancel_grace_ms,
+            actor=em.cmd.actor,
         ),
     )
     if run.lease_owner is None:
@@ -715,7 +731,8 @@ def _accept_follow_up(em: _Emitter, text: str, on_run_end: str) -> None:
         return
     em.on_run(
         "run.follow_up_queued",
-        FollowUpQueued(
+        make(
+            FollowUpQueued,
             text=text,
             source_command_id=em.cmd.command_id,
             actor=em.cmd.actor,
@@ -733,7 +750,8 @@ def _steer(em: _Emitter, cmd: Command) -> None:
         em.reject("run_cancelling", f"run {run.run_id} is cancelling")
     elif _room_for(em, p.text, queue=False):
         em.on_run(
-            "run.steered", Steered(text=p.text, source_command_id=cmd.command_id, actor=cmd.actor)
+            "run.steered",
+            make(Steered, text=p.text, source_command_id=cmd.command_id, actor=cmd.actor),
         )
 
 
@@ -797,7 +815,7 @@ def _timer(em: _Emitter, cmd: Command) -> None:
             em,
             run,
             "run.lease_expired",
-            LeaseExpired(worker_id=run.lease_owner, reason="lease_expiry"),
+            make(LeaseExpired, worker_id=run.lease_owner, reason="lease_expiry"),
         )
         if run.status == "cancelling":
             _finish(em, "cancelled")
@@ -817,7 +835,7 @@ def _timer(em: _Emitter, cmd: Command) -> None:
         if run.lease_owner is not None:
             em.on_run(
                 "run.lease_expired",
-                LeaseExpired(worker_id=run.lease_owner, reason="cancel_deadline"),
+                make(LeaseExpired, worker_id=run.lease_owner, reason="cancel_deadline"),
                 generation=run.generation + 1,
             )
         _finish(em, "cancelled")
@@ -830,7 +848,7 @@ def _lose_lease(em: _Emitter, run: RunState, type_: str, payload: Payload) -> No
     if run.status == "compacting":
         em.on_run(
             "run.compaction_abandoned",
-            CompactionAbandoned(worker_id=run.lease_owner or "", reason="lease_lost"),
+            make(CompactionAbandoned, worker_id=run.lease_owner or "", reason="lease_lost"),
         )
 
 
@@ -851,7 +869,8 @@ def _worker(em: _Emitter, cmd: Command) -> None:
             em.emit(
                 SESSION_LOG,
                 "action.denied",
-                ActionDecision(
+                make(
+                    ActionDecision,
                     idempotency_key=a.idempotency_key,
                     kind=a.kind,
                     reason="run_finished",
@@ -882,7 +901,8 @@ def _stale(em: _Emitter, cmd: Command, run: RunState) -> None:
     em.reject("stale_generation", f"generation {cmd.generation} != current {run.generation}")
     em.on_run(
         "run.stale_write_recorded",
-        StaleWriteRecorded(
+        make(
+            StaleWriteRecorded,
             worker_id=cmd.worker_id,
             command_type=cmd.type,
             stale_generation=cmd.generation,
@@ -908,21 +928,31 @@ def _acquire(em: _Emitter, cmd: Command, run: RunState) -> None:
     elif run.lease_owner is None:
         em.on_run(
             "run.lease_granted",
-            LeaseGranted(
-                worker_id=worker, lease_expires_at=em.now + ms, lease_ms=ms, capped=capped
+            make(
+                LeaseGranted,
+                worker_id=worker,
+                lease_expires_at=em.now + ms,
+                lease_ms=ms,
+                capped=capped,
             ),
         )
         # what earlier holders never consumed goes to the new one, in arrival order
         for i in run.inputs:
             em.on_run(
                 "run.input_delivered",
-                InputDelivered(source_command_id=i.source_command_id, kind=i.kind, text=i.text),
+                make(
+                    InputDelivered, source_command_id=i.source_command_id, kind=i.kind, text=i.text
+                ),
             )
     elif run.lease_owner == worker:
         em.on_run(
             "run.lease_renewed",
-            LeaseRenewed(
-                worker_id=worker, lease_expires_at=em.now + ms, lease_ms=ms, capped=capped
+            make(
+                LeaseRenewed,
+                worker_id=worker,
+                lease_expires_at=em.now + ms,
+                lease_ms=ms,
+                capped=capped,
             ),
         )
     else:
@@ -933,14 +963,18 @@ def _renew(em: _Emitter, cmd: Command, run: RunState) -> None:
     ms, capped = _lease_length(em, cmd.payload_as(LeaseRenewPayload).lease_ms)
     em.on_run(
         "run.lease_renewed",
-        LeaseRenewed(
-            worker_id=cmd.worker_id or "", lease_expires_at=em.now + ms, lease_ms=ms, capped=capped
+        make(
+            LeaseRenewed,
+            worker_id=cmd.worker_id or "",
+            lease_expires_at=em.now + ms,
+            lease_ms=ms,
+            capped=capped,
         ),
     )
 
 
 def _release(em: _Emitter, cmd: Command, run: RunState) -> None:
-    _lose_lease(em, run, "run.lease_released", LeaseReleased(worker_id=cmd.worker_id or ""))
+    _lose_lease(em, run, "run.lease_released", make(LeaseReleased, worker_id=cmd.worker_id or ""))
     if run.status == "cancelling":
         _finish(em, "cancelled")
 
@@ -949,7 +983,9 @@ def _progress(em: _Emitter, cmd: Command, run: RunState) -> None:
     p = cmd.payload_as(RunProgressPayload)
     em.on_run(
         p.kind,
-        Progress(worker_id=cmd.worker_id or "", name=p.name, call_id=p.call_id, detail=p.detail),
+        make(
+            Progress, worker_id=cmd.worker_id or "", name=p.name, call_id=p.call_id, detail=p.detail
+        ),
     )
 
 
@@ -957,7 +993,7 @@ def _compact_start(em: _Emitter, cmd: Command, run: RunState) -> None:
     if run.status != "running":
         em.reject("invalid_state", f"compact.start while {run.status}")
         return
-    em.on_run("run.compaction_started", CompactionStarted(worker_id=cmd.worker_id or ""))
+    em.on_run("run.compaction_started", make(CompactionStarted, worker_id=cmd.worker_id or ""))
 
 
 def _compact_finish(em: _Emitter, cmd: Command, run: RunState) -> None:
@@ -965,8 +1001,10 @@ def _compact_finish(em: _Emitter, cmd: Command, run: RunState) -> None:
     if run.status != "compacting":
         em.reject("invalid_state", f"compact.finish while {run.status}")
         return
-    em.on_run("context.checkpointed", ContextCheckpointed(uri=p.checkpoint_uri, tokens=p.tokens))
-    em.on_run("run.compaction_finished", CompactionFinished(uri=p.checkpoint_uri))
+    em.on_run(
+        "context.checkpointed", make(ContextCheckpointed, uri=p.checkpoint_uri, tokens=p.tokens)
+    )
+    em.on_run("run.compaction_finished", make(CompactionFinished, uri=p.checkpoint_uri))
 
 
 def _action_request(em: _Emitter, cmd: Command, run: RunState) -> None:
@@ -983,7 +1021,8 @@ def _action_request(em: _Emitter, cmd: Command, run: RunState) -> None:
         # minutes after the user pressed stop is what the gate exists to prevent
         em.on_run(
             "action.denied",
-            ActionDecision(
+            make(
+                ActionDecision,
                 idempotency_key=p.idempotency_key,
                 kind=first.kind,
                 reason="cancelling",
@@ -993,14 +1032,18 @@ def _action_request(em: _Emitter, cmd: Command, run: RunState) -> None:
     elif first is not None:
         em.on_run(
             "action.decision_replayed",
-            ActionDecisionReplayed(
-                idempotency_key=p.idempotency_key, kind=first.kind, decision=first.decision
+            make(
+                ActionDecisionReplayed,
+                idempotency_key=p.idempotency_key,
+                kind=first.kind,
+                decision=first.decision,
             ),
         )
     elif len(run.actions) >= em.config.max_actions:
         em.on_run(
             "action.denied",
-            ActionDecision(
+            make(
+                ActionDecision,
                 idempotency_key=p.idempotency_key,
                 kind=p.kind,
                 reason=_TOO_MANY_ACTIONS,
@@ -1010,13 +1053,17 @@ def _action_request(em: _Emitter, cmd: Command, run: RunState) -> None:
     elif run.status == "running":
         em.on_run(
             "action.approved",
-            ActionDecision(idempotency_key=p.idempotency_key, kind=p.kind, detail=p.detail),
+            make(ActionDecision, idempotency_key=p.idempotency_key, kind=p.kind, detail=p.detail),
         )
     else:
         em.on_run(
             "action.denied",
-            ActionDecision(
-                idempotency_key=p.idempotency_key, kind=p.kind, reason=run.status, detail=p.detail
+            make(
+                ActionDecision,
+                idempotency_key=p.idempotency_key,
+                kind=p.kind,
+                reason=run.status,
+                detail=p.detail,
             ),
         )
 
@@ -1031,7 +1078,7 @@ def _action_result(em: _Emitter, cmd: Command, run: RunState) -> None:
     else:
         em.on_run(
             "action.completed",
-            ActionCompleted(idempotency_key=p.idempotency_key, ok=p.ok, result=p.result),
+            make(ActionCompleted, idempotency_key=p.idempotency_key, ok=p.ok, result=p.result),
         )
 
 
@@ -1042,7 +1089,8 @@ def _cancel_ack(em: _Emitter, cmd: Command, run: RunState) -> None:
         return
     em.on_run(
         "run.cancel_acknowledged",
-        CancelAcknowledged(
+        make(
+            CancelAcknowledged,
             worker_id=cmd.worker_id or "",
             model_request_aborted=p.model_request_aborted,
             tools_aborted=p.tools_aborted,
@@ -1067,7 +1115,7 @@ def _complete(em: _Emitter, cmd: Command, run: RunState) -> None:
         if i.source_command_id in consumed:
             em.on_run(
                 "run.input_consumed",
-                InputConsumed(source_command_id=i.source_command_id, kind=i.kind),
+                make(InputConsumed, source_command_id=i.source_command_id, kind=i.kind),
             )
     active = em.state.active
     assert active is not None
@@ -1077,7 +1125,7 @@ def _complete(em: _Emitter, cmd: Command, run: RunState) -> None:
         for i in missed:
             em.on_run(
                 "run.follow_up_delivered",
-                FollowUpDelivered(text=i.text, source_command_id=i.source_command_id),
+                make(FollowUpDelivered, text=i.text, source_command_id=i.source_command_id),
             )
         return
     _finish(em, "completed", result=p.result)

@@ -11,16 +11,26 @@ from __future__ import annotations
 from schemas.discovery import OpenRun
 from streams.state import SessionState
 
-__all__ = ["open_run"]
+__all__ = ["open_run", "opening_key"]
 
 
-def open_run(state: SessionState | None) -> OpenRun | None:
-    """The session's run that needs a holder, or None."""
+def opening_key(state: SessionState | None) -> tuple[str, int, str] | None:
+    """What makes the session's open-runs record new: (run, generation, status) of its run
+    that needs a holder (`open_run`), or None; the clock the record carries does not."""
     if state is None or state.tenant_id is None:
         return None
     run = state.active
     if run is None or run.lease_owner is not None or run.status == "cancelling":
         return None
+    return (run.run_id, run.generation, run.status)
+
+
+def open_run(state: SessionState | None) -> OpenRun | None:
+    """The session's run that needs a holder, or None."""
+    if state is None or opening_key(state) is None:
+        return None
+    run = state.active
+    assert run is not None and state.tenant_id is not None
     return OpenRun(
         session_id=state.session_id,
         tenant_id=state.tenant_id,

@@ -8,6 +8,8 @@ would give its session a second writer; the processor dead-letters it instead.
 
 from __future__ import annotations
 
+import functools
+
 __all__ = ["murmur2", "partition_for"]
 
 _M = 0x5BD1E995
@@ -41,6 +43,8 @@ def murmur2(data: bytes) -> int:
     return h
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def partition_for(key: bytes, partitions: int) -> int:
-    """The partition every murmur2 producer picks for `key`."""
+    """The partition every murmur2 producer picks for `key` (remembered for the 65,536 most
+    recent keys: a session's commands come again and again)."""
     return (murmur2(key) & 0x7FFFFFFF) % partitions

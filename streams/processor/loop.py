@@ -57,9 +57,9 @@ from sessionstream.kafka import (
 from sessionstream.settings import Settings
 from sessionstream.topics import check_topics, ensure_topics
 from streams.decider import DeciderConfig
-from streams.open_runs import open_run
+from streams.open_runs import open_run, opening_key
 from streams.processor.partition import PartitionState
-from streams.processor.records import coords, log_time, opening_key
+from streams.processor.records import coords, log_time
 from streams.processor.restore import RestoreReport, restore
 from streams.processor.stats import ProcessorStats, StatsObserver
 from streams.state import SessionState
@@ -331,8 +331,8 @@ class TransactionalProcessor:
                     partition=p,
                     on_delivery=delivered,
                 )
-                was, now = open_run(self.partitions[p].state(sid)), open_run(state)
-                if opening_key(was) != opening_key(now):
+                if opening_key(self.partitions[p].state(sid)) != opening_key(state):
+                    now = open_run(state)
                     record = None if now is None else now.model_dump_json(by_alias=True).encode()
                     producer.produce(s.open_runs_topic, key=sid.encode(), value=record, partition=p)
             for (p, _sid, _h), r in remembered.items():

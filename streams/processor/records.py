@@ -1,17 +1,10 @@
-"""What the loop reads off a consumed record, and what makes an open-runs record new."""
+"""What the loop reads off a consumed record."""
 
 from __future__ import annotations
 
 from confluent_kafka import Message
 
-from schemas.discovery import OpenRun
-
-__all__ = ["coords", "log_time", "opening_key"]
-
-
-def opening_key(run: OpenRun | None) -> tuple[str, int, str] | None:
-    """What makes an open-runs record new (the clock it carries does not)."""
-    return None if run is None else (run.run_id, run.generation, run.status)
+__all__ = ["coords", "log_time"]
 
 
 def log_time(msg: Message) -> int:

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from schemas.events import CancelRequested, CommandRejected, RunFinished
+from schemas.events import CommandRejected, RunFinished
 from sessionstream import metrics
 from streams.step import StepOutcome
 
@@ -61,53 +61,65 @@ class StatsObserver:
             metrics.TRANSACTION_PHASE_SECONDS.labels(phase).observe(s)
 
     def committed(self, outcomes: list[StepOutcome], timers: int) -> None:
+        """Count a committed transaction's outcomes; the metrics move once per label per
+        transaction (a labelled counter costs a lock and a lookup per update)."""
         st = self.stats
         st.transactions += 1
         st.timers_fired += timers
         metrics.TRANSACTIONS.labels("committed").inc()
         now = self.clock()
         events = 0
+        outcome_counts: dict[str, int] = {}
+        dead: dict[str, int] = {}
+        rejections: dict[str, int] = {}
+        expiries = 0
         for o in outcomes:
-            st.commands += 1
             events += len(o.events)
             if o.dead_letter is not None:
-                st.dead_letters += 1
                 r = o.dead_letter.reason
-                st.dead_letters_by_reason[r] = st.dead_letters_by_reason.get(r, 0) + 1
-                metrics.COMMANDS.labels("dead_letter").inc()
-                metrics.DEAD_LETTERS.labels(r).inc()
-                continue
-            if o.forward_to is not None:
-                metrics.COMMANDS.labels("forwarded").inc()
-                continue
-            if o.duplicate:
-                st.duplicates += 1
-                metrics.COMMANDS.labels("duplicate").inc()
-                continue
-            if o.command is not None:
-                metrics.COMMAND_AGE.observe(max(0.0, now - o.command.ts / 1000))
-            rejected = False
-            for e in o.events:
-                if e.type == "command.rejected":
-                    rejected = True
-                    st.rejections += 1
-                    reason = e.payload_as(CommandRejected).reason
-                    st.rejections_by_reason[reason] = st.rejections_by_reason.get(reason, 0) + 1
-                    metrics.REJECTIONS.labels(reason).inc()
-                elif e.type == "run.lease_expired":
-                    metrics.LEASE_EXPIRIES.inc()
-                elif e.type == "run.cancel_requested":
-                    e.payload_as(CancelRequested)
-                    self._cancel_requested[e.run_id] = e.ts
-                    if len(self._cancel_requested) > _CANCELS_CAP:
-                        self._cancel_requested.pop(next(iter(self._cancel_requested)))
-                elif e.type == "run.finished":
-                    asked = self._cancel_requested.pop(e.run_id, None)
-                    if (
-                        asked is not None
-                        and e.payload_as(RunFinished).terminal_status == "cancelled"
-                    ):
-                        metrics.CANCEL_LATENCY.observe(max(0, e.ts - asked) / 1000)
-            metrics.COMMANDS.labels("rejected" if rejected else "accepted").inc()
+                dead[r] = dead.get(r, 0) + 1
+                outcome = "dead_letter"
+            elif o.forward_to is not None:
+                outcome = "forwarded"
+            elif o.duplicate:
+                outcome = "duplicate"
+            else:
+                if o.command is not None:
+                    metrics.COMMAND_AGE.observe(max(0.0, now - o.command.ts / 1000))
+                outcome = "accepted"
+                for e in o.events:
+                    t = e.type
+                    if t == "command.rejected":
+                        outcome = "rejected"
+                        reason = e.payload_as(CommandRejected).reason
+                        rejections[reason] = rejections.get(reason, 0) + 1
+                    elif t == "run.lease_expired":
+                        expiries += 1
+                    elif t == "run.cancel_requested":
+                        self._cancel_requested[e.run_id] = e.ts
+                        if len(self._cancel_requested) > _CANCELS_CAP:
+                            self._cancel_requested.pop(next(iter(self._cancel_requested)))
+                    elif t == "run.finished":
+                        asked = self._cancel_requested.pop(e.run_id, None)
+                        if (
+                            asked is not None
+                            and e.payload_as(RunFinished).terminal_status == "cancelled"
+                        ):
+                            metrics.CANCEL_LATENCY.observe(max(0, e.ts - asked) / 1000)
+            outcome_counts[outcome] = outcome_counts.get(outcome, 0) + 1
+        st.commands += len(outcomes)
         st.events += events
+        st.duplicates += outcome_counts.get("duplicate", 0)
+        st.dead_letters += outcome_counts.get("dead_letter", 0)
+        st.rejections += sum(rejections.values())
+        for r, n in dead.items():
+            st.dead_letters_by_reason[r] = st.dead_letters_by_reason.get(r, 0) + n
+            metrics.DEAD_LETTERS.labels(r).inc(n)
+        for r, n in rejections.items():
+            st.rejections_by_reason[r] = st.rejections_by_reason.get(r, 0) + n
+            metrics.REJECTIONS.labels(r).inc(n)
+        for outcome, n in outcome_counts.items():
+            metrics.COMMANDS.labels(outcome).inc(n)
+        if expiries:
+            metrics.LEASE_EXPIRIES.inc(expiries)
         metrics.EVENTS.inc(events)

@@ -18,11 +18,11 @@ from sessionstream.client import SessionClient
 from sessionstream.kafka import client_config, read_topic
 from sessionstream.settings import Settings
 from sessionstream.topics import ensure_topics
-from streams.decider import decide
 from sinks.audit import run_audit
 from sinks.migrate import migrate
 from sinks.replay import events_of_run, events_of_session, read_range, rebuild
 from sinks.sink import connect
+from streams.decider import decide
 from tests.integration.procs import (
     Proc,
     isolated_settings,

@@ -122,6 +122,7 @@ class SessionMachine(RuleBasedStateMachine):
         events = d.events
         for e in events:  # the decider builds events unvalidated: each must validate
             assert Event.model_validate(e.model_dump(by_alias=True)) == e
+        assert SessionState.model_validate(d.state.model_dump(by_alias=True)) == d.state
         encoded = [CODEC.encode_event(e) for e in events]
         # the state record (binary) and the JSON of earlier versions read back the same
         restored = decode_state(encode_state(pre))
