@@ -47,7 +47,7 @@ def encoding(repeat: int = 5, n: int = 3000) -> dict[str, Any]:
     fresh one: bytes, encode and decode µs (best of `repeat`)."""
     from bench.bench_decider import build
     from streams.decider import decide
-    from streams.state import SessionState
+    from streams.state import SessionState, state_from_json, state_to_json
     from streams.state_codec import decode_state, encode_state
 
     state = SessionState.initial("s-0")
@@ -68,13 +68,13 @@ def encoding(repeat: int = 5, n: int = 3000) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     for name, st in (("busy", busy), ("fresh", SessionState(session_id="s-1", clock=1))):
-        j, b = st.model_dump_json(by_alias=True).encode(), encode_state(st)
+        j, b = state_to_json(st), encode_state(st)
         out[name] = {
             "json_bytes": len(j),
             "binary_bytes": len(b),
-            "json_encode_us": best(lambda st=st: st.model_dump_json(by_alias=True).encode()),
+            "json_encode_us": best(lambda st=st: state_to_json(st)),
             "binary_encode_us": best(lambda st=st: encode_state(st)),
-            "json_decode_us": best(lambda j=j: SessionState.model_validate_json(j)),
+            "json_decode_us": best(lambda j=j: state_from_json(j)),
             "binary_decode_us": best(lambda b=b: decode_state(b)),
         }
     return out

@@ -28,18 +28,20 @@ def construct(
     return m
 
 
-_Spec = list[tuple[str, bool, Any]]
+#: per model: every field's default (factory fields left out), and the factory fields
+_Spec = tuple[dict[str, Any], tuple[tuple[str, Any], ...]]
 _SPECS: dict[type[BaseModel], _Spec] = {}
 
 
 def _spec(cls: type[BaseModel]) -> _Spec:
-    spec: _Spec = []
+    defaults: dict[str, Any] = {}
+    factories: list[tuple[str, Any]] = []
     for name, info in cls.model_fields.items():
         if info.default_factory is not None:
-            spec.append((name, True, info.default_factory))
-        else:
-            spec.append((name, False, info.get_default()))
-    _SPECS[cls] = spec
+            factories.append((name, info.default_factory))
+        # in field order; a required field's placeholder is always overwritten below
+        defaults[name] = info.get_default()
+    spec = _SPECS[cls] = (defaults, tuple(factories))
     return spec
 
 
@@ -47,17 +49,13 @@ def make(cls: type[_M], **values: Any) -> _M:
     """`cls(**values)` without validation, defaults filled in: for models the decider builds
     from values that are already valid and typed (a validated command, an event, the
     state). The stateful unit tests validate every event and state it makes this way."""
-    spec = _SPECS.get(cls) or _spec(cls)
-    d: dict[str, Any] = {}
-    for name, factory, default in spec:
-        if name in values:
-            d[name] = values[name]
-        elif factory:
-            d[name] = default()
-        else:
-            d[name] = default
-    if not values.keys() <= d.keys():
-        raise TypeError(f"{cls.__name__} has no field(s) {sorted(values.keys() - d.keys())}")
+    defaults, factories = _SPECS.get(cls) or _spec(cls)
+    d = {**defaults, **values}
+    if len(d) != len(defaults):
+        raise TypeError(f"{cls.__name__} has no field(s) {sorted(values.keys() - defaults.keys())}")
+    for name, factory in factories:
+        if name not in values:
+            d[name] = factory()
     return construct(cls, d, set(values))
 
 

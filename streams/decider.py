@@ -20,9 +20,9 @@ from __future__ import annotations
 import hashlib
 import uuid
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Literal
 
-from schemas._base import Payload, construct, make, replace
+from schemas._base import Payload, construct, make
 from schemas.commands import (
     PRODUCER_COMMAND_TYPES,
     AbortPayload,
@@ -82,6 +82,7 @@ from streams.state import (
     QueueEntry,
     RunState,
     SessionState,
+    evolved,
 )
 
 __all__ = [
@@ -189,8 +190,7 @@ def evolve(
         update["log_seq"] = event.seq
         if event.type == "run.queued":
             q = event.payload_as(RunQueued)
-            entry = make(
-                QueueEntry,
+            entry = QueueEntry(
                 source_command_id=q.source_command_id,
                 kind=q.kind,
                 text=q.text,
@@ -202,12 +202,11 @@ def evolve(
             update["queue"] = (entry, *state.queue) if q.front else (*state.queue, entry)
         # command.rejected, action.denied for finished runs: recorded outcomes that change
         # nothing else
-        return replace(state, update)
+        return evolved(state, **update)
 
     if event.type == "run.started":
         p = event.payload_as(RunStarted)
-        update["active"] = make(
-            RunState,
+        update["active"] = RunState(
             run_id=event.run_id,
             status="running",
             seq=event.seq,
@@ -224,7 +223,7 @@ def evolve(
         )
         if state.tenant_id is None:
             update["tenant_id"] = event.tenant_id
-        return replace(state, update)
+        return evolved(state, **update)
 
     run = state.active
     if run is None or run.run_id != event.run_id:
@@ -240,8 +239,7 @@ def evolve(
         r.update(lease_owner=None, lease_expires_at=None, last_holder=run.lease_owner)
     elif t == "run.steered":
         s = event.payload_as(Steered)
-        pending = make(
-            PendingInput,
+        pending = PendingInput(
             source_command_id=s.source_command_id or event.command_id,
             kind="steer",
             text=s.text,
@@ -250,8 +248,7 @@ def evolve(
         r["inputs"] = (*run.inputs, pending)
     elif t == "run.follow_up_queued":
         f = event.payload_as(FollowUpQueued)
-        pending = make(
-            PendingInput,
+        pending = PendingInput(
             source_command_id=f.source_command_id,
             kind="follow_up",
             text=f.text,
@@ -272,14 +269,16 @@ def evolve(
         # only a key's first decision is recorded (a retry refused while cancelling is
         # not, nor the refusal of a run that asked for too many keys)
         if d.idempotency_key not in run.actions and d.reason != _TOO_MANY_ACTIONS:
-            decision = "approved" if t == "action.approved" else "denied"
+            decision: Literal["approved", "denied"] = (
+                "approved" if t == "action.approved" else "denied"
+            )
             r["actions"] = {
                 **run.actions,
-                d.idempotency_key: make(ActionRecord, kind=d.kind, decision=decision),
+                d.idempotency_key: ActionRecord(kind=d.kind, decision=decision),
             }
     elif t == "action.completed":
         key = event.payload_as(ActionCompleted).idempotency_key
-        r["actions"] = {**run.actions, key: replace(run.actions[key], {"completed": True})}
+        r["actions"] = {**run.actions, key: evolved(run.actions[key], completed=True)}
     elif t == "run.cancel_requested":
         c = event.payload_as(CancelRequested)
         r.update(
@@ -289,8 +288,7 @@ def evolve(
         )
     elif t == "run.finished":
         f_ = event.payload_as(RunFinished)
-        done = make(
-            FinishedRun,
+        done = FinishedRun(
             run_id=run.run_id,
             status=f_.terminal_status,
             generation=event.generation,
@@ -298,12 +296,12 @@ def evolve(
         )
         update["active"] = None
         update["finished"] = (*state.finished, done)[-config.finished_window :]
-        return replace(state, update)
+        return evolved(state, **update)
     # model.*, tool.*, subtask.*, context.checkpointed, action.decision_replayed,
     # run.input_delivered, run.follow_up_delivered, run.cancel_acknowledged,
     # run.stale_write_recorded: appended to the run, seq advances
-    update["active"] = replace(run, r)
-    return replace(state, update)
+    update["active"] = evolved(run, **r)
+    return evolved(state, **update)
 
 
 def fold(

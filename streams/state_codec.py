@@ -20,12 +20,10 @@ A unit test fails when a model gains a field the codec does not write.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any, Final, TypeVar, get_args
+from typing import Any, Final, get_args, get_type_hints
 
 import msgspec
-from pydantic import BaseModel
 
-from schemas._base import construct
 from schemas.events import InputKind, RunStatus, TerminalStatus
 from streams.state import (
     ActionRecord,
@@ -34,6 +32,7 @@ from streams.state import (
     QueueEntry,
     RunState,
     SessionState,
+    state_from_json,
 )
 
 __all__ = [
@@ -93,6 +92,10 @@ STATE_FIELDS: Final[dict[type, tuple[str, ...]]] = {
 }
 
 
+def _field_type(cls: type[msgspec.Struct], name: str) -> Any:
+    return get_type_hints(cls)[name]
+
+
 def _vocab(*words: str) -> tuple[tuple[str, ...], dict[str, int]]:
     return words, {w: i for i, w in enumerate(words)}
 
@@ -100,9 +103,9 @@ def _vocab(*words: str) -> tuple[tuple[str, ...], dict[str, int]]:
 _RUN_STATUS, _RUN_STATUS_I = _vocab(*get_args(RunStatus))
 _TERMINAL, _TERMINAL_I = _vocab(*get_args(TerminalStatus))
 _INPUT_KIND, _INPUT_KIND_I = _vocab(*get_args(InputKind))
-_ON_END, _ON_END_I = _vocab(*get_args(PendingInput.model_fields["on_run_end"].annotation))
-_QUEUE_KIND, _QUEUE_KIND_I = _vocab(*get_args(QueueEntry.model_fields["kind"].annotation))
-_DECISION, _DECISION_I = _vocab(*get_args(ActionRecord.model_fields["decision"].annotation))
+_ON_END, _ON_END_I = _vocab(*get_args(_field_type(PendingInput, "on_run_end")))
+_QUEUE_KIND, _QUEUE_KIND_I = _vocab(*get_args(_field_type(QueueEntry, "kind")))
+_DECISION, _DECISION_I = _vocab(*get_args(_field_type(ActionRecord, "decision")))
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder()
@@ -195,7 +198,10 @@ def decode_state(data: bytes) -> SessionState:
     """A state record of this version (or JSON of an earlier one). Raises ValueError for
     anything else (the processor then folds the session again from the events log)."""
     if data[:1] == b"{":
-        return SessionState.model_validate_json(data)
+        try:
+            return state_from_json(data)
+        except msgspec.DecodeError as e:  # ValidationError is one too
+            raise ValueError(f"unreadable JSON state record: {e}") from e
     if data[:1] != _TAG:
         raise ValueError(f"unknown state record format {data[:1]!r}")
     try:
@@ -219,107 +225,65 @@ def decode_if_active(data: bytes) -> SessionState | None:
         raise ValueError(f"unreadable state record: {e}") from e
 
 
-# The records come from the processor itself (validated when they were decided), so they
-# are rebuilt without a second validation (`schemas._base.construct`).
-
-
-_M = TypeVar("_M", bound=BaseModel)
-
-
-def _make(cls: type[_M], fields: frozenset[str], values: dict[str, Any]) -> _M:
-    return construct(cls, values, fields)
-
-
-_F = {cls: frozenset(names) for cls, names in STATE_FIELDS.items()}
-_F_SESSION, _F_RUN, _F_ACTION = _F[SessionState], _F[RunState], _F[ActionRecord]
-_F_INPUT, _F_QUEUE, _F_FINISHED = _F[PendingInput], _F[QueueEntry], _F[FinishedRun]
+# The records come from the processor itself (its own states, typed when they were
+# decided), so they are rebuilt without a second validation.
 
 
 def _session(t: list[Any]) -> SessionState:
     sid, tenant, active, queue, log_seq, runs_started, clock, finished = t
-    return _make(
-        SessionState,
-        _F_SESSION,
-        {
-            "session_id": sid,
-            "tenant_id": tenant,
-            "active": None if active is None else _run(active),
-            "queue": tuple(
-                _make(
-                    QueueEntry,
-                    _F_QUEUE,
-                    {
-                        "source_command_id": q[0],
-                        "kind": _QUEUE_KIND[q[1]],
-                        "text": q[2],
-                        "context_ref": q[3],
-                        "timeout_ms": q[4],
-                        "actor": q[5],
-                        "retry_of": q[6],
-                    },
-                )
-                for q in queue
-            ),
-            "log_seq": log_seq,
-            "runs_started": runs_started,
-            "clock": clock,
-            "finished": tuple(
-                _make(
-                    FinishedRun,
-                    _F_FINISHED,
-                    {
-                        "run_id": _id(f[0]),
-                        "status": _TERMINAL[f[1]],
-                        "generation": f[2],
-                        "retryable": f[3],
-                    },
-                )
-                for f in finished
-            ),
-        },
+    return SessionState(
+        session_id=sid,
+        tenant_id=tenant,
+        active=None if active is None else _run(active),
+        queue=tuple(
+            QueueEntry(
+                source_command_id=q[0],
+                kind=_QUEUE_KIND[q[1]],
+                text=q[2],
+                context_ref=q[3],
+                timeout_ms=q[4],
+                actor=q[5],
+                retry_of=q[6],
+            )
+            for q in queue
+        ),
+        log_seq=log_seq,
+        runs_started=runs_started,
+        clock=clock,
+        finished=tuple(
+            FinishedRun(run_id=_id(f[0]), status=_TERMINAL[f[1]], generation=f[2], retryable=f[3])
+            for f in finished
+        ),
     )
 
 
 def _run(a: list[Any]) -> RunState:
-    return _make(
-        RunState,
-        _F_RUN,
-        {
-            "run_id": _id(a[0]),
-            "status": _RUN_STATUS[a[1]],
-            "seq": a[2],
-            "generation": a[3],
-            "lease_owner": a[4],
-            "lease_expires_at": a[5],
-            "last_holder": a[6],
-            "started_at": a[7],
-            "timeout_at": a[8],
-            "cancel_requested_at": a[9],
-            "cancel_deadline_at": a[10],
-            "prompt": a[11],
-            "context_ref": a[12],
-            "source_command_id": a[13],
-            "actions": {
-                r[0]: _make(
-                    ActionRecord,
-                    _F_ACTION,
-                    {"kind": r[1], "decision": _DECISION[r[2]], "completed": r[3]},
-                )
-                for r in a[14]
-            },
-            "inputs": tuple(
-                _make(
-                    PendingInput,
-                    _F_INPUT,
-                    {
-                        "source_command_id": i[0],
-                        "kind": _INPUT_KIND[i[1]],
-                        "text": i[2],
-                        "on_run_end": _ON_END[i[3]],
-                        "actor": i[4],
-                    },
-                )
-                for i in a[15]
-            ),
+    return RunState(
+        run_id=_id(a[0]),
+        status=_RUN_STATUS[a[1]],
+        seq=a[2],
+        generation=a[3],
+        lease_owner=a[4],
+        lease_expires_at=a[5],
+        last_holder=a[6],
+        started_at=a[7],
+        timeout_at=a[8],
+        cancel_requested_at=a[9],
+        cancel_deadline_at=a[10],
+        prompt=a[11],
+        context_ref=a[12],
+        source_command_id=a[13],
+        actions={
+            r[0]: ActionRecord(kind=r[1], decision=_DECISION[r[2]], completed=r[3]) for r in a[14]
         },
+        inputs=tuple(
+            PendingInput(
+                source_command_id=i[0],
+                kind=_INPUT_KIND[i[1]],
+                text=i[2],
+                on_run_end=_ON_END[i[3]],
+                actor=i[4],
+            )
+            for i in a[15]
+        ),
     )

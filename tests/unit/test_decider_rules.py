@@ -21,6 +21,7 @@ from schemas.events import (
     RunStarted,
 )
 from streams.decider import RUN_ID_NAMESPACE, DeciderConfig
+from streams.state import evolved
 from tests.unit._harness import Harness, leased, running, tokens
 
 
@@ -174,11 +175,10 @@ def test_generation_lifecycle_and_takeover() -> None:
     # the stale write advanced the logs' seq, nothing else
     assert h.state.active is not None
     assert (
-        h.state.model_copy(
-            update={
-                "log_seq": before.log_seq,
-                "active": h.state.active.model_copy(update={"seq": before.active.seq}),
-            }
+        evolved(
+            h.state,
+            log_seq=before.log_seq,
+            active=evolved(h.state.active, seq=before.active.seq),
         )
         == before
     )

@@ -18,7 +18,7 @@ from streams.processor.store import (
     open_partition_store,
     remove_private,
 )
-from streams.state import RunState, SessionState
+from streams.state import RunState, SessionState, evolved
 from streams.state_codec import encode_state
 from streams.step import DedupRecord
 from streams.timers import next_due
@@ -76,7 +76,7 @@ def test_a_session_that_goes_idle_leaves_the_deadline_index(tmp_path: Path) -> N
     part = _part(_store(tmp_path))
     a = _active("a")
     part.commit([(a, encode_state(a))], [], 1, None)
-    idle = a.model_copy(update={"active": None})
+    idle = evolved(a, active=None)
     assert part.commit([(idle, encode_state(idle))], [], 2, None) == -1
     assert list(part.store.deadlines()) == [] and part.active == 0
     # no dedup records in the batch: the dedup checkpoint is not touched
