@@ -32,7 +32,7 @@ from bench._harness import (
 )
 from sessionstream.client import SessionClient
 
-PHASES = ("begin", "decide", "changelogs", "send_offsets", "commit", "store")
+PHASES = ("decide", "wait", "begin", "produce", "send_offsets", "commit", "store")
 
 
 def free_port() -> int:

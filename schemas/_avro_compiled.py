@@ -18,6 +18,7 @@ back to the validating path, which says what is wrong.
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Callable
 from typing import Any, Final
@@ -50,6 +51,15 @@ def _w_long(out: bytearray, n: int) -> None:
     out.append(n)
 
 
+@functools.lru_cache(maxsize=1 << 14)
+def _varint(n: int) -> bytes:
+    """The zigzag varint of a long, memoised: the large longs an envelope holds are times,
+    and a command's events share theirs (`ts`, `producerTs`)."""
+    out = bytearray()
+    _w_long(out, n)
+    return bytes(out)
+
+
 def _r_long(b: bytes, i: int) -> tuple[int, int]:
     c = b[i]
     i += 1
@@ -75,6 +85,7 @@ def _r_str(b: bytes, i: int) -> tuple[str, int]:
 
 _RUNTIME: Final[dict[str, Any]] = {
     "_w_long": _w_long,
+    "_varint": _varint,
     "_r_long": _r_long,
     "_r_str": _r_str,
     "_DOUBLE": _DOUBLE,
@@ -108,7 +119,7 @@ class _Gen:
             self.emit(d, f"if 0 <= {v} < 64:")
             self.emit(d + 1, f"out.append({v} << 1)")
             self.emit(d, "else:")
-            self.emit(d + 1, f"_w_long(out, {v})")
+            self.emit(d + 1, f"out += _varint({v})")
         elif t == "string":
             v = self.var()
             self.emit(d, f"{v} = {expr}.encode()")

@@ -39,9 +39,11 @@ __all__ = [
 ]
 
 
-class _State(msgspec.Struct, frozen=True, gc=False, rename="camel"):
-    """Base of the state structs: untracked by the collector, camelCase in JSON. Each says
-    `frozen` and `kw_only` itself (type checkers and msgspec do not inherit them alike)."""
+class _State(msgspec.Struct, gc=False, rename="camel", forbid_unknown_fields=True):
+    """Base of the state structs: untracked by the collector, camelCase in JSON, unknown
+    fields refused (a record of another version is rebuilt from the log, never half read).
+    Each says `frozen` and `kw_only` itself (type checkers and msgspec do not inherit them
+    alike)."""
 
 
 class QueueEntry(_State, frozen=True, kw_only=True):

@@ -57,21 +57,12 @@ from sessionstream.kafka import (
 from sessionstream.settings import Settings
 from sessionstream.topics import check_topics, ensure_topics
 from streams.decider import DeciderConfig
-from streams.open_runs import open_run, opening_key
+from streams.processor.batch import Batch, View, decide_batch, produce
 from streams.processor.partition import PartitionState
-from streams.processor.records import coords, log_time
+from streams.processor.records import coords
 from streams.processor.restore import RestoreReport, restore
 from streams.processor.stats import ProcessorStats, StatsObserver
-from streams.state import SessionState
-from streams.step import (
-    FORWARDED_HEADER,
-    CommandStep,
-    DedupRecord,
-    StepOutcome,
-    dedup_key,
-    encode_dedup,
-    encode_state,
-)
+from streams.step import FORWARDED_HEADER, CommandStep, DedupRecord, StepOutcome
 
 #: RocksDB's block cache, shared by the processor's stores (the hot states are cached
 #: decoded in front of it)
@@ -85,6 +76,71 @@ log = logging.getLogger("sessionstream.processor")
 RENEW_WINDOW_S = 60.0
 #: longest wait for send_offsets_to_transaction before the producer is given up
 SEND_OFFSETS_LIMIT_S = 30.0
+#: commit_transaction's own timeout (a retriable error is retried within the same bound)
+COMMIT_LIMIT_S = 30.0
+
+
+class _Commit:
+    """Steps 3-4 of one batch's transaction on a thread of its own: the input offsets join
+    it (`send_offsets_to_transaction`, KIP-447), then it commits. The thread also serves
+    the delivery reports of the changelog records (commit_transaction flushes)."""
+
+    def __init__(self, batch: Batch) -> None:
+        self.batch = batch
+        #: (topic, partition) -> next offset after the records the transaction delivered
+        self.delivered: dict[tuple[str, int], int] = {}
+        self.phases: dict[str, float] = {}
+        self.error: KafkaException | None = None
+        self._done = threading.Event()
+
+    def on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        if err is None:
+            topic, p, offset = coords(msg)
+            if offset + 1 > self.delivered.get((topic, p), 0):
+                self.delivered[(topic, p)] = offset + 1
+
+    def start(self, producer: Producer, offsets: list[TopicPartition], metadata: Any) -> None:
+        threading.Thread(
+            target=self._run, args=(producer, offsets, metadata), name="commit", daemon=True
+        ).start()
+
+    def _run(self, producer: Producer, offsets: list[TopicPartition], metadata: Any) -> None:
+        clock = time.perf_counter
+        try:
+            t0 = clock()
+            # Step 3: the input offsets join the transaction
+            if offsets:
+                producer.send_offsets_to_transaction(offsets, metadata, SEND_OFFSETS_LIMIT_S)
+            t1 = clock()
+            # Step 4: commit — events, changelogs, dead letters, forwards, timers and
+            # offsets at once; a retriable error (broker restarting, coordinator moving)
+            # is retried
+            while True:
+                try:
+                    producer.commit_transaction(COMMIT_LIMIT_S)
+                    break
+                except KafkaException as e:
+                    kerr = e.args[0]
+                    if kerr.fatal() or kerr.txn_requires_abort() or not kerr.retriable():
+                        raise
+                    log.warning("commit_transaction: %s; retrying", kerr)
+            self.phases["send_offsets"], self.phases["commit"] = t1 - t0, clock() - t1
+        except KafkaException as e:
+            self.error = e
+        finally:
+            self._done.set()
+
+    def wait(self, limit_s: float) -> KafkaException | None:
+        """The commit's error, if any. After a broker restart librdkafka can block in
+        send_offsets_to_transaction forever, its timeout notwithstanding (librdkafka#5456,
+        #5511): past `limit_s` the producer is given up as fatally failed, and a new one
+        with our transactional id fences it (`_renew_producer`). The stuck call keeps its
+        thread."""
+        if not self._done.wait(limit_s):
+            return KafkaException(
+                KafkaError(KafkaError._TIMED_OUT, "transaction commit stuck", fatal=True)
+            )
+        return self.error
 
 
 def default_instance_id() -> str:
@@ -121,8 +177,8 @@ class TransactionalProcessor:
         self._renewed_at: float | None = None
         self._consumer_renewed_at: float | None = None
         self._forward_logged_at = 0.0
-        #: (topic, partition) -> next offset after the records the transaction delivered
-        self._delivered: dict[tuple[str, int], int] = {}
+        #: the transaction committing on its own thread while the next batch is decided
+        self._inflight: _Commit | None = None
         self.store_base: Path = settings.store_path / settings.processor_group / self.instance_id
         self._block_cache = rocksdict.Cache(BLOCK_CACHE_BYTES)
         self.last_restore: RestoreReport | None = None
@@ -187,6 +243,8 @@ class TransactionalProcessor:
 
     # -- rebalance --------------------------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if self._inflight is not None:  # our transaction first: its offsets count below
+            self._settle()
         # Step 1: committed offsets (stable: waits out a predecessor's pending transaction)
         committed = consumer.committed(partitions, timeout=60)
         # Step 2: state of each partition, read to its end (one reader for all of them)
@@ -219,7 +277,9 @@ class TransactionalProcessor:
         self.ready.set()
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        # no transaction is open here: every batch commits before the next poll
+        # the transaction in flight ends (commits or aborts) before the partitions go
+        if self._inflight is not None:
+            self._settle()
         for tp in partitions:
             gone = self.partitions.pop(tp.partition, None)
             if gone is not None:
@@ -229,214 +289,127 @@ class TransactionalProcessor:
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self, stop: threading.Event | None = None) -> None:
-        """Process until `stop` is set (or forever)."""
+        """Process until `stop` is set (or forever).
+
+        Pipelined: while batch N's transaction commits (on its own thread), batch N+1 is
+        polled and decided on top of N's decisions; its records go out once N committed. If
+        N fails, N+1's decisions are dropped with it and both are read again."""
         if self._consumer is None:
             self.start()
-        assert self._consumer is not None
+        assert self._consumer is not None and self._step is not None
+        step = self._step
         stop = stop or threading.Event()
         try:
             while not stop.is_set():
-                first = self._consumer.poll(0.05)
-                batch: list[Message] = [first] if first is not None else []
-                if first is not None:
-                    batch += self._consumer.consume(self.batch_size - 1, timeout=0)
-                try:
-                    batch = data_messages(batch, log)
-                except KafkaException as e:
-                    self._renew_consumer(e)
+                messages = self._poll()
+                if messages is None:
                     continue
-                timers = self._due_timers()
-                if batch or timers:
-                    self._transact(batch, timers)
+                base = self._inflight.batch if self._inflight is not None else None
+                timers = self._due_timers(base)
+                if not messages and not timers:
+                    if self._inflight is not None:
+                        self._settle()
+                    continue
+                t0 = time.perf_counter()
+                batch = decide_batch(step, messages, timers, self.partitions, base)
+                decided = time.perf_counter() - t0
+                if self._inflight is not None and not self._settle(also=batch):
+                    continue  # it failed: this batch, decided on top of it, is read again
+                self._begin(batch, decided)
         finally:
+            if self._inflight is not None:
+                self._settle()
             self.close()
 
-    def _due_timers(self) -> list[tuple[int, Command]]:
+    def _poll(self) -> list[Message] | None:
+        """The next batch (up to `batch_size`); waits a little only when nothing commits."""
+        assert self._consumer is not None
+        first = self._consumer.poll(0 if self._inflight is not None else 0.05)
+        batch: list[Message] = [first] if first is not None else []
+        if first is not None:
+            batch += self._consumer.consume(self.batch_size - 1, timeout=0)
+        try:
+            return data_messages(batch, log)
+        except KafkaException as e:
+            self._renew_consumer(e)
+            return None
+
+    def _due_timers(self, base: Batch | None) -> list[tuple[int, Command]]:
         now = self._now()
+        empty = Batch([], [])
         return [
             (p, cmd)
             for p, part in self.partitions.items()
-            for cmd in part.timers.due(now, part.state)
+            for cmd in part.timers.due(now, View(p, part, empty, base).state)
         ]
 
-    def _transact(self, batch: list[Message], timers: list[tuple[int, Command]]) -> None:
-        assert self._producer is not None and self._consumer is not None and self._step is not None
-        s = self.settings
-        producer = self._producer
-        staged: dict[tuple[int, str], SessionState] = {}
-        remembered: dict[tuple[int, str, int], DedupRecord] = {}
-        offsets: dict[tuple[str, int], int] = {}
-        outcomes: list[StepOutcome] = []
-        records: dict[int, list[tuple[SessionState, bytes]]] = {}
-        self._delivered.clear()
+    def _begin(self, batch: Batch, decided: float) -> None:
+        """Steps 1-2: open the transaction, hand it every record of the batch; then the
+        commit (steps 3-4) goes on on its own thread."""
+        assert self._producer is not None and self._consumer is not None
+        clock = time.perf_counter
+        commit = _Commit(batch)
+        commit.phases["decide"] = decided
+        t0 = clock()
+        try:
+            # Step 1: open the transaction
+            self._producer.begin_transaction()
+            t1 = clock()
+            # Step 2: the events, changelogs (states, open runs, command ids), fired timers,
+            # dead letters and forwarded records
+            produce(self._producer, self.settings, self.codec, batch, commit.on_delivery)
+            for msg, outcome in batch.dead_letters:
+                self._dead_letter(msg, outcome)
+            for msg, partition in batch.forwards:
+                self._forward(msg, partition)
+            metadata = self._consumer.consumer_group_metadata()
+        except KafkaException as e:
+            self._abort(e, [batch])
+            return
+        commit.phases["begin"], commit.phases["produce"] = t1 - t0, clock() - t1
+        offsets = [TopicPartition(t, p, o) for (t, p), o in batch.offsets.items()]
+        commit.start(self._producer, offsets, metadata)
+        self._inflight = commit
+
+    def _settle(self, also: Batch | None = None) -> bool:
+        """Wait for the transaction in flight. Committed: step 5, its states and command
+        ids go to the partitions' stores. Failed: aborted, and its batch (and `also`, decided
+        on top of it) read again. Returns whether it committed."""
+        commit, self._inflight = self._inflight, None
+        assert commit is not None
         clock = time.perf_counter
         t0 = clock()
-        # Step 1: open the transaction
-        producer.begin_transaction()
-        t_begun = clock()
-        try:
-            # Step 2: decide each command in partition order, producing its records
-            for msg in batch:
-                topic, p, offset = coords(msg)
-                if p not in self.partitions:
-                    continue  # revoked mid-batch: the new owner re-reads it
-                part = self.partitions[p]
-
-                def state_of(
-                    sid: str, p: int = p, part: PartitionState = part
-                ) -> SessionState | None:
-                    return staged.get((p, sid)) or part.state(sid)
-
-                def dedup_of(
-                    sid: str, h: int, p: int = p, part: PartitionState = part
-                ) -> tuple[int, int] | None:
-                    r = remembered.get((p, sid, h))
-                    return (r.digest, r.at) if r is not None else part.seen(sid, h)
-
-                headers = msg.headers()
-                forwarded = headers is not None and any(h[0] == FORWARDED_HEADER for h in headers)
-                outcome = self._step(
-                    msg.key(),
-                    msg.value(),
-                    p,
-                    log_time(msg),
-                    state_of,
-                    dedup_of,
-                    forwarded=forwarded,
-                )
-                outcomes.append(outcome)
-                for key, value in outcome.records:
-                    producer.produce(s.events_topic, key=key, value=value, partition=p)
-                if outcome.events and outcome.state is not None:
-                    staged[(p, outcome.state.session_id)] = outcome.state
-                if outcome.remember is not None:
-                    r = outcome.remember
-                    remembered[(p, r.session_id, r.id_hash)] = r
-                if outcome.dead_letter is not None:
-                    self._dead_letter(msg, outcome)
-                if outcome.forward_to is not None:
-                    self._forward(msg, outcome.forward_to)
-                offsets[(topic, p)] = offset + 1
-            t_decided = clock()
-            # Step 3: the changelogs: states, runs that now need a holder (or no longer do:
-            # what workers discover them by), the command ids remembered
-            delivered = self._on_delivery
-            for (p, sid), state in staged.items():
-                value = encode_state(state)
-                records.setdefault(p, []).append((state, value))
-                producer.produce(
-                    s.state_topic,
-                    key=sid.encode(),
-                    value=value,
-                    partition=p,
-                    on_delivery=delivered,
-                )
-                if opening_key(self.partitions[p].state(sid)) != opening_key(state):
-                    now = open_run(state)
-                    record = None if now is None else now.model_dump_json(by_alias=True).encode()
-                    producer.produce(s.open_runs_topic, key=sid.encode(), value=record, partition=p)
-            for (p, _sid, _h), r in remembered.items():
-                producer.produce(
-                    s.dedup_topic,
-                    key=dedup_key(r.session_id, r.id_hash),
-                    value=encode_dedup(r),
-                    partition=p,
-                    on_delivery=delivered,
-                )
-            # Step 4: timers become commands on the session's own partition
-            for p, cmd in timers:
-                producer.produce(
-                    s.commands_topic,
-                    key=cmd.session_id.encode(),
-                    value=self.codec.encode_command(cmd),
-                    partition=p,
-                )
-            t_produced = clock()
-            # Step 5: the input offsets join the transaction
-            if offsets:
-                self._send_offsets([TopicPartition(t, p, o) for (t, p), o in offsets.items()])
-            t_offsets = clock()
-            # Step 6: commit — events, changelogs, dead letters, forwards, timers and
-            # offsets at once
-            self._commit()
-            t_committed = clock()
-        except KafkaException as e:
-            self._abort(e, batch)
-            self._unfire(timers)
-            return
-        # Step 7: only now does the partition's state move on: its store gets the
+        error = commit.wait(SEND_OFFSETS_LIMIT_S + COMMIT_LIMIT_S)
+        waited = clock() - t0
+        batch = commit.batch
+        if error is not None:
+            self._abort(error, [batch] if also is None else [batch, also])
+            return False
+        # Step 5: only now does the partition's state move on: its store gets the
         # transaction's states and dedup records with the changelog offsets they reach
         # (delivery reports are served by commit_transaction; one missing leaves the
         # checkpoint behind, which only lengthens the next restore's tail)
+        s = self.settings
+        t1 = clock()
         by_partition: dict[int, list[DedupRecord]] = {}
-        for (p, _sid, _h), r in remembered.items():
+        for (p, _sid, _h), r in batch.remembered.items():
             by_partition.setdefault(p, []).append(r)
-        for p in records.keys() | by_partition.keys():
+        for p in batch.records.keys() | by_partition.keys():
             owner = self.partitions.get(p)
             if owner is not None:
                 delta = owner.commit(
-                    records.get(p, ()),
+                    batch.records.get(p, ()),
                     by_partition.get(p, ()),
-                    self._delivered.get((s.state_topic, p)),
-                    self._delivered.get((s.dedup_topic, p)),
+                    commit.delivered.get((s.state_topic, p)),
+                    commit.delivered.get((s.dedup_topic, p)),
                 )
                 if delta:
                     metrics.ACTIVE_RUNS.inc(delta)
-        self.observer.committed(outcomes, len(timers))
-        self.observer.phases(
-            begin=t_begun - t0,
-            decide=t_decided - t_begun,
-            changelogs=t_produced - t_decided,
-            send_offsets=t_offsets - t_produced,
-            commit=t_committed - t_offsets,
-            store=clock() - t_committed,
-        )
-
-    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
-        if err is None:
-            topic, p, offset = coords(msg)
-            key = (topic, p)
-            if offset + 1 > self._delivered.get(key, 0):
-                self._delivered[key] = offset + 1
-
-    def _send_offsets(self, offsets: list[TopicPartition]) -> None:
-        """`send_offsets_to_transaction`, bounded for real. After a broker restart librdkafka
-        can block in it forever, its timeout notwithstanding (librdkafka#5456, #5511); past
-        SEND_OFFSETS_LIMIT_S the producer is given up as fatally failed, and a new one with
-        our transactional id fences it (`_renew_producer`). The stuck call keeps its thread."""
-        assert self._producer is not None and self._consumer is not None
-        producer, metadata = self._producer, self._consumer.consumer_group_metadata()
-        failed: list[KafkaException] = []
-        done = threading.Event()
-
-        def call() -> None:
-            try:
-                producer.send_offsets_to_transaction(offsets, metadata, 10)
-            except KafkaException as e:
-                failed.append(e)
-            finally:
-                done.set()
-
-        threading.Thread(target=call, name="send-offsets", daemon=True).start()
-        if not done.wait(SEND_OFFSETS_LIMIT_S):
-            raise KafkaException(
-                KafkaError(KafkaError._TIMED_OUT, "send_offsets_to_transaction stuck", fatal=True)
-            )
-        if failed:
-            raise failed[0]
-
-    def _commit(self) -> None:
-        """Commit; a retriable error (broker restarting, coordinator moving) is retried."""
-        assert self._producer is not None
-        while True:
-            try:
-                self._producer.commit_transaction(30)
-                return
-            except KafkaException as e:
-                kerr = e.args[0]
-                if kerr.fatal() or kerr.txn_requires_abort() or not kerr.retriable():
-                    raise
-                log.warning("commit_transaction: %s; retrying", kerr)
+        self.observer.committed(batch.outcomes, len(batch.timers))
+        commit.phases["wait"] = waited
+        commit.phases["store"] = clock() - t1
+        self.observer.phases(**commit.phases)
+        return True
 
     def _dead_letter(self, msg: Message, outcome: StepOutcome) -> None:
         assert self._producer is not None and outcome.dead_letter is not None
@@ -486,12 +459,14 @@ class TransactionalProcessor:
                 count,
             )
 
-    def _abort(self, error: KafkaException, batch: list[Message]) -> None:
+    def _abort(self, error: KafkaException, batches: list[Batch]) -> None:
+        """The transaction failed: abort it (or renew a fatally failed producer) and read
+        `batches` again from their first offsets; their fired timers are due again."""
         assert self._producer is not None and self._consumer is not None
         kerr = error.args[0]
         if kerr.fatal():
             self._renew_producer(kerr, error)
-            self._rewind(batch)
+            self._rewind(batches)
             return
         # Anything else is aborted and the batch decided again: abortable errors (our
         # partitions moved), retriable ones (a broker restart times out send_offsets), and
@@ -513,25 +488,26 @@ class TransactionalProcessor:
                         bootstrap=self.settings.kafka_bootstrap,
                     ) from e
                 log.warning("abort_transaction: %s; retrying", e.args[0])
-        self._rewind(batch)
+        self._rewind(batches)
 
-    def _unfire(self, timers: list[tuple[int, Command]]) -> None:
-        """The timers of an aborted transaction were never sent: due again at once."""
-        for p, cmd in timers:
-            part = self.partitions.get(p)
-            if part is not None:
-                part.timers.unfire(cmd, part.state(cmd.session_id))
-
-    def _rewind(self, batch: list[Message]) -> None:
-        """Back to the first offset of the batch per partition: nothing of it happened."""
+    def _rewind(self, batches: list[Batch]) -> None:
+        """Back to the first offset of the batches per partition: nothing of them happened.
+        Their timers were never sent: due again at once."""
         assert self._consumer is not None
         first: dict[tuple[str, int], int] = {}
-        for msg in batch:
-            topic, p, offset = coords(msg)
-            first.setdefault((topic, p), offset)
+        for b in batches:
+            for tp, o in b.first.items():
+                first[tp] = min(o, first.get(tp, o))
+            for p, cmd in b.timers:
+                part = self.partitions.get(p)
+                if part is not None:
+                    part.timers.unfire(cmd, part.state(cmd.session_id))
         for (t, p), o in first.items():
             if p in self.partitions:
-                self._consumer.seek(TopicPartition(t, p, o))
+                try:
+                    self._consumer.seek(TopicPartition(t, p, o))
+                except KafkaException as e:  # no longer ours: its next owner reads it
+                    log.warning("cannot rewind %s[%s] to %s: %s", t, p, o, e.args[0])
 
     def _renew_producer(self, kerr: KafkaError, error: KafkaException) -> None:
         """Our producer failed fatally. A broker restart that outlives
@@ -575,6 +551,8 @@ class TransactionalProcessor:
         self._consumer = self._group_consumer()
 
     def close(self) -> None:
+        if self._inflight is not None:
+            self._settle()
         if self._consumer is not None:
             with contextlib.suppress(KafkaException, RuntimeError):
                 self._consumer.close()

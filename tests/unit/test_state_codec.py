@@ -139,6 +139,7 @@ def test_the_json_of_earlier_versions_is_still_read() -> None:
         {"status": "sleeping"},  # not a RunStatus
         {"seq": "12"},  # not an int
         {"inputs": [{"sourceCommandId": "c", "kind": "nudge", "text": ""}]},
+        {"recentCommands": [1, 2, 3]},  # a field of another version
     ],
 )
 def test_a_json_record_with_a_value_its_type_refuses_is_no_state(bad: dict) -> None:

@@ -1,0 +1,211 @@
+"""One poll batch decided: the records its transaction will hold, before any of them is sent.
+
+`decide_batch` runs the step over a batch's records in partition order. It reads each
+session's state and dedup records through a `View`: what this batch decided so far, then
+what the transaction still in flight decided (`base`, not committed yet: the processor
+decides the next batch while the previous one commits), then the partition's store. Nothing
+here talks to Kafka; `produce` then hands the decided records to the transactional
+producer, and `Batch.first` says where to rewind to if the transaction fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Message, Producer
+
+from schemas.codec import Codec
+from schemas.commands import Command
+from sessionstream.settings import Settings
+from streams.open_runs import open_run, opening_key
+from streams.processor.partition import PartitionState
+from streams.processor.records import log_time
+from streams.state import SessionState
+from streams.step import (
+    FORWARDED_HEADER,
+    CommandStep,
+    DedupRecord,
+    StepOutcome,
+    dedup_key,
+    encode_dedup,
+    encode_state,
+)
+
+__all__ = ["Batch", "View", "decide_batch", "produce"]
+
+#: (topic, partition)
+TP = tuple[str, int]
+
+
+@dataclass
+class Batch:
+    """A decided batch: everything its transaction holds, and what the commit leaves to do."""
+
+    messages: list[Message]
+    timers: list[tuple[int, Command]]
+    outcomes: list[StepOutcome] = field(default_factory=list)
+    #: (partition, key, value) of every event, in decision order
+    events: list[tuple[int, bytes, bytes]] = field(default_factory=list)
+    #: the latest state of every session the batch changed
+    staged: dict[tuple[int, str], SessionState] = field(default_factory=dict)
+    #: the command ids to remember
+    remembered: dict[tuple[int, str, int], DedupRecord] = field(default_factory=dict)
+    #: sessions whose open-runs record changes: (partition, session) -> record or tombstone
+    open_runs: dict[tuple[int, str], bytes | None] = field(default_factory=dict)
+    dead_letters: list[tuple[Message, StepOutcome]] = field(default_factory=list)
+    forwards: list[tuple[Message, int]] = field(default_factory=list)
+    #: next offset to commit, and the first offset consumed, per input partition
+    offsets: dict[TP, int] = field(default_factory=dict)
+    first: dict[TP, int] = field(default_factory=dict)
+    #: (partition, state, record) of every staged state, filled in by `produce`
+    records: dict[int, list[tuple[SessionState, bytes]]] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.messages or self.timers)
+
+
+class View:
+    """One partition's sessions as a batch sees them: its own decisions, those of the
+    transaction in flight, then the store."""
+
+    __slots__ = ("base", "batch", "p", "part")
+
+    def __init__(self, p: int, part: PartitionState, batch: Batch, base: Batch | None) -> None:
+        self.p, self.part, self.batch, self.base = p, part, batch, base
+
+    def state(self, sid: str) -> SessionState | None:
+        key = (self.p, sid)
+        s = self.batch.staged.get(key)
+        if s is None and self.base is not None:
+            s = self.base.staged.get(key)
+        return s if s is not None else self.part.state(sid)
+
+    def before(self, sid: str) -> SessionState | None:
+        """The state before this batch (what its open-runs record says now)."""
+        if self.base is not None:
+            s = self.base.staged.get((self.p, sid))
+            if s is not None:
+                return s
+        return self.part.state(sid)
+
+    def seen(self, sid: str, h: int) -> tuple[int, int] | None:
+        key = (self.p, sid, h)
+        r = self.batch.remembered.get(key)
+        if r is None and self.base is not None:
+            r = self.base.remembered.get(key)
+        return (r.digest, r.at) if r is not None else self.part.seen(sid, h)
+
+
+def decide_batch(
+    step: CommandStep,
+    messages: list[Message],
+    timers: list[tuple[int, Command]],
+    partitions: dict[int, PartitionState],
+    base: Batch | None,
+) -> Batch:
+    """Decide `messages` (in order) on top of `base`, the batch still committing."""
+    batch = Batch(messages, timers)
+    views: dict[int, View] = {}
+    outcomes, events, staged = batch.outcomes, batch.events, batch.staged
+    remembered, offsets, first = batch.remembered, batch.offsets, batch.first
+    for msg in messages:
+        topic, p, offset = msg.topic(), msg.partition(), msg.offset()
+        assert topic is not None and p is not None and offset is not None
+        view = views.get(p)
+        if view is None:
+            part = partitions.get(p)
+            if part is None:
+                continue  # revoked mid-batch: the new owner reads it again
+            view = views[p] = View(p, part, batch, base)
+        tp = (topic, p)
+        if tp not in first:
+            first[tp] = offset
+        offsets[tp] = offset + 1
+        headers = msg.headers()
+        outcome = step(
+            msg.key(),
+            msg.value(),
+            p,
+            log_time(msg),
+            view.state,
+            view.seen,
+            forwarded=headers is not None and any(h[0] == FORWARDED_HEADER for h in headers),
+        )
+        outcomes.append(outcome)
+        if outcome.records:
+            for key, value in outcome.records:
+                events.append((p, key, value))
+            state = outcome.state
+            if state is not None:
+                staged[(p, state.session_id)] = state
+        r = outcome.remember
+        if r is not None:
+            remembered[(p, r.session_id, r.id_hash)] = r
+        if outcome.dead_letter is not None:
+            batch.dead_letters.append((msg, outcome))
+        elif outcome.forward_to is not None:
+            batch.forwards.append((msg, outcome.forward_to))
+    for (p, sid), state in staged.items():
+        now = opening_key(state)
+        if opening_key(views[p].before(sid)) != now:
+            o = open_run(state)
+            batch.open_runs[(p, sid)] = (
+                None if o is None else o.model_dump_json(by_alias=True).encode()
+            )
+    return batch
+
+
+def produce(
+    producer: Producer,
+    s: Settings,
+    codec: Codec,
+    batch: Batch,
+    on_delivery: Callable[[Any, Message], None],
+) -> None:
+    """Hand every record of `batch` to the producer (a transaction is open). The changelog
+    records whose offsets the store's checkpoint needs report their delivery: the last one
+    per partition is enough (a partition's records are appended in order)."""
+    put = producer.produce
+    events_topic = s.events_topic
+    for p, key, value in batch.events:
+        put(events_topic, key=key, value=value, partition=p)
+    # states: grouped by partition, the last one of each reports
+    by_p: dict[int, list[tuple[str, SessionState]]] = {}
+    for (p, sid), state in batch.staged.items():
+        by_p.setdefault(p, []).append((sid, state))
+    state_topic = s.state_topic
+    for p, rows in by_p.items():
+        out = batch.records[p] = []
+        last = len(rows) - 1
+        for i, (sid, state) in enumerate(rows):
+            value = encode_state(state)
+            out.append((state, value))
+            key = sid.encode()
+            if i == last:
+                put(state_topic, key=key, value=value, partition=p, on_delivery=on_delivery)
+            else:
+                put(state_topic, key=key, value=value, partition=p)
+    for (p, sid), record in batch.open_runs.items():
+        put(s.open_runs_topic, key=sid.encode(), value=record, partition=p)
+    dedup_by_p: dict[int, list[DedupRecord]] = {}
+    for (p, _sid, _h), r in batch.remembered.items():
+        dedup_by_p.setdefault(p, []).append(r)
+    dedup_topic = s.dedup_topic
+    for p, rs in dedup_by_p.items():
+        last = len(rs) - 1
+        for i, r in enumerate(rs):
+            key, value = dedup_key(r.session_id, r.id_hash), encode_dedup(r)
+            if i == last:
+                put(dedup_topic, key=key, value=value, partition=p, on_delivery=on_delivery)
+            else:
+                put(dedup_topic, key=key, value=value, partition=p)
+    # timers become commands on the session's own partition
+    for p, cmd in batch.timers:
+        put(
+            s.commands_topic,
+            key=cmd.session_id.encode(),
+            value=codec.encode_command(cmd),
+            partition=p,
+        )
