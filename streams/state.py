@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 
-class _State(msgspec.Struct, gc=False, rename="camel", forbid_unknown_fields=True):
+class _State(msgspec.Struct, frozen=True, gc=False, rename="camel", forbid_unknown_fields=True):
     """Base of the state structs: untracked by the collector, camelCase in JSON, unknown
     fields refused (a record of another version is rebuilt from the log, never half read).
     Each says `frozen` and `kw_only` itself (type checkers and msgspec do not inherit them
