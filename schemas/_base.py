@@ -10,6 +10,10 @@ from pydantic.alias_generators import to_camel
 _M = TypeVar("_M", bound=BaseModel)
 _new = object.__new__
 _set = object.__setattr__
+# BaseModel's slots, set through their descriptors (no attribute lookup per call)
+_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_private = BaseModel.__dict__["__pydantic_private__"].__set__
 
 
 def construct(
@@ -22,9 +26,9 @@ def construct(
     model's `__dict__`, so it is not copied."""
     m = _new(cls)
     _set(m, "__dict__", values)
-    _set(m, "__pydantic_fields_set__", set(values if fields is None else fields))
-    _set(m, "__pydantic_extra__", None)
-    _set(m, "__pydantic_private__", None)
+    _fields_set(m, set(values if fields is None else fields))
+    _extra(m, None)
+    _private(m, None)
     return m
 
 
