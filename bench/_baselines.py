@@ -27,7 +27,7 @@ from psycopg.types.json import Jsonb
 
 from bench._sink_harness import connect, delete_groups, fresh_schema
 from schemas.commands import Command
-from sessionstream.kafka import client_config
+from sessionstream.kafka import client_config, transactional_producer_config
 from sessionstream.settings import Settings
 from sinks.writer import PendingEvent, _insert_events, _load, _write_projection
 from streams.decider import apply
@@ -83,18 +83,9 @@ def run_writers(
 def passthrough(s: Settings, out_topic: str, n: int, batch_size: int = 500) -> dict[str, Any]:
     """The processor's transaction shape with no logic; timed from its first commit."""
     group = f"bench-ceiling-{uuid.uuid4().hex[:8]}"
-    producer = Producer(
-        client_config(
-            s,
-            **{
-                "transactional.id": f"{group}-0",
-                "enable.idempotence": True,
-                "acks": "all",
-                "linger.ms": 1,
-                "transaction.timeout.ms": s.transaction_timeout_ms,
-            },
-        )
-    )
+    # the processor's own producer settings (transactional_producer_config): the ceiling
+    # differs from `sessionstream processor` by the work per record, nothing else
+    producer = Producer(transactional_producer_config(s, f"{group}-0"))
     consumer = Consumer(
         client_config(
             s,

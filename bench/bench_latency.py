@@ -4,7 +4,8 @@ One processor (Prometheus endpoint on), a paced producer per `--rates` step for 
 (after a warm-up), a `read_committed` tail timing each command's first event. Printed per
 rate: p50 / p90 / p99 latency, the processor's transactions and their mean size, and the
 mean milliseconds of each transaction phase (`sessionstream_transaction_phase_seconds`:
-begin, decide, changelogs, send_offsets, commit, store) over that step, plus the load
+decide, wait (for the transaction before), begin, produce, send_offsets, commit, store) over
+that step, plus the load
 average.
 
     .venv/bin/python -m bench.bench_latency [--rates 1000,5000] [--seconds 15] [--json]

@@ -166,6 +166,16 @@ class Settings(BaseSettings):
         base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
         return Path(base) / "sessionstream" / "store"
 
+    processor_batch_size: int = Field(default=500, ge=1, le=100_000)
+    """Most commands one processor transaction decides."""
+
+    processor_linger_ms: int = Field(default=0, ge=0, le=10_000)
+    """Least time between the starts of two processor transactions while there is no full
+    batch: commands arriving meanwhile join the next transaction. 0: a transaction starts as
+    soon as the previous one committed (lowest latency). Each transaction costs the broker
+    a fixed amount of work (markers on every partition it wrote), so a linger trades latency
+    for broker CPU under a steady trickle (bench/results/latency.md)."""
+
     transaction_timeout_ms: int = Field(default=10_000, ge=1000)
     """How long a dead processor's open transaction may block readers before the broker aborts
     it (a restarted instance aborts it at once)."""

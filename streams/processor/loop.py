@@ -157,7 +157,7 @@ class TransactionalProcessor:
         *,
         instance_id: str | None = None,
         config: DeciderConfig | None = None,
-        batch_size: int = 500,
+        batch_size: int | None = None,
         clock: Any = time.time,
     ) -> None:
         self.settings = settings
@@ -166,7 +166,9 @@ class TransactionalProcessor:
         self.config = config or DeciderConfig(
             max_payload_bytes=settings.max_payload_bytes, max_lease_ms=settings.max_lease_ms
         )
-        self.batch_size = batch_size
+        self.batch_size = batch_size or settings.processor_batch_size
+        self.linger_s = settings.processor_linger_ms / 1000
+        self._last_begin = 0.0
         self.clock = clock
         self.observer = StatsObserver(clock)
         self.partitions: dict[int, PartitionState] = {}
@@ -322,12 +324,17 @@ class TransactionalProcessor:
             self.close()
 
     def _poll(self) -> list[Message] | None:
-        """The next batch (up to `batch_size`); waits a little only when nothing commits."""
+        """The next batch (up to `batch_size`); waits a little only when nothing commits,
+        and gathers until `processor_linger_ms` after the last transaction began."""
         assert self._consumer is not None
-        first = self._consumer.poll(0 if self._inflight is not None else 0.05)
+        consumer, size = self._consumer, self.batch_size
+        first = consumer.poll(0 if self._inflight is not None else 0.05)
         batch: list[Message] = [first] if first is not None else []
         if first is not None:
-            batch += self._consumer.consume(self.batch_size - 1, timeout=0)
+            batch += consumer.consume(size - 1, timeout=0)
+            until = self._last_begin + self.linger_s
+            while len(batch) < size and (left := until - time.perf_counter()) > 0:
+                batch += consumer.consume(size - len(batch), timeout=left)
         try:
             return data_messages(batch, log)
         except KafkaException as e:
@@ -350,7 +357,7 @@ class TransactionalProcessor:
         clock = time.perf_counter
         commit = _Commit(batch)
         commit.phases["decide"] = decided
-        t0 = clock()
+        t0 = self._last_begin = clock()
         try:
             # Step 1: open the transaction
             self._producer.begin_transaction()
