@@ -61,10 +61,33 @@ def _varint(n: int) -> bytes:
 
 
 def _r_long(b: bytes, i: int) -> tuple[int, int]:
+    # unrolled for the common lengths (times in milliseconds take 6 bytes)
     c = b[i]
-    i += 1
     n = c & 0x7F
-    shift = 7
+    if c < 0x80:
+        return (n >> 1) ^ -(n & 1), i + 1
+    c = b[i + 1]
+    n |= (c & 0x7F) << 7
+    if c < 0x80:
+        return (n >> 1) ^ -(n & 1), i + 2
+    c = b[i + 2]
+    n |= (c & 0x7F) << 14
+    if c < 0x80:
+        return (n >> 1) ^ -(n & 1), i + 3
+    c = b[i + 3]
+    n |= (c & 0x7F) << 21
+    if c < 0x80:
+        return (n >> 1) ^ -(n & 1), i + 4
+    c = b[i + 4]
+    n |= (c & 0x7F) << 28
+    if c < 0x80:
+        return (n >> 1) ^ -(n & 1), i + 5
+    c = b[i + 5]
+    n |= (c & 0x7F) << 35
+    if c < 0x80:
+        return (n >> 1) ^ -(n & 1), i + 6
+    i += 6
+    shift = 42
     while c & 0x80:
         c = b[i]
         i += 1

@@ -13,23 +13,30 @@ nothing`: the first one wins), and a run started while another is active raises
 
 from __future__ import annotations
 
+import functools
+import multiprocessing
+import os
+import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from confluent_kafka import Consumer
+from psycopg.copy import QueuedLibpqWriter
 
 from schemas.codec import Codec
-from sessionstream.kafka import log_bounds, partitions_of, read_records, reader_config
+from sessionstream.errors import SessionstreamError, SingleWriterViolation
+from sessionstream.kafka import log_bounds, partitions_of, read_messages, reader_config
 from sessionstream.settings import Settings
 from sinks.migrate import migrate
 from sinks.projection import Projection
 from sinks.sink import connect
 from sinks.writer import EVENT_COLS, RUN_COLS, RUN_TIMES, ts
 
-__all__ = ["COMPARED", "RebuildReport", "rebuild"]
+__all__ = ["COMPARED", "RebuildFailed", "RebuildReport", "rebuild"]
 
 #: the tables a rebuild writes and compares, with the columns compared
 COMPARED = {
@@ -40,6 +47,33 @@ COMPARED = {
 }
 #: how often progress is reported (events)
 PROGRESS_EVERY = 20_000
+#: event rows formatted per `COPY` write
+_ROWS_PER_WRITE = 2000
+_NULL = "\\N"
+#: COPY's text format: backslash, tab, newline and carriage return are escaped
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def _esc(text: str) -> str:
+    """`text` as a field of COPY's text format."""
+    if "\\" in text or "\t" in text or "\n" in text or "\r" in text:
+        return text.translate(_COPY_ESCAPES)
+    return text
+
+
+@functools.lru_cache(maxsize=4096)
+def _second(s: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(s))
+
+
+def _ts_text(ms: int) -> str:
+    """Epoch milliseconds as a `timestamptz` literal (UTC), exact to the millisecond as
+    `sinks.writer.ts` makes it."""
+    return f"{_second(ms // 1000)}.{ms % 1000:03d}+00"
+
+
+class RebuildFailed(SessionstreamError):
+    """A rebuild worker failed (the message says which partitions, and why)."""
 
 
 @dataclass
@@ -104,8 +138,14 @@ def rebuild(
     schema: str | None = None,
     keep: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    workers: int | None = None,
 ) -> RebuildReport:
-    """Project the whole events topic into a fresh schema and compare with the live one."""
+    """Project the whole events topic into a fresh schema and compare with the live one.
+
+    A session's events all live on its partition, so each partition folds on its own: the
+    partitions are shared among `workers` processes (default: one per CPU, at most one per
+    partition), each loading its own partitions' events, sessions and runs over its own
+    connection; the keys and indexes are built once all of them committed."""
     live = settings.database_schema or "public"
     schema = schema or f"sessionstream_rebuild_{uuid.uuid4().hex[:8]}"
     migrate(settings.database_conninfo, schema=schema)
@@ -117,51 +157,157 @@ def rebuild(
         consumer.close()
     bounds = log_bounds(settings, [(topic, p) for p in partitions])
     total = sum(high - low for low, high in bounds.values())  # markers count: an upper bound
-    codec = Codec()
+    n_workers = max(1, min(workers or os.cpu_count() or 1, len(partitions)))
+    shares = [partitions[i::n_workers] for i in range(n_workers)]
+    with connect(settings, schema) as conn:
+        try:
+            # Step 1: the keys and indexes go (committed: every loader sees bare tables)
+            deferred = _defer(conn, schema)
+            conn.commit()
+            # Step 2: every partition folded and copied, the partitions in parallel
+            if n_workers == 1:
+                n = _load(settings, schema, shares[0], bounds, progress, total)
+            else:
+                n = _load_parallel(settings, schema, shares, bounds, progress, total)
+            # Step 3: keys and indexes, built once (a duplicate or a second active run
+            # fails here)
+            _restore(conn, deferred)
+            conn.commit()
+        except BaseException:
+            conn.rollback()
+            if not keep:  # a failed rebuild leaves nothing behind
+                conn.execute(f'drop schema "{schema}" cascade')
+                conn.commit()
+            raise
+        if progress:
+            progress(n, n)
+        diffs = _compare(conn, live, schema)
+        if not keep:
+            conn.execute(f'drop schema "{schema}" cascade')
+            conn.commit()
+    return RebuildReport(schema, n, diffs)
+
+
+def _load_parallel(
+    settings: Settings,
+    schema: str,
+    shares: list[list[int]],
+    bounds: dict[tuple[str, int], tuple[int, int]],
+    progress: Callable[[int, int], None] | None,
+    total: int,
+) -> int:
+    ctx = multiprocessing.get_context("spawn")  # no Kafka client survives a fork
+    counter = ctx.Value("q", 0)
+    with ProcessPoolExecutor(
+        len(shares), mp_context=ctx, initializer=_init, initargs=(counter,)
+    ) as pool:
+        futures = [pool.submit(_load_share, settings, schema, share, bounds) for share in shares]
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=0.5, return_when=FIRST_EXCEPTION)
+            if progress and pending:
+                progress(counter.value, max(total, counter.value))
+            for f in done:
+                failed = f.result()  # a worker that died raises here
+                if failed is not None:
+                    for other in pending:
+                        other.cancel()
+                    kind, message = failed
+                    raise (SingleWriterViolation if kind == "violation" else RebuildFailed)(message)
+    return int(counter.value)
+
+
+_COUNTER: Any = None
+
+
+def _init(counter: Any) -> None:
+    global _COUNTER
+    _COUNTER = counter
+
+
+def _load_share(
+    settings: Settings,
+    schema: str,
+    partitions: list[int],
+    bounds: dict[tuple[str, int], tuple[int, int]],
+) -> tuple[str, str] | None:
+    """A worker process: load `partitions`; (kind, message) of what went wrong, or None
+    (errors cross the process boundary as text: a driver's exception may not pickle)."""
+
+    def counted(n: int, _total: int) -> None:
+        with _COUNTER.get_lock():
+            _COUNTER.value += n - counted.last  # type: ignore[attr-defined]
+        counted.last = n  # type: ignore[attr-defined]
+
+    counted.last = 0  # type: ignore[attr-defined]
+    try:
+        _load(settings, schema, partitions, bounds, counted, 0)
+    except SingleWriterViolation as e:
+        return ("violation", str(e))
+    except Exception as e:
+        return ("error", f"partitions {partitions}: {type(e).__name__}: {e}")
+    return None
+
+
+def _load(
+    settings: Settings,
+    schema: str,
+    partitions: list[int],
+    bounds: dict[tuple[str, int], tuple[int, int]],
+    progress: Callable[[int, int], None] | None,
+    total: int,
+) -> int:
+    """Read `partitions` of the events topic to their end, fold them into one in-memory
+    projection and COPY the events as they come, then the sessions and runs, and where a
+    sink would go on from; one transaction. Returns the events written."""
+    topic = settings.events_topic
+    decode = Codec().decode_event
     proj = Projection({}, {})
+    rows: list[str] = []
     seen: set[tuple[str, str, int]] = set()
     nxt: dict[int, int] = {}
     n = 0
     with connect(settings, schema) as conn:
-        deferred = _defer(conn, schema)
         with conn.cursor() as cur:
-            # Step 1: every event, read in batches, folded and copied as it goes
-            with cur.copy(f"copy agent_run_events ({EVENT_COLS}) from stdin") as copy:
-                for r in read_records(
+            # every event, read in batches, folded and copied as it goes (the COPY data
+            # goes to the server from a thread of its own while this one decodes on)
+            with cur.copy(
+                f"copy agent_run_events ({EVENT_COLS}) from stdin",
+                writer=QueuedLibpqWriter(cur),
+            ) as copy:
+                for msg in read_messages(
                     settings,
                     {topic: partitions},
-                    end={tp: high for tp, (_low, high) in bounds.items()},
+                    end={
+                        (t, p): high for (t, p), (_low, high) in bounds.items() if p in partitions
+                    },
                     timeout=None,
                     group_id=f"sessionstream-rebuild-{uuid.uuid4()}",
                 ):
-                    e = codec.decode_event(r.value or b"")
-                    nxt[r.partition] = r.offset + 1
+                    e = decode(msg.value() or b"")
+                    p, offset = msg.partition() or 0, msg.offset() or 0
+                    nxt[p] = offset + 1
                     key = (e.session_id, e.run_id, e.seq)
                     if key in seen:
                         continue  # the sink's `on conflict do nothing`: the first one wins
                     seen.add(key)
-                    proj.apply(e, f"{topic}[{r.partition}]@{r.offset}")
+                    proj.apply(e, (topic, p, offset))
                     payload = e.payload.__pydantic_serializer__.to_json(e.payload, by_alias=True)
-                    copy.write_row(
-                        (
-                            e.session_id,
-                            e.run_id,
-                            e.seq,
-                            e.type,
-                            payload.decode(),
-                            e.generation,
-                            e.command_id,
-                            e.tenant_id,
-                            ts(e.ts),
-                            e.producer_ts,
-                            r.partition,
-                            r.offset,
-                        )
+                    pts = _NULL if e.producer_ts is None else e.producer_ts
+                    rows.append(
+                        f"{_esc(e.session_id)}\t{_esc(e.run_id)}\t{e.seq}\t{e.type}\t"
+                        f"{_esc(payload.decode())}\t{e.generation}\t{_esc(e.command_id)}\t"
+                        f"{_esc(e.tenant_id)}\t{_ts_text(e.ts)}\t"
+                        f"{pts}\t{p}\t{offset}\n"
                     )
+                    if len(rows) >= _ROWS_PER_WRITE:
+                        copy.write("".join(rows))
+                        rows.clear()
                     n += 1
                     if progress and n % PROGRESS_EVERY == 0:
                         progress(n, max(total, n))
-            # Step 2: the projection, folded from the whole log, once
+                copy.write("".join(rows))
+            # the projection, folded from the partitions' whole log, once
             with cur.copy(
                 "copy agent_sessions (session_id, tenant_id, active_run_id, created_at,"
                 " updated_at, user_id) from stdin"
@@ -185,21 +331,15 @@ def rebuild(
                             for c in RUN_COLS
                         )
                     )
-            # Step 3: where a sink on this schema would go on from
+            # where a sink on this schema would go on from
             cur.executemany(
                 "insert into sink_offsets (topic, partition, next_offset) values (%s, %s, %s)",
                 [(topic, p, o) for p, o in sorted(nxt.items())],
             )
-        # Step 4: keys and indexes, built once (a duplicate or a second active run fails here)
-        _restore(conn, deferred)
         conn.commit()
-        if progress:
-            progress(n, n)
-        diffs = _compare(conn, live, schema)
-        if not keep:
-            conn.execute(f'drop schema "{schema}" cascade')
-            conn.commit()
-    return RebuildReport(schema, n, diffs)
+    if progress:
+        progress(n, max(total, n))
+    return n
 
 
 def _compare(conn: psycopg.Connection[Any], live: str, schema: str) -> dict[str, int]:

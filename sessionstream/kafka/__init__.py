@@ -21,6 +21,7 @@ from sessionstream.kafka.reader import (
     end_offset,
     log_bounds,
     partitions_of,
+    read_messages,
     read_records,
     read_topic,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "log_bounds",
     "partitions_of",
     "produce",
+    "read_messages",
     "read_records",
     "read_topic",
     "reader_config",

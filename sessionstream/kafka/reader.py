@@ -29,6 +29,7 @@ __all__ = [
     "end_offset",
     "log_bounds",
     "partitions_of",
+    "read_messages",
     "read_records",
     "read_topic",
 ]
@@ -36,7 +37,7 @@ __all__ = [
 log = logging.getLogger("sessionstream.kafka")
 
 #: records fetched per call (the reader decodes nothing; its caller decides what to)
-_BATCH = 1000
+_BATCH = 5000
 
 #: (topic, partition) -> first offset to read (OFFSET_BEGINNING by default)
 Start = Mapping[tuple[str, int], int]
@@ -153,8 +154,47 @@ def read_records(
     """The records of `topics` (topic -> partitions, None: all of them) from `start` (or
     their beginning), up to `end` (exclusive) or their end now. With `follow`, reading goes
     on past the end (`on_caught_up` is called once there) until `follow` is set."""
+    for msg in read_messages(
+        settings,
+        topics,
+        start=start,
+        end=end,
+        follow=follow,
+        on_caught_up=on_caught_up,
+        timeout=timeout,
+        group_id=group_id,
+        read_committed=read_committed,
+        poll_s=poll_s,
+    ):
+        yield _record(msg)
+
+
+def read_messages(
+    settings: Settings,
+    topics: Mapping[str, Iterable[int] | None],
+    *,
+    start: Start | None = None,
+    end: Start | None = None,
+    follow: threading.Event | None = None,
+    on_caught_up: Callable[[], None] | None = None,
+    timeout: float | None = 60.0,
+    group_id: str | None = None,
+    read_committed: bool = True,
+    poll_s: float = 0.2,
+) -> Iterator[Message]:
+    """`read_records`, as the client's own messages (never an error message): for readers
+    that look at most records' keys only (replay by session or run) or read every record
+    in bulk (rebuild), where building a `LogRecord` per record would be most of the work."""
     consumer = Consumer(
-        reader_config(settings, group_id=group_id, read_committed=read_committed, eof=True)
+        reader_config(
+            settings,
+            group_id=group_id,
+            read_committed=read_committed,
+            eof=True,
+            # large fetches: a reader is after throughput (the processor's own consumer
+            # keeps the defaults)
+            **{"max.partition.fetch.bytes": 8 << 20},
+        )
     )
     halt = follow or threading.Event()
     try:
@@ -180,8 +220,7 @@ def read_records(
                     f"reading {sorted(pending)}: not at their end after {timeout}s",
                     bootstrap=settings.kafka_bootstrap,
                 )
-            batch = consumer.consume(_BATCH, poll_s)
-            for msg in batch:
+            for msg in consumer.consume(_BATCH, poll_s):
                 err = msg.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
@@ -193,12 +232,13 @@ def read_records(
                     else:
                         log.warning("reading %s: %s", msg.topic(), err)  # a broker restarting
                     continue
-                r = _record(msg)
-                stop_at = None if end is None else end.get((r.topic, r.partition))
-                if stop_at is not None and r.offset >= stop_at:
-                    pending.discard((r.topic, r.partition))
-                else:
-                    yield r
+                if end is not None:
+                    tp = (msg.topic() or "", msg.partition() or 0)
+                    stop_at = end.get(tp)
+                    if stop_at is not None and (msg.offset() or 0) >= stop_at:
+                        pending.discard(tp)
+                        continue
+                yield msg
             if not pending and not caught_up:
                 caught_up = True
                 if follow is None:

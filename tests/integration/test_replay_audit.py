@@ -15,6 +15,7 @@ from confluent_kafka import Producer
 from schemas.codec import Codec
 from sessionstream._procs import settings_env
 from sessionstream.client import SessionClient
+from sessionstream.errors import SingleWriterViolation
 from sessionstream.kafka import client_config, read_topic
 from sessionstream.settings import Settings
 from sessionstream.topics import ensure_topics
@@ -154,6 +155,38 @@ def test_rebuild_skips_a_duplicated_event_as_the_sink_does_and_restores_every_in
         with psycopg.connect(s.database_url, autocommit=True) as conn:
             conn.execute(f'drop schema "{report.schema}" cascade')
             conn.execute(f'drop schema "{reference}" cascade')
+
+
+def test_a_second_active_run_in_the_log_stops_the_rebuild_and_leaves_nothing(
+    settings: Settings,
+) -> None:
+    """Two writers planted in one partition of a two-partition log (a run started while
+    the session's first run is still active): the partition's loader refuses it, the
+    rebuild raises naming where, and its schema is gone; the other partition's loader ran
+    alongside in its own process."""
+    s = isolated_settings(settings, "rebuild-2w", partitions=2)
+    ensure_topics(s)
+    codec = Codec()
+    client = SessionClient("tenant-w", s)
+    first = client.command("two-writers", "prompt", {"text": "one"})
+    second = client.command("two-writers", "prompt", {"text": "two"})
+    fine = client.command("a-fine-session", "prompt", {"text": "fine"})
+    client.close()
+    producer = Producer(client_config(s))
+    for cmd, p in ((first, 1), (second, 1), (fine, 0)):
+        for e in decide(None, cmd, at=cmd.ts).events:  # each as if the session were new
+            producer.produce(
+                s.events_topic, key=e.key.encode(), value=codec.encode_event(e), partition=p
+            )
+    assert producer.flush(30) == 0
+    schema = f"{s.database_schema}_rb"
+    with pytest.raises(SingleWriterViolation, match=rf"{s.events_topic}\[1\]@1"):
+        rebuild(s, schema=schema, workers=2)
+    with psycopg.connect(s.database_url) as conn:
+        left = conn.execute(
+            "select count(*) from pg_namespace where nspname = %s", (schema,)
+        ).fetchone()
+    assert left == (0,)
 
 
 def test_replay_by_offset_of_one_session_or_run_decodes_only_those(
