@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -25,7 +25,7 @@ replay_app = typer.Typer(
 console = Console()
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code=1)
 
@@ -91,7 +91,10 @@ def replay_session(session_id: str, as_json: JsonOpt = False) -> None:
 
 @replay_app.command("offsets")
 def replay_offsets(
-    partition: Annotated[int, typer.Option(help="events partition")],
+    partition: Annotated[
+        int | None,
+        typer.Option(help="events partition (default with --session: the session's own)"),
+    ] = None,
     from_: Annotated[int, typer.Option("--from", help="first offset")] = 0,
     to: Annotated[int | None, typer.Option(help="stop before this offset")] = None,
     session: Annotated[
@@ -104,15 +107,17 @@ def replay_offsets(
     as_json: JsonOpt = False,
 ) -> None:
     """Read the events topic directly (read_committed) and print or re-fold it."""
-    from sinks.replay import read_range
+    from sinks.replay import read_range, session_partition
     from streams.decider import evolve
     from streams.state import SessionState
 
+    settings = get_settings()
+    if partition is None:
+        if session is None:
+            _fail("give --partition, or --session (its partition is then found)")
+        partition = session_partition(settings, session)
     events = [
-        e
-        for _o, e in read_range(
-            get_settings(), partition, from_, to, session_id=session, run_id=run
-        )
+        e for _o, e in read_range(settings, partition, from_, to, session_id=session, run_id=run)
     ]
     if not fold:
         _print(events, as_json, f"partition {partition} from {from_}")

@@ -11,14 +11,23 @@ from collections.abc import Iterator
 from typing import Any
 
 import psycopg
+from confluent_kafka import Consumer
 
 from schemas.codec import Codec
 from schemas.events import Event
-from sessionstream.kafka import read_records
+from sessionstream.kafka import partitions_of, read_messages, reader_config
 from sessionstream.settings import Settings
 from sinks.rebuild import RebuildReport, rebuild
+from streams.partitioning import partition_for
 
-__all__ = ["RebuildReport", "events_of_run", "events_of_session", "read_range", "rebuild"]
+__all__ = [
+    "RebuildReport",
+    "events_of_run",
+    "events_of_session",
+    "read_range",
+    "rebuild",
+    "session_partition",
+]
 
 _EVENT_SELECT = (
     "select session_id, run_id, seq, type, payload, generation, command_id, tenant_id,"
@@ -60,7 +69,7 @@ def events_of_session(conn: psycopg.Connection[Any], session_id: str) -> list[Ev
 
 def read_range(
     settings: Settings,
-    partition: int,
+    partition: int | None,
     start: int,
     end: int | None = None,
     codec: Codec | None = None,
@@ -71,12 +80,18 @@ def read_range(
     """(offset, event) of one events partition from `start` up to `end` (exclusive) or its
     end; with `session_id` / `run_id`, only that session's / run's events. The filter reads
     the record key (`{session}/{run}/{seq}`), so only the events asked for are decoded:
-    reading is ~6x faster than decoding (bench/results/profile.md)."""
+    reading is ~6x faster than decoding (bench/results/profile.md). `partition` None: the
+    session's own partition (its key's murmur2 placement), where all its events are."""
     codec = codec or Codec()
+    decode = codec.decode_event
     topic = settings.events_topic
+    if partition is None:
+        if session_id is None:
+            raise ValueError("read_range needs a partition or a session")
+        partition = session_partition(settings, session_id)
     prefix = None if session_id is None else f"{session_id}/".encode()
-    run = None if run_id is None else run_id.encode()
-    for r in read_records(
+    run = None if run_id is None else f"/{run_id}/".encode()
+    for msg in read_messages(
         settings,
         {topic: [partition]},
         start={(topic, partition): start},
@@ -84,9 +99,24 @@ def read_range(
         timeout=None,
         group_id=f"sessionstream-replay-{uuid.uuid4()}",
     ):
-        key = r.key or b""
-        if prefix is not None and not key.startswith(prefix):
-            continue
-        if run is not None and key.rsplit(b"/", 2)[-2:-1] != [run]:
-            continue
-        yield r.offset, codec.decode_event(r.value or b"")
+        if prefix is not None or run is not None:
+            key = msg.key() or b""
+            if prefix is not None and not key.startswith(prefix):
+                continue
+            # the run id sits between the key's last two slashes (session ids may hold some)
+            if run is not None:
+                last = key.rfind(b"/")
+                if key[key.rfind(b"/", 0, last) : last + 1] != run:
+                    continue
+        yield msg.offset() or 0, decode(msg.value() or b"")
+
+
+def session_partition(settings: Settings, session_id: str) -> int:
+    """The events (and commands) partition of a session: murmur2 of its id over the events
+    topic's partition count, as every producer places its commands."""
+    consumer = Consumer(reader_config(settings))
+    try:
+        n = len(partitions_of(consumer, settings.events_topic))
+    finally:
+        consumer.close()
+    return partition_for(session_id.encode(), n)

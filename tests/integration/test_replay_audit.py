@@ -21,7 +21,7 @@ from sessionstream.settings import Settings
 from sessionstream.topics import ensure_topics
 from sinks.audit import run_audit
 from sinks.migrate import migrate
-from sinks.replay import events_of_run, events_of_session, read_range, rebuild
+from sinks.replay import events_of_run, events_of_session, read_range, rebuild, session_partition
 from sinks.sink import connect
 from streams.decider import decide
 from tests.integration.procs import (
@@ -239,3 +239,21 @@ def test_audit_passes_then_fails_on_planted_violations(world: tuple[Settings, st
     for n in (2, 7, 8):
         assert f"FAIL {n}." in bad.stdout, bad.stdout
     assert "PASS 1." in bad.stdout and "gaps or duplicates in seq" in bad.stdout
+
+
+def test_replay_offsets_finds_a_sessions_partition_itself(
+    world: tuple[Settings, str, str],
+) -> None:
+    """`replay offsets --session S` without `--partition` reads S's own partition (where
+    every one of its events is); neither option is a clear error."""
+    s, sid, _run = world
+    cli = [str(Path(sys.executable).with_name("sessionstream")), "replay", "offsets"]
+    out = subprocess.run(
+        [*cli, "--session", sid, "--json"], env=settings_env(s), capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    part = session_partition(s, sid)
+    expected = [e for _o, e in read_range(s, part, 0) if e.session_id == sid]
+    assert expected and out.stdout.count(f'"sessionId": "{sid}"') == len(expected), out.stdout
+    bad = subprocess.run(cli, env=settings_env(s), capture_output=True, text=True)
+    assert bad.returncode == 1 and "--partition, or --session" in bad.stderr
