@@ -76,6 +76,8 @@ log = logging.getLogger("sessionstream.processor")
 RENEW_WINDOW_S = 60.0
 #: longest wait for send_offsets_to_transaction before the producer is given up
 SEND_OFFSETS_LIMIT_S = 30.0
+#: how long abort_transaction may keep timing out before the producer is renewed
+ABORT_LIMIT_S = 30.0
 #: commit_transaction's own timeout (a retriable error is retried within the same bound)
 COMMIT_LIMIT_S = 30.0
 
@@ -481,9 +483,10 @@ class TransactionalProcessor:
         # (a broker restart: OUT_OF_ORDER_SEQUENCE_NUMBER). abort_transaction says if not.
         log.warning("aborting transaction: %s", kerr)
         self.observer.aborted()
+        deadline = time.monotonic() + ABORT_LIMIT_S
         while True:
             try:
-                self._producer.abort_transaction(30)
+                self._producer.abort_transaction(10)
                 break
             except KafkaException as e:
                 if e.args[0].fatal():
@@ -494,6 +497,11 @@ class TransactionalProcessor:
                         f"processor could not abort its transaction: {e.args[0]}",
                         bootstrap=self.settings.kafka_bootstrap,
                     ) from e
+                if time.monotonic() > deadline:
+                    # after a broker restart librdkafka's coordinator request can stay
+                    # queued for good; a new producer's init_transactions aborts for us
+                    self._renew_producer(e.args[0], e, stuck=True)
+                    break
                 log.warning("abort_transaction: %s; retrying", e.args[0])
         self._rewind(batches)
 
@@ -516,15 +524,20 @@ class TransactionalProcessor:
                 except KafkaException as e:  # no longer ours: its next owner reads it
                     log.warning("cannot rewind %s[%s] to %s: %s", t, p, o, e.args[0])
 
-    def _renew_producer(self, kerr: KafkaError, error: KafkaException) -> None:
+    def _renew_producer(
+        self, kerr: KafkaError, error: KafkaException, *, stuck: bool = False
+    ) -> None:
         """Our producer failed fatally. A broker restart that outlives
         `transaction.timeout.ms` does that: the coordinator aborts the open transaction
         itself and bumps the epoch, and our next EndTxn gets _FENCED or INVALID_TXN_STATE.
         A new producer with the same transactional id carries on (its `init_transactions`
         settles the old transaction). Fatal again soon after: a second live instance has
-        our id (or the error is not transient), and this one stops."""
+        our id (or the error is not transient), and this one stops. `stuck`: the producer
+        did not fail but cannot finish aborting (no sign of a second instance)."""
         now = time.monotonic()
-        again = self._renewed_at is not None and now - self._renewed_at < RENEW_WINDOW_S
+        again = (
+            not stuck and self._renewed_at is not None and now - self._renewed_at < RENEW_WINDOW_S
+        )
         if again:
             raise KafkaUnavailable(
                 f"processor transaction failed fatally: {kerr}",
