@@ -81,6 +81,10 @@ class RebuildReport:
     schema: str
     events: int
     differences: dict[str, int]
+    #: seconds spent loading (read, fold, COPY), building keys and indexes, comparing
+    load_s: float = 0.0
+    index_s: float = 0.0
+    compare_s: float = 0.0
 
     @property
     def equal(self) -> bool:
@@ -165,14 +169,17 @@ def rebuild(
             deferred = _defer(conn, schema)
             conn.commit()
             # Step 2: every partition folded and copied, the partitions in parallel
+            t0 = time.perf_counter()
             if n_workers == 1:
                 n = _load(settings, schema, shares[0], bounds, progress, total)
             else:
                 n = _load_parallel(settings, schema, shares, bounds, progress, total)
+            t1 = time.perf_counter()
             # Step 3: keys and indexes, built once (a duplicate or a second active run
             # fails here)
             _restore(conn, deferred)
             conn.commit()
+            t2 = time.perf_counter()
         except BaseException:
             conn.rollback()
             if not keep:  # a failed rebuild leaves nothing behind
@@ -182,10 +189,11 @@ def rebuild(
         if progress:
             progress(n, n)
         diffs = _compare(conn, live, schema)
+        t3 = time.perf_counter()
         if not keep:
             conn.execute(f'drop schema "{schema}" cascade')
             conn.commit()
-    return RebuildReport(schema, n, diffs)
+    return RebuildReport(schema, n, diffs, t1 - t0, t2 - t1, t3 - t2)
 
 
 def _load_parallel(
