@@ -241,6 +241,10 @@ from sessionstream._cli_send import register as _register_send  # noqa: E402
 
 _register_send(app)
 
+from sessionstream._cli_gateway import register as _register_gateway  # noqa: E402
+
+_register_gateway(app)
+
 
 @app.command()
 def analytics(

@@ -130,6 +130,13 @@ class SessionClient:
             self._producer = Producer(self._producer_conf)
         return self._producer
 
+    def prepare(self) -> None:
+        """Connect now: the producer, the metadata reader and the partition count, so the
+        first command does not wait for them (a server calls this at start)."""
+        _ = self.producer
+        self._partition_count()
+        self._dlq_ends()
+
     def now_ms(self) -> int:
         return int(self._clock() * 1000)
 

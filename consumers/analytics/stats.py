@@ -21,6 +21,7 @@ __all__ = [
     "Window",
     "active_runs",
     "cancel_latency",
+    "durations",
     "percentile",
     "rejections",
     "runs",
@@ -134,6 +135,32 @@ def cancel_latency(records: Iterable[RunFacts], w: Window) -> dict[str, Any]:
         "overall": _summary(everything),
         "minutes": [{"minute": m, **_summary(v)} for m, v in sorted(by_minute.items())],
         "tenants": {t: _summary(v) for t, v in sorted(by_tenant.items())},
+    }
+
+
+def durations(records: Iterable[RunFacts], w: Window) -> dict[str, Any]:
+    """`run.started` -> `run.finished` in ms of event time, bucketed by the finish, per
+    terminal status (`byStatus`) and tenant."""
+    everything: list[int] = []
+    by_minute: dict[int, list[int]] = defaultdict(list)
+    by_tenant: dict[str, list[int]] = defaultdict(list)
+    by_status: dict[str, list[int]] = defaultdict(list)
+    for r in records:
+        if r.started_at is None or r.finished_at is None or r.terminal_status is None:
+            continue
+        if w.holds(r.finished_at, r.tenant_id):
+            d = max(0, r.finished_at - r.started_at)
+            everything.append(d)
+            by_minute[minute_of(r.finished_at)].append(d)
+            by_tenant[r.tenant_id].append(d)
+            by_status[STATUS_FIELDS.get(r.terminal_status, r.terminal_status)].append(d)
+    return {
+        "window": w.to_json(),
+        "unit": "ms",
+        "overall": _summary(everything),
+        "minutes": [{"minute": m, **_summary(v)} for m, v in sorted(by_minute.items())],
+        "tenants": {t: _summary(v) for t, v in sorted(by_tenant.items())},
+        "byStatus": {s: _summary(v) for s, v in sorted(by_status.items())},
     }
 
 
