@@ -265,9 +265,13 @@ def analytics(
 
 @app.command()
 def demo(
-    keep: Annotated[bool, typer.Option(help="leave processor, sink and workers running")] = False,
+    keep: Annotated[
+        bool,
+        typer.Option(help="leave processor, sink, workers, analytics and the gateway running"),
+    ] = False,
 ) -> None:
-    """Start processor, sink and two workers and play the protocol's scenes end to end."""
+    """Start processor, sink, two workers, analytics and the gateway (its web console's URL
+    is printed with a demo key) and play the protocol's scenes end to end."""
     from sessionstream._logging import setup_logging
     from sessionstream.demo import run_demo
     from sessionstream.errors import SessionstreamError

@@ -102,6 +102,7 @@ class SessionClient:
         producer_overrides: dict[str, Any] | None = None,
         clock: Any = time.time,
         actor: str | None = None,
+        fetch_wait_ms: int = 100,
     ) -> None:
         self.tenant_id = tenant_id
         #: recorded as who asked, on every command this client sends (unless overridden)
@@ -121,6 +122,11 @@ class SessionClient:
         self._pending_from: dict[tuple[str, str], int] = {}
         self._waits: dict[tuple[str, str], _WaitState] = {}
         self._partitions: int | None = None
+        #: the outcome tail's fetch.wait.max.ms (a server waiting on many commands: lower)
+        self._fetch_wait_ms = fetch_wait_ms
+        self._dlq_parts: list[int] | None = None
+        self._dlq_cache: tuple[float, dict[int, int]] = (0.0, {})
+        self._positions: dict[int, tuple[float, int]] = {}
         self._runs: dict[str, str | None] = {}  # session -> the run last seen active
 
     # -- producing --------------------------------------------------------------------------
@@ -190,7 +196,11 @@ class SessionClient:
             p = partition_for(c.session_id.encode(), n)
             if p not in ends:
                 ends[p] = self._hwm(p)
-        dlq = self._dlq_ends()
+        # an older end of the DLQ only makes a dead-letter lookup read a little more
+        at, dlq = self._dlq_cache
+        if time.monotonic() - at > 1.0:
+            dlq = self._dlq_ends()
+            self._dlq_cache = (time.monotonic(), dlq)
         handles = []
         for c in commands:
             p = partition_for(c.session_id.encode(), n)
@@ -313,7 +323,7 @@ class SessionClient:
                 group_id=f"sessionstream-client-{uuid.uuid4()}",
                 read_committed=read_committed,
                 eof=True,
-                fetch_wait_ms=100,
+                fetch_wait_ms=self._fetch_wait_ms,
             )
         )
 
@@ -509,11 +519,13 @@ class SessionClient:
 
     def _dlq_ends(self) -> dict[int, int]:
         """Where the dead-letter topic ends now, per partition."""
-        meta = self._meta_consumer().list_topics(self.settings.dlq_topic, timeout=10)
-        topic = meta.topics.get(self.settings.dlq_topic)
-        if topic is None or topic.error is not None:
-            return {}
-        return {p: self._hwm(p, topic=self.settings.dlq_topic) for p in topic.partitions}
+        if self._dlq_parts is None:
+            meta = self._meta_consumer().list_topics(self.settings.dlq_topic, timeout=10)
+            topic = meta.topics.get(self.settings.dlq_topic)
+            if topic is None or topic.error is not None:
+                return {}
+            self._dlq_parts = sorted(topic.partitions)
+        return {p: self._hwm(p, topic=self.settings.dlq_topic) for p in self._dlq_parts}
 
     def _dead_letter_reason(self, handle: CommandHandle) -> str | None:
         """The processor applied nothing: was the record dead-lettered (rather than a
@@ -603,9 +615,15 @@ class _Round:
         return self._hwm[partition]
 
     def processor_position(self, partition: int) -> int:
+        """Read at most every 50 ms per partition (a watermark read later is still read
+        after it, which is all a duplicate's proof needs)."""
         if partition not in self._position:
-            self._position[partition] = self.client._processor_position(partition)
-            self._hwm.pop(partition, None)
+            at, value = self.client._positions.get(partition, (0.0, -1))
+            if time.monotonic() - at > 0.05:
+                value = self.client._processor_position(partition)
+                self.client._positions[partition] = (time.monotonic(), value)
+                self._hwm.pop(partition, None)
+            self._position[partition] = value
         return self._position[partition]
 
 

@@ -242,6 +242,7 @@ def create_app(settings: Settings) -> FastAPI:
             "ok": True,
             "sseClients": gw.fanout.subscribers,
             "commandsSent": gw.bridge.sent,
+            "commands": gw.bridge.timings(),
         }
 
     static = resources.files("sessionstream.gateway") / "static"

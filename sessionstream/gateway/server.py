@@ -27,6 +27,8 @@ def run_gateway(settings: Settings, log_level: str = "INFO", access_log: bool = 
         port=settings.gateway_port,
         log_level=log_level.lower(),
         access_log=access_log,
+        loop="uvloop",
+        http="httptools",
         # the lifespan starts the Kafka threads: a failure there must stop the process
         lifespan="on",
         timeout_graceful_shutdown=5,
