@@ -73,6 +73,14 @@ class GatewayWorld:
     def stop(self) -> None:
         for p in reversed(self.procs):
             p.stop()
+        # the analytics app's own topics (faust's changelog and assignor topics)
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": self.settings.kafka_bootstrap})
+        prefix = f"{self.settings.analytics_app_id}-"
+        ours = [t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix)]
+        for fut in admin.delete_topics(ours, operation_timeout=30).values() if ours else []:
+            fut.result(timeout=60)
 
     def sink_has(self, session_id: str, what: str) -> bool:
         with self.conn() as conn:
