@@ -96,6 +96,7 @@ class Load:
         self.sse_errors: Counter[str] = Counter()
         self.sent_at: dict[str, float] = {}
         self.post_ms: list[float] = []
+        self.post_at: list[tuple[float, float]] = []
         self.statuses: Counter[str] = Counter()
         self.stop = asyncio.Event()
         self.internal: dict[str, Any] = {}
@@ -132,6 +133,7 @@ class Load:
             ) as resp:
                 got = await resp.json()
                 self.post_ms.append((time.perf_counter() - t0) * 1000)
+                self.post_at.append((t0, self.post_ms[-1]))
                 self.statuses[got.get("status") or got.get("error", {}).get("code", "?")] += 1
         except Exception as e:
             self.statuses[f"error:{type(e).__name__}"] += 1
@@ -198,6 +200,7 @@ async def drive(
         if warm > 0:
             await load.posts(http, min(rate, 100), warm)
             load.post_ms.clear()
+            load.post_at.clear()
             load.statuses.clear()
             load.sent_at.clear()
         await load.posts(http, rate, seconds)
@@ -290,6 +293,15 @@ def main(argv: list[str] | None = None) -> int:
     ours = set(sessions)
     missing = sum(1 for k in tail.seen if k.split("/")[0] in ours and k not in load.sse_seen)
     post = percentiles([ms / 1000 for ms in load.post_ms])
+    # POST latency by the second it was sent in: a transient and a steady state differ
+    by_second: dict[int, list[float]] = {}
+    t_start = min((t for t, _ in load.post_at), default=0.0)
+    for t, ms in load.post_at:
+        by_second.setdefault(int(t - t_start), []).append(ms)
+    series = {
+        sec: {"p50": round(sorted(v)[len(v) // 2]), "p99": round(sorted(v)[int(len(v) * 0.99)])}
+        for sec, v in sorted(by_second.items())
+    }
     direct = percentiles(cmd_direct)
     share = percentiles(gateway_share)
     result = {
@@ -303,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         "statuses": dict(load.statuses),
         "post_to_outcome_ms": post,
         "gateway_internal": load.internal,
+        "post_ms_by_second": series,
         "command_to_event_direct_ms": direct,
         "event_sse_minus_direct_ms": share,
         "sse_events": len(load.sse_seen),

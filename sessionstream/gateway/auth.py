@@ -10,6 +10,7 @@ average, `gateway_rate_burst` at once; beyond it a request is answered 429 with
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections import OrderedDict
@@ -62,6 +63,9 @@ class Authenticator:
         self.burst = settings.gateway_rate_burst
         self._cache: OrderedDict[str, tuple[float, ApiKey | None]] = OrderedDict()
         self._buckets: dict[str, TokenBucket] = {}
+        # one query per key at a time: when an entry expires under load, the requests
+        # that find it expired wait for the same lookup instead of each sending one
+        self._inflight: dict[str, asyncio.Future[ApiKey | None]] = {}
 
     async def principal(self, authorization: str | None, x_api_key: str | None) -> Principal:
         """The caller of a request with these headers; `ApiError` 401 or 429 otherwise."""
@@ -91,8 +95,21 @@ class Authenticator:
         hit = self._cache.get(key)
         if hit is not None and hit[0] > now:
             return hit[1]
-        found = await self.db.run(lookup_key, key)
-        self._cache[key] = (now + self.ttl, found)
+        pending = self._inflight.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        fut: asyncio.Future[ApiKey | None] = asyncio.get_running_loop().create_future()
+        self._inflight[key] = fut
+        try:
+            found = await self.db.run(lookup_key, key)
+        except BaseException as e:
+            fut.set_exception(e)
+            fut.exception()  # retrieved: no "never retrieved" warning when nobody waits
+            raise
+        finally:
+            del self._inflight[key]
+        fut.set_result(found)
+        self._cache[key] = (time.monotonic() + self.ttl, found)
         self._cache.move_to_end(key)
         while len(self._cache) > _CACHE_MAX:
             self._cache.popitem(last=False)
