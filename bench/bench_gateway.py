@@ -14,7 +14,7 @@ Printed and saved to bench/results/gateway.md:
   gateway's share: SSE arrival - direct arrival of the same event (p50/p99);
 - the gateway's RSS (start, peak, end) and CPU.
 
-    .venv/bin/python -m bench.bench_gateway [--sse 200] [--rate 500] [--seconds 20]
+    .venv/bin/python -m bench.bench_gateway [--sse 200] [--rates 100,250,500] [--seconds 20]
 """
 
 from __future__ import annotations
@@ -215,17 +215,135 @@ async def drive(
     return load
 
 
+def summarize(
+    args: argparse.Namespace, rate: float, load: Load, tail: DirectTail, sessions: list[str]
+) -> dict[str, Any]:
+    """One phase's numbers (see the module's docstring)."""
+    # command -> first event at the direct reader: the processor's latency as any reader
+    # sees it (from the POST's send, so the gateway's time before producing is in it too)
+    first = tail.first_of_command
+    cmd_direct = [first[k] - t for k, t in load.sent_at.items() if k in first]
+    # per event: its arrival at an SSE client - its arrival at the direct reader
+    gateway_share = [load.sse_seen[k] - tail.seen[k] for k in load.sse_seen if k in tail.seen]
+    ours = set(sessions)
+    missing = sum(1 for k in tail.seen if k.split("/")[0] in ours and k not in load.sse_seen)
+    # POST latency by the second it was sent in: a transient and a steady state differ
+    by_second: dict[int, list[float]] = {}
+    t_start = min((t for t, _ in load.post_at), default=0.0)
+    for t, ms in load.post_at:
+        by_second.setdefault(int(t - t_start), []).append(ms)
+    series = {
+        sec: {"p50": round(sorted(v)[len(v) // 2]), "p99": round(sorted(v)[int(len(v) * 0.99)])}
+        for sec, v in sorted(by_second.items())
+    }
+    return {
+        "sse_clients": args.sse,
+        "sse_connected": load.sse_connected,
+        "sse_errors": dict(load.sse_errors),
+        "rate": rate,
+        "seconds": args.seconds,
+        "posts": len(load.post_ms),
+        "achieved_rate": round(len(load.post_ms) / args.seconds, 1),
+        "statuses": dict(load.statuses),
+        "post_to_outcome_ms": percentiles([ms / 1000 for ms in load.post_ms]),
+        "gateway_internal": load.internal,
+        "post_ms_by_second": series,
+        "command_to_event_direct_ms": percentiles(cmd_direct),
+        "event_sse_minus_direct_ms": percentiles(gateway_share),
+        "sse_events": len(load.sse_seen),
+        "sse_events_missing": missing,
+    }
+
+
+def phase(
+    args: argparse.Namespace,
+    rate: float,
+    url: str,
+    key: str,
+    procs: dict[str, Service],
+    tail: DirectTail,
+) -> dict[str, Any]:
+    gw_pid = procs["gateway"].pid
+    rss = {"start": rss_mb(gw_pid), "peak": 0.0}
+    sampling = threading.Event()
+
+    def sample() -> None:
+        while not sampling.is_set():
+            rss["peak"] = max(rss["peak"], rss_mb(gw_pid))
+            time.sleep(0.25)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    b0, t0 = machine_busy()
+    time.sleep(2)
+    b1, t1 = machine_busy()
+    busy_before = round((b1 - b0) / (t1 - t0) * (os.cpu_count() or 1), 2)
+    sampler.start()
+    cpu0 = {n: p.cpu() for n, p in procs.items()}
+    meter = CpuMeter(gw_pid, broker_pid())
+    sessions = [f"bench-{uuid.uuid4().hex[:6]}-{i}" for i in range(args.sse)]
+    start = time.perf_counter()
+    load = asyncio.run(drive(url, key, sessions, rate, args.seconds, args.warm))
+    wall = time.perf_counter() - start
+    cpu = {n: round(p.cpu() - cpu0[n], 1) for n, p in procs.items()}
+    machine = meter.read()
+    sampling.set()
+    rss["end"] = rss_mb(gw_pid)
+    out = summarize(args, rate, load, tail, sessions)
+    out.update(
+        gateway_rss_mb={k: round(v, 1) for k, v in rss.items()},
+        cpu_s=cpu,
+        wall_s=round(wall, 1),
+        # the machine's (2 cores) busy time just before the phase and while it ran; the
+        # "processor" fields of CpuMeter measure the gateway here
+        busy_cores_before_load=busy_before,
+        machine={
+            "gateway_cores": machine["processor_cores"],
+            "broker_cores": machine["broker_cores"],
+            "machine_busy_cores": machine["machine_busy_cores"],
+        },
+    )
+    return out
+
+
+def markdown(results: list[dict[str, Any]]) -> str:
+    def ms(d: dict[str, Any], q: str) -> str:
+        return f"{d[f'p{q}_ms']:.0f}"
+
+    rows = [
+        "| POST/s (achieved) | SSE clients | POST -> outcome p50 / p99 ms | command -> event, "
+        "direct reader p50 / p99 ms | event: SSE - direct p50 / p99 ms | in gateway before "
+        "produce p50 / p99 ms | SSE events (missing) | gateway RSS start / peak MB | gateway "
+        "CPU s (cores) | machine busy cores before / during |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        post, direct = r["post_to_outcome_ms"], r["command_to_event_direct_ms"]
+        share, internal = r["event_sse_minus_direct_ms"], r["gateway_internal"]
+        q = internal.get("queuedToProducedMs") or {"p50": "-", "p99": "-"}
+        rows.append(
+            f"| {r['rate']:g} ({r['achieved_rate']:g}) | {r['sse_connected']} | "
+            f"{ms(post, '50')} / {ms(post, '99')} | {ms(direct, '50')} / {ms(direct, '99')} | "
+            f"{ms(share, '50')} / {ms(share, '99')} | {q['p50']} / {q['p99']} | "
+            f"{r['sse_events']} ({r['sse_events_missing']}) | "
+            f"{r['gateway_rss_mb']['start']} / {r['gateway_rss_mb']['peak']} | "
+            f"{r['cpu_s']['gateway']} ({r['machine']['gateway_cores']}) | "
+            f"{r['busy_cores_before_load']} / {r['machine']['machine_busy_cores']} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sse", type=int, default=200, help="concurrent SSE clients")
-    ap.add_argument("--rate", type=float, default=500, help="POST per second")
-    ap.add_argument("--seconds", type=float, default=20, help="measured load duration")
+    ap.add_argument(
+        "--rates", default="500", help="POST per second, a comma-separated list of phases"
+    )
+    ap.add_argument("--seconds", type=float, default=20, help="measured load per phase")
     ap.add_argument("--warm", type=float, default=3, help="warm-up seconds at <= 100/s")
     ap.add_argument("--no-save", action="store_true", help="do not write bench/results")
     args = ap.parse_args(argv)
 
-    base = Settings()
-    s = isolated_settings(base, "gw", prefix="bench", partitions=4).model_copy(
+    s = isolated_settings(Settings(), "gw", prefix="bench", partitions=4).model_copy(
         update={
             "gateway_port": free_port(),
             "gateway_rate_per_s": 1e6,
@@ -244,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         "gateway": Service("gateway", s, ["gateway"], logs),
     }
     tail = DirectTail(s)
+    results = []
     try:
         for p in procs.values():
             p.start()
@@ -251,91 +370,21 @@ def main(argv: list[str] | None = None) -> int:
         procs["gateway"].wait_for("Application startup complete", 60)
         tail.start()
         tail.ready.wait(30)
-        gw_pid = procs["gateway"].pid
-        rss = {"start": rss_mb(gw_pid), "peak": 0.0}
-        sampling = threading.Event()
-
-        def sample() -> None:
-            while not sampling.is_set():
-                rss["peak"] = max(rss["peak"], rss_mb(gw_pid))
-                time.sleep(0.25)
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        b0, t0 = machine_busy()
-        time.sleep(2)
-        b1, t1 = machine_busy()
-        busy_before = round((b1 - b0) / (t1 - t0) * (os.cpu_count() or 1), 2)
-        cpu0 = {n: p.cpu() for n, p in procs.items()}
-        meter = CpuMeter(gw_pid, broker_pid())
-        sessions = [f"bench-{uuid.uuid4().hex[:6]}-{i}" for i in range(args.sse)]
-        t0 = time.perf_counter()
         url = f"http://127.0.0.1:{s.gateway_port}"
-        load = asyncio.run(drive(url, key, sessions, args.rate, args.seconds, args.warm))
-        wall = time.perf_counter() - t0
-        cpu = {n: round(p.cpu() - cpu0[n], 1) for n, p in procs.items()}
-        machine = meter.read()
-        sampling.set()
-        rss["end"] = rss_mb(gw_pid)
+        for rate in (float(r) for r in args.rates.split(",")):
+            results.append(phase(args, rate, url, key, procs, tail))
+            print(json.dumps(results[-1], indent=2), flush=True)
         tail.stop.set()
-        time.sleep(0.2)
     finally:
         for p in procs.values():
             p.stop()
         delete_world([s])
-
-    # command -> first event at the direct reader (the processor's latency as any reader
-    # sees it) and at the SSE clients; per event: SSE arrival - direct arrival
-    first = tail.first_of_command
-    cmd_direct = [first[k] - t for k, t in load.sent_at.items() if k in first]
-    # per event: its arrival at an SSE client - its arrival at the direct reader
-    gateway_share = [load.sse_seen[k] - tail.seen[k] for k in load.sse_seen if k in tail.seen]
-    ours = set(sessions)
-    missing = sum(1 for k in tail.seen if k.split("/")[0] in ours and k not in load.sse_seen)
-    post = percentiles([ms / 1000 for ms in load.post_ms])
-    # POST latency by the second it was sent in: a transient and a steady state differ
-    by_second: dict[int, list[float]] = {}
-    t_start = min((t for t, _ in load.post_at), default=0.0)
-    for t, ms in load.post_at:
-        by_second.setdefault(int(t - t_start), []).append(ms)
-    series = {
-        sec: {"p50": round(sorted(v)[len(v) // 2]), "p99": round(sorted(v)[int(len(v) * 0.99)])}
-        for sec, v in sorted(by_second.items())
-    }
-    direct = percentiles(cmd_direct)
-    share = percentiles(gateway_share)
-    result = {
-        "sse_clients": args.sse,
-        "sse_connected": load.sse_connected,
-        "sse_errors": dict(load.sse_errors),
-        "rate": args.rate,
-        "seconds": args.seconds,
-        "posts": len(load.post_ms),
-        "achieved_rate": round(len(load.post_ms) / args.seconds, 1),
-        "statuses": dict(load.statuses),
-        "post_to_outcome_ms": post,
-        "gateway_internal": load.internal,
-        "post_ms_by_second": series,
-        "command_to_event_direct_ms": direct,
-        "event_sse_minus_direct_ms": share,
-        "sse_events": len(load.sse_seen),
-        "sse_events_missing": missing,
-        "gateway_rss_mb": {k: round(v, 1) for k, v in rss.items()},
-        "cpu_s": cpu,
-        "wall_s": round(wall, 1),
-        # the machine's (2 cores) and the broker's use while the load ran; the "processor"
-        # fields of CpuMeter measure the gateway here
-        "busy_cores_before_load": busy_before,
-        "machine": {
-            "gateway_cores": machine["processor_cores"],
-            "broker_cores": machine["broker_cores"],
-            "machine_busy_cores": machine["machine_busy_cores"],
-        },
-    }
-    print(json.dumps(result, indent=2))
+    table = markdown(results)
+    print(table)
     if not args.no_save:
         RESULTS.mkdir(exist_ok=True)
-        (RESULTS / "gateway.json").write_text(json.dumps(result, indent=2) + "\n")
+        (RESULTS / "gateway.json").write_text(json.dumps(results, indent=2) + "\n")
+        # bench/results/gateway.md embeds this table with the analysis around it
     return 0
 
 

@@ -22,7 +22,15 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from schemas.codec import Codec
 from schemas.commands import (
@@ -44,6 +52,7 @@ from sessionstream.errors import (
 )
 from sessionstream.kafka import (
     DeadLetter,
+    client_config,
     command_producer_config,
     produce,
     read_records,
@@ -127,6 +136,7 @@ class SessionClient:
         self._dlq_parts: list[int] | None = None
         self._dlq_cache: tuple[float, dict[int, int]] = (0.0, {})
         self._positions: dict[int, tuple[float, int]] = {}
+        self._admin: AdminClient | None = None
         self._runs: dict[str, str | None] = {}  # session -> the run last seen active
 
     # -- producing --------------------------------------------------------------------------
@@ -191,11 +201,7 @@ class SessionClient:
         if not commands:
             return []
         n = self._partition_count()
-        ends: dict[int, int] = {}
-        for c in commands:
-            p = partition_for(c.session_id.encode(), n)
-            if p not in ends:
-                ends[p] = self._hwm(p)
+        ends = self._hwms({partition_for(c.session_id.encode(), n) for c in commands})
         # an older end of the DLQ only makes a dead-letter lookup read a little more
         at, dlq = self._dlq_cache
         if time.monotonic() - at > 1.0:
@@ -468,6 +474,16 @@ class SessionClient:
         elif timeout > 0:
             time.sleep(timeout)
         rnd = _Round(self)
+        # the watermarks this round will need for commands whose events arrived: one request
+        settling = {
+            h.partition
+            for h in handles
+            if h.partition is not None
+            and self._pending.get(_key(h))
+            and self._waits.get(_key(h), _WaitState()).settle_at is None
+        }
+        if settling:
+            rnd.prefetch(settling)
         out: list[tuple[CommandHandle, Outcome | SessionstreamError]] = []
         for h in handles:
             try:
@@ -504,13 +520,13 @@ class SessionClient:
         if mine:
             if w.settle_at is None:
                 w.settle_at = rnd.hwm(p)
-            if self._tail_position(p) >= w.settle_at:
+            if rnd.tail_position(p) >= w.settle_at:
                 return outcome_of(cid, mine)
         elif time.monotonic() >= w.next_check:
             w.next_check = time.monotonic() + 0.1
             if w.settle_at is None and rnd.processor_position(p) > handle.offset:
                 w.settle_at = rnd.hwm(p)
-            if w.settle_at is not None and self._tail_position(p) >= w.settle_at:
+            if w.settle_at is not None and rnd.tail_position(p) >= w.settle_at:
                 reason = self._dead_letter_reason(handle)
                 if reason is not None:
                     return Outcome("dead_letter", cid, reason=reason)
@@ -553,6 +569,25 @@ class SessionClient:
                 return d.reason
         return None
 
+    def _hwms(self, partitions: set[int]) -> dict[int, int]:
+        """High watermarks of several events partitions in one request (`_hwm` asks once
+        per partition); falls back to `_hwm` when the request fails."""
+        if len(partitions) < 2:
+            return {p: self._hwm(p) for p in partitions}
+        if self._admin is None:
+            self._admin = AdminClient(client_config(self.settings))
+        topic = self.settings.events_topic
+        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+        try:
+            got = self._admin.list_offsets(
+                {TopicPartition(topic, p): latest for p in partitions},
+                isolation_level=IsolationLevel.READ_UNCOMMITTED,
+                request_timeout=10,
+            )
+            return {tp.partition: int(f.result(timeout=10).offset) for tp, f in got.items()}
+        except KafkaException:
+            return {p: self._hwm(p) for p in partitions}
+
     def _hwm(self, partition: int, timeout: float = 10.0, topic: str | None = None) -> int:
         """A partition's high watermark (events topic by default), retrying while
         leadership settles."""
@@ -581,6 +616,7 @@ class SessionClient:
             if c is not None:
                 c.close()
         self._producer = self._events = self._offsets = self._meta = None
+        self._admin = None
         self._tailing.clear()
         self._pending.clear()
         self._pending_from.clear()
@@ -608,6 +644,15 @@ class _Round:
         self.client = client
         self._hwm: dict[int, int] = {}
         self._position: dict[int, int] = {}
+        self._tail: dict[int, int] = {}
+
+    def prefetch(self, partitions: set[int]) -> None:
+        self._hwm.update(self.client._hwms(partitions))
+
+    def tail_position(self, partition: int) -> int:
+        if partition not in self._tail:
+            self._tail[partition] = self.client._tail_position(partition)
+        return self._tail[partition]
 
     def hwm(self, partition: int) -> int:
         if partition not in self._hwm:
