@@ -253,7 +253,8 @@ def analytics(
     ] = None,
     log_level: LogLevel = "INFO",
 ) -> None:
-    """Live run, cancel-latency and rejection stats over session.events (faust), as JSON."""
+    """Live run, duration, cancel-latency and rejection stats over session.events (faust),
+    as JSON."""
     from consumers.analytics.app import run_analytics
     from sessionstream.settings import get_settings
 
