@@ -153,6 +153,13 @@ def test_console_sends_a_prompt_shows_the_live_timeline_and_aborts(
     assert not _css(browser, 'rect.bar[data-state="open"]'), "nothing runs after the cancel"
     outcomes = browser.find_element(By.ID, "outcomes").text
     assert "send: accepted" in outcomes and "abort: accepted" in outcomes
+    # the sessions list follows the log too: the session's run is over
+    _wait(
+        browser,
+        "idle session in the list",
+        15,
+        lambda d: _css(d, f'li[data-session="{sid}"] .badge[data-status="idle"]'),
+    )
     _shot(browser, "2-cancelled")
 
     # a reload rebuilds the same picture from PostgreSQL

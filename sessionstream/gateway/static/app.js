@@ -16,6 +16,7 @@
     stop: null,          // stops the live stream
     skew: 0,             // event clock - this browser's clock
     tick: null,
+    listStatus: null,    // the open session's status for the list, from its live events
   };
 
   // -- key ------------------------------------------------------------------------------
@@ -72,6 +73,7 @@
     const ul = $("session-list");
     ul.textContent = "";
     for (const s of r.data.sessions) {
+      if (s.sessionId === S.session && S.listStatus) s.status = S.listStatus;
       const li = document.createElement("li");
       li.dataset.session = s.sessionId;
       li.classList.toggle("selected", s.sessionId === S.session);
@@ -92,7 +94,8 @@
   async function openSession(id) {
     if (S.session === id) return;
     if (S.stop) S.stop();
-    Object.assign(S, { session: id, events: new Map(), runs: [], current: null, follow: true, queue: 0 });
+    Object.assign(S, { session: id, events: new Map(), runs: [], current: null, follow: true, queue: 0,
+                       listStatus: null });
     $("session").hidden = false;
     $("session-title").textContent = id;
     $("outcomes").textContent = "";
@@ -170,6 +173,13 @@
         draw();
       });
       picker.appendChild(b);
+    }
+    // the list is PostgreSQL's, a moment behind: the open session's badge follows the log
+    // (as in the list: the active run's status, idle once the latest run has finished)
+    if (S.current && S.current === S.runs[S.runs.length - 1]) {
+      S.listStatus = m.fin ? "idle" : status;
+      const badge = document.querySelector("#session-list li.selected .badge");
+      if (badge) { badge.textContent = S.listStatus; badge.dataset.status = S.listStatus; }
     }
     const active = S.current && !m.fin;
     $("abort").disabled = !active;

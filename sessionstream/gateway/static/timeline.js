@@ -122,7 +122,8 @@ const Timeline = (() => {
     let y = 6;
     const laneY = {};
     for (const [lane, label] of LANES) {
-      const rows = lane === "control" ? 2 : pack(m.bars.filter((b) => b.lane === lane));
+      // control: a row for the terminal status, two alternating rows of marks
+      const rows = lane === "control" ? 3 : pack(m.bars.filter((b) => b.lane === lane));
       const h = rows * (rowH + 2) + pad;
       laneY[lane] = y;
       el("rect", { x: 0, y, width, height: h, fill: lane === "control" ? "#fafbfc" : "#fff" }, svg);
@@ -155,7 +156,7 @@ const Timeline = (() => {
     let alt = 0;
     for (const mk of m.marks) {
       const lane = mk.lane || "control";
-      const my = laneY[lane] + 3 + (lane === "control" ? (alt++ % 2) * (rowH + 2) : 0);
+      const my = laneY[lane] + 3 + (lane === "control" ? (1 + (alt++ % 2)) * (rowH + 2) : 0);
       const g = el("g", { class: "mark", "data-type": mk.type }, svg);
       el("line", { x1: x(mk.ts), x2: x(mk.ts), y1: my, y2: my + rowH, stroke: mk.color }, g);
       el("circle", { cx: x(mk.ts), cy: my + 3, r: 3, fill: mk.color }, g);
@@ -165,7 +166,7 @@ const Timeline = (() => {
       const status = (m.fin.payload || {}).terminalStatus;
       const g = el("g", { class: "terminal", "data-status": status }, svg);
       el("line", { x1: x(m.fin.ts), x2: x(m.fin.ts), y1: 4, y2: axisY }, g);
-      el("text", { x: x(m.fin.ts) + 5, y: 18, "font-weight": 700 }, g).textContent = status;
+      el("text", { x: x(m.fin.ts) + 5, y: laneY.control + 15, "font-weight": 700 }, g).textContent = status;
     }
     return m;
   }
