@@ -26,6 +26,7 @@ from schemas.commands import MAX_ID_CHARS
 from sessionstream import __version__
 from sessionstream.errors import DatabaseUnavailable, SessionstreamError
 from sessionstream.gateway import views
+from sessionstream.gateway._flight import SingleFlight
 from sessionstream.gateway.auth import Authenticator, Principal
 from sessionstream.gateway.bridge import CommandBridge, InFlight
 from sessionstream.gateway.commands import (
@@ -64,7 +65,7 @@ class Gateway:
         self.owners: OrderedDict[str, str] = OrderedDict()
         #: sessions PostgreSQL did not know, until when (monotonic): asked again after
         self.unknown: OrderedDict[str, float] = OrderedDict()
-        self._asking: dict[str, asyncio.Future[str | None]] = {}
+        self._asking: SingleFlight[str, str | None] = SingleFlight()
 
     async def start(self) -> None:
         self.db.open()
@@ -87,20 +88,10 @@ class Gateway:
             return hit
         if recent_unknown and self.unknown.get(session_id, 0.0) > time.monotonic():
             return None
-        asking = self._asking.get(session_id)
-        if asking is not None:
-            return await asyncio.shield(asking)
-        fut: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
-        self._asking[session_id] = fut
-        try:
-            tenant = await self.db.run(views.session_tenant, session_id)
-        except BaseException as e:
-            fut.set_exception(e)
-            fut.exception()
-            raise
-        finally:
-            del self._asking[session_id]
-        fut.set_result(tenant)
+        return await self._asking.do(session_id, lambda: self._fetch_owner(session_id))
+
+    async def _fetch_owner(self, session_id: str) -> str | None:
+        tenant = await self.db.run(views.session_tenant, session_id)
         if tenant is not None:
             self.owners[session_id] = tenant
             self.unknown.pop(session_id, None)

@@ -10,12 +10,12 @@ average, `gateway_rate_burst` at once; beyond it a request is answered 429 with
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from sessionstream.gateway._flight import SingleFlight
 from sessionstream.gateway.db import Database
 from sessionstream.gateway.errors import ApiError
 from sessionstream.gateway.keys import ApiKey, lookup_key, parse_key
@@ -65,7 +65,7 @@ class Authenticator:
         self._buckets: dict[str, TokenBucket] = {}
         # one query per key at a time: when an entry expires under load, the requests
         # that find it expired wait for the same lookup instead of each sending one
-        self._inflight: dict[str, asyncio.Future[ApiKey | None]] = {}
+        self._flight: SingleFlight[str, ApiKey | None] = SingleFlight()
 
     async def principal(self, authorization: str | None, x_api_key: str | None) -> Principal:
         """The caller of a request with these headers; `ApiError` 401 or 429 otherwise."""
@@ -95,20 +95,10 @@ class Authenticator:
         hit = self._cache.get(key)
         if hit is not None and hit[0] > now:
             return hit[1]
-        pending = self._inflight.get(key)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        fut: asyncio.Future[ApiKey | None] = asyncio.get_running_loop().create_future()
-        self._inflight[key] = fut
-        try:
-            found = await self.db.run(lookup_key, key)
-        except BaseException as e:
-            fut.set_exception(e)
-            fut.exception()  # retrieved: no "never retrieved" warning when nobody waits
-            raise
-        finally:
-            del self._inflight[key]
-        fut.set_result(found)
+        return await self._flight.do(key, lambda: self._fetch(key))
+
+    async def _fetch(self, key: str) -> ApiKey | None:
+        found = await self.db.run(lookup_key, key)
         self._cache[key] = (time.monotonic() + self.ttl, found)
         self._cache.move_to_end(key)
         while len(self._cache) > _CACHE_MAX:

@@ -10,6 +10,7 @@ import pytest
 
 from schemas.codec import Codec
 from schemas.events import Event
+from sessionstream.gateway._flight import SingleFlight
 from sessionstream.gateway.auth import Principal, TokenBucket, _presented
 from sessionstream.gateway.commands import build_command, outcome_body
 from sessionstream.gateway.errors import ApiError
@@ -130,3 +131,34 @@ async def test_a_slow_subscriber_is_closed_not_grown() -> None:
     assert sub.closed
     _deliver(sub, [Item(99, _event(99))])
     assert sub.queue.empty(), "nothing more after the overflow"
+
+
+async def test_single_flight_shares_one_call_per_key_and_its_error() -> None:
+    flight: SingleFlight[str, int] = SingleFlight()
+    calls: list[str] = []
+    gate = asyncio.Event()
+
+    async def fetch(key: str, fail: bool = False) -> int:
+        calls.append(key)
+        n = len(calls)
+        await gate.wait()
+        if fail:
+            raise RuntimeError(key)
+        return n
+
+    waiting = [asyncio.ensure_future(flight.do("a", lambda: fetch("a"))) for _ in range(5)]
+    other = asyncio.ensure_future(flight.do("b", lambda: fetch("b")))
+    await asyncio.sleep(0)
+    gate.set()
+    assert await asyncio.gather(*waiting) == [1] * 5
+    assert await other == 2
+    assert calls == ["a", "b"], "one call per key in flight"
+
+    gate.clear()
+    failing = [asyncio.ensure_future(flight.do("a", lambda: fetch("a", True))) for _ in range(3)]
+    await asyncio.sleep(0)
+    gate.set()
+    results = await asyncio.gather(*failing, return_exceptions=True)
+    assert all(isinstance(r, RuntimeError) for r in results)
+    assert calls == ["a", "b", "a"]
+    assert await flight.do("a", lambda: fetch("a")) == 4, "a new call once the last one ended"
