@@ -285,13 +285,19 @@ def create_app(settings: Settings) -> FastAPI:
         return {"keyId": who.key_id, "tenantId": who.tenant_id, "actor": who.actor}
 
     @app.get("/healthz", include_in_schema=False)
-    async def healthz() -> dict[str, Any]:
-        return {
-            "ok": True,
+    async def healthz() -> JSONResponse:
+        # the two Kafka threads: without one the gateway still answers HTTP but commands
+        # or streams would wait for nothing; a supervisor restarts it on this 503
+        threads = {"commands": gw.bridge.alive, "events": gw.fanout.alive}
+        ok = all(threads.values())
+        body = {
+            "ok": ok,
+            "threads": threads,
             "sseClients": gw.fanout.subscribers,
             "commandsSent": gw.bridge.sent,
             "commands": gw.bridge.timings(),
         }
+        return JSONResponse(body, status_code=200 if ok else 503)
 
     static = resources.files("sessionstream.gateway") / "static"
 

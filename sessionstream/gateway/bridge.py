@@ -66,6 +66,11 @@ class CommandBridge:
         self._loop = loop
         self._thread.start()
 
+    @property
+    def alive(self) -> bool:
+        """The commands thread runs (it stops only on `close` or a failure)."""
+        return self._thread.is_alive()
+
     def close(self) -> None:
         self._stop.set()
         if self._thread.is_alive():

@@ -86,6 +86,11 @@ class EventFanout:
         if self._error is not None:
             raise self._error
 
+    @property
+    def alive(self) -> bool:
+        """The events tail runs (it stops only on `close` or a failure)."""
+        return self._thread.is_alive()
+
     def close(self) -> None:
         self._stop.set()
         if self._thread.is_alive():

@@ -436,3 +436,6 @@ def test_openapi_and_the_console_are_served(world: GatewayWorld) -> None:
         page = c.get("/")
         assert page.status_code == 200 and "sessionstream" in page.text
         assert c.get("/v1/nothing").json()["error"]["code"] == "not_found"
+        health = c.get("/healthz")
+        assert health.status_code == 200, health.text
+        assert health.json()["threads"] == {"commands": True, "events": True}
