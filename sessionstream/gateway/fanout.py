@@ -33,7 +33,7 @@ from sessionstream.kafka import client_config, read_messages, reader_config
 from sessionstream.settings import Settings
 from streams.partitioning import partition_for
 
-__all__ = ["EventFanout", "Item", "Overflow", "Subscriber"]
+__all__ = ["EventFanout", "Item", "Overflow", "Stopped", "Subscriber"]
 
 log = logging.getLogger("sessionstream.gateway")
 
@@ -50,12 +50,17 @@ class Overflow:
     """Put on a subscriber's queue when it is full: the stream ends there."""
 
 
+class Stopped:
+    """Put on every subscriber's queue when the events tail fails: the streams end (their
+    clients reconnect and are told 503 until the gateway is restarted)."""
+
+
 @dataclass(eq=False)
 class Subscriber:
     session_id: str
     tenant_id: str
     partition: int
-    queue: asyncio.Queue[Item | Overflow]
+    queue: asyncio.Queue[Item | Overflow | Stopped]
     loop: asyncio.AbstractEventLoop
     closed: bool = False
     dropped: int = field(default=0)
@@ -102,7 +107,10 @@ class EventFanout:
     # -- subscribers (event loop) -----------------------------------------------------------
     def subscribe(self, session_id: str, tenant_id: str) -> tuple[Subscriber, int]:
         """A queue of the session's events from now on (only those of `tenant_id`), and
-        the partition's position: every event below it was handed out before."""
+        the partition's position: every event below it was handed out before.
+        `RuntimeError` if the events tail has stopped."""
+        if not self.alive:
+            raise RuntimeError("the gateway's events tail has stopped")
         p = self.partition_of(session_id)
         sub = Subscriber(
             session_id, tenant_id, p, asyncio.Queue(self.queue_size), asyncio.get_running_loop()
@@ -185,6 +193,10 @@ class EventFanout:
                     self._hand_out(batch)
         except Exception:
             log.exception("gateway: the events consumer failed")
+            with self._lock:
+                subs = [sub for group in self._subs.values() for sub in group]
+            for sub in subs:
+                sub.loop.call_soon_threadsafe(_stop, sub)
             raise
         finally:
             consumer.close()
@@ -233,3 +245,10 @@ def _deliver(sub: Subscriber, items: list[Item]) -> None:
             sub.queue.put_nowait(Overflow())
             return
         sub.queue.put_nowait(item)
+
+
+def _stop(sub: Subscriber) -> None:
+    if sub.closed:  # an overflowed queue already ends with its marker
+        return
+    sub.closed = True
+    sub.queue.put_nowait(Stopped())

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from sessionstream.gateway.errors import ApiError
-from sessionstream.gateway.fanout import EventFanout, Item, Overflow
+from sessionstream.gateway.fanout import EventFanout, Item, Overflow, Stopped
 
 __all__ = ["event_stream", "parse_last_event_id"]
 
@@ -93,6 +93,9 @@ async def _catch_up(
 def event_stream(
     fanout: EventFanout, session_id: str, tenant_id: str, last_id: int | None, ping_s: float
 ) -> EventSourceResponse:
+    if not fanout.alive:
+        raise ApiError(503, "events_unavailable", "the gateway's events tail has stopped")
+
     async def events() -> AsyncIterator[ServerSentEvent]:
         sub, position = fanout.subscribe(session_id, tenant_id)
         sent = -1 if last_id is None else last_id
@@ -105,6 +108,8 @@ def event_stream(
             yield ServerSentEvent(comment=f"live from offset {max(position, sent + 1)}")
             while True:
                 got = await sub.queue.get()
+                if isinstance(got, Stopped):
+                    return
                 if isinstance(got, Overflow):
                     yield ServerSentEvent(
                         data=json.dumps({"lastEventId": sent}), event="overflow", id=str(sent)

@@ -14,7 +14,7 @@ from sessionstream.gateway._flight import SingleFlight
 from sessionstream.gateway.auth import Principal, TokenBucket, _presented
 from sessionstream.gateway.commands import build_command, outcome_body
 from sessionstream.gateway.errors import ApiError
-from sessionstream.gateway.fanout import Item, Overflow, Subscriber, _deliver
+from sessionstream.gateway.fanout import Item, Overflow, Stopped, Subscriber, _deliver, _stop
 from sessionstream.gateway.keys import hash_key, parse_key
 from sessionstream.gateway.sse import parse_last_event_id
 
@@ -162,3 +162,17 @@ async def test_single_flight_shares_one_call_per_key_and_its_error() -> None:
     assert all(isinstance(r, RuntimeError) for r in results)
     assert calls == ["a", "b", "a"]
     assert await flight.do("a", lambda: fetch("a")) == 4, "a new call once the last one ended"
+
+
+async def test_a_failed_tail_ends_every_stream_once() -> None:
+    loop = asyncio.get_running_loop()
+    live = Subscriber("s1", "acme", 0, asyncio.Queue(10), loop)
+    _deliver(live, [Item(0, _event(1))])
+    _stop(live)
+    assert isinstance(live.queue.get_nowait(), Item)
+    assert isinstance(live.queue.get_nowait(), Stopped) and live.closed
+    slow = Subscriber("s1", "acme", 0, asyncio.Queue(3), loop)
+    _deliver(slow, [Item(i, _event(i + 1)) for i in range(5)])
+    _stop(slow)  # its queue already ends with the overflow marker (and is full)
+    items = [slow.queue.get_nowait() for _ in range(slow.queue.qsize())]
+    assert isinstance(items[-1], Overflow) and not any(isinstance(i, Stopped) for i in items)
