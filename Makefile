@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: help install up down status test soak lint demo bench clean
+.PHONY: help install up down status test soak lint demo bench clean browser
 
 help:
 	@echo "make install  virtualenv in $(VENV) with sessionstream and its dev tools"
@@ -18,7 +18,7 @@ help:
 	@echo "make status   say what runs"
 	@echo "               (SESSIONSTREAM_STACK_SECURE=1: the secured stack; SESSIONSTREAM_KAFKA_BROKERS=3:"
 	@echo "                the 3-node cluster; both next to the default one, see docs/local-stack.md)"
-	@echo "make test     install, up, run all tests"
+	@echo "make test     install, up, chromium for the browser test, run all tests"
 	@echo "make soak     install, up, the fault suite at 10x load and rounds"
 	@echo "make lint     ruff + mypy + lint-imports (the layer contracts in pyproject.toml)"
 	@echo "make demo     install, up, run the demo"
@@ -54,8 +54,23 @@ down:
 status: install
 	@stack/stack.sh status
 
+# The console's browser test drives Debian's headless Chromium with its chromedriver:
+# installed like PostgreSQL (as root, apt-get) when missing. Without them that test fails.
+browser:
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "apt: installing chromium chromium-driver (the console's browser test)"; \
+			DEBIAN_FRONTEND=noninteractive apt-get update -qq; \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+				chromium chromium-driver >/dev/null; \
+		else \
+			echo "warning: chromium/chromedriver missing and not root: the browser test will fail" \
+				"(Debian: apt-get install chromium chromium-driver)" >&2; \
+		fi; \
+	fi
+
 # pytest exits 5 when it collected no tests: that is a failure here, not a pass.
-test: install up
+test: install up browser
 	@rc=0; $(PY) -m pytest $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
@@ -72,8 +87,8 @@ lint: install
 	echo "lint-imports"; $(VENV)/bin/lint-imports || rc=1; \
 	exit $$rc
 
-# Until the real demo lands this is the smoke round trip through Kafka and PostgreSQL.
-# DEMO_ARGS=--keep leaves processor, sink and workers running to explore
+# The protocol's scenes end to end; prints the web console's URL with a demo key.
+# DEMO_ARGS=--keep leaves processor, sink, workers, analytics and the gateway running
 demo: install up
 	$(VENV)/bin/sessionstream demo $(DEMO_ARGS)
 

@@ -241,6 +241,10 @@ from sessionstream._cli_send import register as _register_send  # noqa: E402
 
 _register_send(app)
 
+from sessionstream._cli_gateway import register as _register_gateway  # noqa: E402
+
+_register_gateway(app)
+
 
 @app.command()
 def analytics(
@@ -249,7 +253,8 @@ def analytics(
     ] = None,
     log_level: LogLevel = "INFO",
 ) -> None:
-    """Live run, cancel-latency and rejection stats over session.events (faust), as JSON."""
+    """Live run, duration, cancel-latency and rejection stats over session.events (faust),
+    as JSON."""
     from consumers.analytics.app import run_analytics
     from sessionstream.settings import get_settings
 
@@ -261,9 +266,13 @@ def analytics(
 
 @app.command()
 def demo(
-    keep: Annotated[bool, typer.Option(help="leave processor, sink and workers running")] = False,
+    keep: Annotated[
+        bool,
+        typer.Option(help="leave processor, sink, workers, analytics and the gateway running"),
+    ] = False,
 ) -> None:
-    """Start processor, sink and two workers and play the protocol's scenes end to end."""
+    """Start processor, sink, two workers, analytics and the gateway (its web console's URL
+    is printed with a demo key) and play the protocol's scenes end to end."""
     from sessionstream._logging import setup_logging
     from sessionstream.demo import run_demo
     from sessionstream.errors import SessionstreamError

@@ -22,7 +22,15 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from schemas.codec import Codec
 from schemas.commands import (
@@ -36,9 +44,15 @@ from schemas.commands import (
 )
 from schemas.errors import DecodeError
 from schemas.events import SESSION_LOG, CommandRejected, Event
-from sessionstream.errors import CommandTimeout, IncompatibleEvent, KafkaUnavailable
+from sessionstream.errors import (
+    CommandTimeout,
+    IncompatibleEvent,
+    KafkaUnavailable,
+    SessionstreamError,
+)
 from sessionstream.kafka import (
     DeadLetter,
+    client_config,
     command_producer_config,
     produce,
     read_records,
@@ -48,7 +62,7 @@ from sessionstream.kafka import (
 from sessionstream.settings import Settings, get_settings
 from streams.partitioning import partition_for
 
-__all__ = ["KNOWN_RUN", "CommandHandle", "Outcome", "SessionClient"]
+__all__ = ["KNOWN_RUN", "CommandHandle", "Outcome", "SessionClient", "outcome_of"]
 
 
 class _KnownRun:
@@ -97,6 +111,7 @@ class SessionClient:
         producer_overrides: dict[str, Any] | None = None,
         clock: Any = time.time,
         actor: str | None = None,
+        fetch_wait_ms: int = 100,
     ) -> None:
         self.tenant_id = tenant_id
         #: recorded as who asked, on every command this client sends (unless overridden)
@@ -110,9 +125,18 @@ class SessionClient:
         self._offsets: Consumer | None = None
         self._meta: Consumer | None = None
         self._tailing: dict[int, int] = {}
-        self._pending: dict[str, list[Event]] = {}
-        self._pending_from: dict[str, int] = {}
+        # keyed by (session, command id): command ids are per session, and a gateway's
+        # callers choose their own
+        self._pending: dict[tuple[str, str], list[Event]] = {}
+        self._pending_from: dict[tuple[str, str], int] = {}
+        self._waits: dict[tuple[str, str], _WaitState] = {}
         self._partitions: int | None = None
+        #: the outcome tail's fetch.wait.max.ms (a server waiting on many commands: lower)
+        self._fetch_wait_ms = fetch_wait_ms
+        self._dlq_parts: list[int] | None = None
+        self._dlq_cache: tuple[float, dict[int, int]] = (0.0, {})
+        self._positions: dict[int, tuple[float, int]] = {}
+        self._admin: AdminClient | None = None
         self._runs: dict[str, str | None] = {}  # session -> the run last seen active
 
     # -- producing --------------------------------------------------------------------------
@@ -121,6 +145,13 @@ class SessionClient:
         if self._producer is None:
             self._producer = Producer(self._producer_conf)
         return self._producer
+
+    def prepare(self) -> None:
+        """Connect now: the producer, the metadata reader and the partition count, so the
+        first command does not wait for them (a server calls this at start)."""
+        _ = self.producer
+        self._partition_count()
+        self._dlq_ends()
 
     def now_ms(self) -> int:
         return int(self._clock() * 1000)
@@ -153,11 +184,41 @@ class SessionClient:
 
     def submit(self, command: Command, *, track: bool = True) -> CommandHandle:
         """Produce `command`. With `track`, remember where its outcome will appear."""
-        handle = CommandHandle(command)
-        if track:
-            handle.events_from = self._events_high_watermarks(command.session_id)
-            handle.dlq_from = self._dlq_ends()
-            self._track(handle)
+        if not track:
+            return self._produce(CommandHandle(command))
+        handle = CommandHandle(
+            command,
+            events_from=self._events_high_watermarks(command.session_id),
+            dlq_from=self._dlq_ends(),
+        )
+        self._track(handle)
+        return self._produce(handle)
+
+    def submit_many(self, commands: list[Command]) -> list[CommandHandle]:
+        """`submit(track=True)` for several commands at once: each events partition's end
+        and the dead-letter topic's are read once for all of them (before any is produced,
+        so every outcome still lies beyond them). What a gateway sends in one round."""
+        if not commands:
+            return []
+        n = self._partition_count()
+        ends = self._hwms({partition_for(c.session_id.encode(), n) for c in commands})
+        # an older end of the DLQ only makes a dead-letter lookup read a little more
+        at, dlq = self._dlq_cache
+        if time.monotonic() - at > 1.0:
+            dlq = self._dlq_ends()
+            self._dlq_cache = (time.monotonic(), dlq)
+        handles = []
+        for c in commands:
+            p = partition_for(c.session_id.encode(), n)
+            h = CommandHandle(c, events_from={p: ends[p]}, dlq_from=dict(dlq))
+            self._track(h)
+            handles.append(h)
+        for h in handles:
+            self._produce(h)
+        return handles
+
+    def _produce(self, handle: CommandHandle) -> CommandHandle:
+        command = handle.command
 
         def delivered(err: KafkaError | None, msg: Any) -> None:
             if err is not None:
@@ -174,6 +235,7 @@ class SessionClient:
                 on_delivery=delivered,
             )
         except KafkaException as e:  # e.g. a record larger than the producer takes
+            self.release(handle)
             raise unavailable(f"command {command.command_id} not sent", e, self.settings) from e
         self.producer.poll(0)
         return handle
@@ -267,7 +329,7 @@ class SessionClient:
                 group_id=f"sessionstream-client-{uuid.uuid4()}",
                 read_committed=read_committed,
                 eof=True,
-                fetch_wait_ms=100,
+                fetch_wait_ms=self._fetch_wait_ms,
             )
         )
 
@@ -329,10 +391,11 @@ class SessionClient:
                 tp = TopicPartition(self.settings.events_topic, p, offset)
                 self._events.incremental_assign([tp])
                 self._tailing[p] = offset
-        self._pending[handle.command.command_id] = []
+        key = _key(handle)
+        self._pending[key] = []
         # the outcome lies beyond where the partition ended before the command was sent:
         # anything earlier under the same id (another tenant's refused command) is not it
-        self._pending_from[handle.command.command_id] = min(handle.events_from.values())
+        self._pending_from[key] = min(handle.events_from.values())
 
     def _drain(self, timeout: float) -> None:
         """Read what the tail has; keep the events of tracked commands."""
@@ -349,9 +412,10 @@ class SessionClient:
                         f"version cannot read ({e.reason}): upgrade sessionstream"
                     ) from e
                 self._saw(event)
-                bucket = self._pending.get(event.command_id)
+                key = (event.session_id, event.command_id)
+                bucket = self._pending.get(key)
                 offset = msg.offset()
-                if bucket is not None and (offset or 0) >= self._pending_from[event.command_id]:
+                if bucket is not None and (offset or 0) >= self._pending_from[key]:
                     bucket.append(event)
             elif err.fatal():
                 raise unavailable("reading outcomes", KafkaException(err), self.settings)
@@ -378,54 +442,106 @@ class SessionClient:
         cid = handle.command.command_id
         if handle.events_from is None:
             raise ValueError("command was submitted with track=False")
-        if cid not in self._pending:
+        if _key(handle) not in self._pending:
             self._track(handle)
-        while handle.offset is None and handle.error is None:
-            self.producer.poll(0.01)
-            self._drain(0)
-            if time.monotonic() > deadline:
-                raise CommandTimeout(cid, "not acknowledged by the broker")
+        try:
+            while True:
+                if handle.offset is None and handle.error is None:
+                    self.producer.poll(0.01)
+                    self._drain(0)
+                else:
+                    self._drain(0.02)
+                outcome = self._step(handle, _Round(self))
+                if outcome is not None:
+                    return outcome
+                if time.monotonic() > deadline:
+                    what = "not acknowledged by the broker" if handle.offset is None else ""
+                    raise CommandTimeout(cid, what or f"no outcome within {timeout}s")
+        finally:
+            self.release(handle)
+
+    def collect(
+        self, handles: list[CommandHandle], timeout: float = 0.01
+    ) -> list[tuple[CommandHandle, Outcome | SessionstreamError]]:
+        """One round of `wait` for many tracked commands at once, waiting at most
+        `timeout` for new events: the outcomes (or errors) known now. Those handles are
+        released; the others stay tracked for the next round (or `release`). Watermarks
+        and the processor's position are read once per partition per round, so the cost
+        grows with partitions, not with commands in flight."""
+        self.producer.poll(0)
+        if self._events is not None:
+            self._drain(timeout)
+        elif timeout > 0:
+            time.sleep(timeout)
+        rnd = _Round(self)
+        # the watermarks this round will need for commands whose events arrived: one request
+        settling = {
+            h.partition
+            for h in handles
+            if h.partition is not None
+            and self._pending.get(_key(h))
+            and self._waits.get(_key(h), _WaitState()).settle_at is None
+        }
+        if settling:
+            rnd.prefetch(settling)
+        out: list[tuple[CommandHandle, Outcome | SessionstreamError]] = []
+        for h in handles:
+            try:
+                got: Outcome | SessionstreamError | None = self._step(h, rnd)
+            except SessionstreamError as e:
+                got = e
+            if got is not None:
+                out.append((h, got))
+                self.release(h)
+        return out
+
+    def release(self, handle: CommandHandle) -> None:
+        """Stop tracking `handle` (its outcome is known, or no longer wanted)."""
+        key = _key(handle)
+        self._pending.pop(key, None)
+        self._pending_from.pop(key, None)
+        self._waits.pop(key, None)
+
+    def _step(self, handle: CommandHandle, rnd: _Round) -> Outcome | None:
+        """The outcome of `handle` if what was read so far proves it, else None."""
         if handle.error is not None:
             raise KafkaUnavailable(
                 f"command not delivered: {handle.error}", bootstrap=self.settings.kafka_bootstrap
             )
-        assert handle.partition is not None and handle.offset is not None
+        if handle.partition is None or handle.offset is None:
+            return None
+        key = _key(handle)
+        cid = handle.command.command_id
         p = handle.partition
-        settle_at: int | None = None
-        next_check = 0.0
-        try:
-            while True:
-                self._drain(0.02)
-                mine = self._pending[cid]
-                # a command's events are one transaction: once the tail is past the
-                # first of them it has them all (they are committed together)
-                if mine:
-                    if settle_at is None:
-                        settle_at = self._hwm(p)
-                    if self._tail_position(p) >= settle_at:
-                        return _outcome(cid, mine)
-                elif not mine and time.monotonic() >= next_check:
-                    next_check = time.monotonic() + 0.1
-                    if settle_at is None and self._processor_position(p) > handle.offset:
-                        settle_at = self._hwm(p)
-                    if settle_at is not None and self._tail_position(p) >= settle_at:
-                        reason = self._dead_letter_reason(handle)
-                        if reason is not None:
-                            return Outcome("dead_letter", cid, reason=reason)
-                        return Outcome("duplicate", cid)
-                if time.monotonic() > deadline:
-                    raise CommandTimeout(cid, f"no outcome within {timeout}s")
-        finally:
-            self._pending.pop(cid, None)
-            self._pending_from.pop(cid, None)
+        w = self._waits.setdefault(key, _WaitState())
+        mine = self._pending[key]
+        # a command's events are one transaction: once the tail is past the first of them
+        # it has them all (they are committed together)
+        if mine:
+            if w.settle_at is None:
+                w.settle_at = rnd.hwm(p)
+            if rnd.tail_position(p) >= w.settle_at:
+                return outcome_of(cid, mine)
+        elif time.monotonic() >= w.next_check:
+            w.next_check = time.monotonic() + 0.1
+            if w.settle_at is None and rnd.processor_position(p) > handle.offset:
+                w.settle_at = rnd.hwm(p)
+            if w.settle_at is not None and rnd.tail_position(p) >= w.settle_at:
+                reason = self._dead_letter_reason(handle)
+                if reason is not None:
+                    return Outcome("dead_letter", cid, reason=reason)
+                return Outcome("duplicate", cid)
+        return None
 
     def _dlq_ends(self) -> dict[int, int]:
         """Where the dead-letter topic ends now, per partition."""
-        meta = self._meta_consumer().list_topics(self.settings.dlq_topic, timeout=10)
-        topic = meta.topics.get(self.settings.dlq_topic)
-        if topic is None or topic.error is not None:
-            return {}
-        return {p: self._hwm(p, topic=self.settings.dlq_topic) for p in topic.partitions}
+        if self._dlq_parts is None:
+            meta = self._meta_consumer().list_topics(self.settings.dlq_topic, timeout=10)
+            topic = meta.topics.get(self.settings.dlq_topic)
+            if topic is None or topic.error is not None:
+                return {}
+            self._dlq_parts = sorted(topic.partitions)
+        return {p: self._hwm(p, topic=self.settings.dlq_topic) for p in self._dlq_parts}
 
     def _dead_letter_reason(self, handle: CommandHandle) -> str | None:
         """The processor applied nothing: was the record dead-lettered (rather than a
@@ -435,6 +551,8 @@ class SessionClient:
         src = (self.settings.commands_topic, handle.partition, handle.offset)
         dlq = self.settings.dlq_topic
         ends = {(dlq, p): self._hwm(p, topic=dlq) for p in handle.dlq_from}
+        if all(ends[(dlq, p)] <= o for p, o in handle.dlq_from.items()):
+            return None  # nothing was dead-lettered since the command was sent
         # read_uncommitted: the processor's commit is visible (we saw its offsets), the
         # marker on the DLQ partition may not be written yet
         for r in read_records(
@@ -450,6 +568,25 @@ class SessionClient:
             if d is not None and (d.topic, d.partition, d.offset) == src:
                 return d.reason
         return None
+
+    def _hwms(self, partitions: set[int]) -> dict[int, int]:
+        """High watermarks of several events partitions in one request (`_hwm` asks once
+        per partition); falls back to `_hwm` when the request fails."""
+        if len(partitions) < 2:
+            return {p: self._hwm(p) for p in partitions}
+        if self._admin is None:
+            self._admin = AdminClient(client_config(self.settings))
+        topic = self.settings.events_topic
+        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+        try:
+            got = self._admin.list_offsets(
+                {TopicPartition(topic, p): latest for p in partitions},
+                isolation_level=IsolationLevel.READ_UNCOMMITTED,
+                request_timeout=10,
+            )
+            return {tp.partition: int(f.result(timeout=10).offset) for tp, f in got.items()}
+        except KafkaException:
+            return {p: self._hwm(p) for p in partitions}
 
     def _hwm(self, partition: int, timeout: float = 10.0, topic: str | None = None) -> int:
         """A partition's high watermark (events topic by default), retrying while
@@ -479,9 +616,11 @@ class SessionClient:
             if c is not None:
                 c.close()
         self._producer = self._events = self._offsets = self._meta = None
+        self._admin = None
         self._tailing.clear()
         self._pending.clear()
         self._pending_from.clear()
+        self._waits.clear()
 
     def __enter__(self) -> SessionClient:
         return self
@@ -490,7 +629,55 @@ class SessionClient:
         self.close()
 
 
-def _outcome(command_id: str, events: list[Event]) -> Outcome:
+@dataclass
+class _WaitState:
+    settle_at: int | None = None
+    next_check: float = 0.0
+
+
+class _Round:
+    """Broker reads of one `collect`/`wait` round, once per partition. A watermark read
+    for a duplicate check must come after the processor's position it relies on, so
+    reading a position drops the partition's cached watermark."""
+
+    def __init__(self, client: SessionClient) -> None:
+        self.client = client
+        self._hwm: dict[int, int] = {}
+        self._position: dict[int, int] = {}
+        self._tail: dict[int, int] = {}
+
+    def prefetch(self, partitions: set[int]) -> None:
+        self._hwm.update(self.client._hwms(partitions))
+
+    def tail_position(self, partition: int) -> int:
+        if partition not in self._tail:
+            self._tail[partition] = self.client._tail_position(partition)
+        return self._tail[partition]
+
+    def hwm(self, partition: int) -> int:
+        if partition not in self._hwm:
+            self._hwm[partition] = self.client._hwm(partition)
+        return self._hwm[partition]
+
+    def processor_position(self, partition: int) -> int:
+        """Read at most every 50 ms per partition (a watermark read later is still read
+        after it, which is all a duplicate's proof needs)."""
+        if partition not in self._position:
+            at, value = self.client._positions.get(partition, (0.0, -1))
+            if time.monotonic() - at > 0.05:
+                value = self.client._processor_position(partition)
+                self.client._positions[partition] = (time.monotonic(), value)
+                self._hwm.pop(partition, None)
+            self._position[partition] = value
+        return self._position[partition]
+
+
+def _key(handle: CommandHandle) -> tuple[str, str]:
+    return (handle.command.session_id, handle.command.command_id)
+
+
+def outcome_of(command_id: str, events: list[Event]) -> Outcome:
+    """The outcome that a command's events (all of them, in log order) make."""
     for e in events:
         if e.type == "command.rejected":
             r = e.payload_as(CommandRejected)

@@ -1,8 +1,9 @@
 """`sessionstream demo` (what `make demo` runs): the protocol, end to end, in about a minute.
 
-Starts a processor, a sink and two workers running the reference agent, then plays six
-scenes against real Kafka and PostgreSQL, and ends with each run's timeline replayed from
-PostgreSQL and the audit.
+Starts a processor, a sink, two workers running the reference agent, the live analytics
+and the HTTP gateway with its web console (a demo API key for tenant `acme` is created and
+the console's URL printed), then plays six scenes against real Kafka and PostgreSQL, and
+ends with each run's timeline replayed from PostgreSQL and the audit.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from schemas.events import Event, FollowUpDelivered
 from sessionstream._model_server import free_port
 from sessionstream._procs import Service
 from sessionstream.client import Outcome, SessionClient
+from sessionstream.gateway.keys import create_key
 from sessionstream.kafka import reader_config
 from sessionstream.settings import Settings
 from sessionstream.topics import check_topics, ensure_topics
@@ -136,8 +138,11 @@ def run_demo(settings: Settings, keep: bool = False) -> int:
     }
     if local_model is not None:
         services = {"model-server": local_model, **services}
+    s, front = _front_door(s, log_dir)
+    services.update(front)
     watch = Watch(s)
     runs: list[tuple[str, str]] = []
+    console_url, key_id = "", ""
     try:
         for svc in services.values():
             svc.start()
@@ -146,6 +151,14 @@ def run_demo(settings: Settings, keep: bool = False) -> int:
         for w in ("worker-a", "worker-b"):
             services[w].wait_for("ready:")
         _say("started: processor (exactly-once), sink, worker-a, worker-b (reference agent)")
+        if "gateway" in services:
+            services["gateway"].wait_for("Application startup complete")
+        console_url, key_id = _console_url(s)
+        console.print(
+            f"  web console (tenant acme; live timelines, stats): [bold]{console_url}[/bold]",
+            soft_wrap=True,
+            highlight=False,
+        )
         if local_model is not None:
             local_model.wait_for("listening")
         _say(f"  model calls stream from {ws.model_base_url} ({ws.model_name})")
@@ -159,6 +172,10 @@ def run_demo(settings: Settings, keep: bool = False) -> int:
         return _finale(s, runs, services)
     finally:
         watch.stop.set()
+        if keep and key_id:
+            console.print(f"web console: [bold]{console_url}[/bold]", soft_wrap=True)
+        elif key_id:
+            _revoke(s, key_id)  # its gateway stops now: the key goes with it
         if keep:
             _say(
                 f"[bold]--keep:[/bold] processes still running (pids "
@@ -168,6 +185,51 @@ def run_demo(settings: Settings, keep: bool = False) -> int:
         else:
             for svc in services.values():
                 svc.stop()
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _front_door(s: Settings, log_dir: Path) -> tuple[Settings, dict[str, Service]]:
+    """The live analytics and the gateway. An analytics app already answering on its port
+    is used as it is; a gateway port in use is replaced by a free one."""
+    services: dict[str, Service] = {}
+    if _port_free(s.analytics_port):
+        services["analytics"] = Service("analytics", s, ["analytics"], log_dir)
+    else:
+        _say(f"  analytics: port {s.analytics_port} in use; the gateway reads what answers there")
+    if not _port_free(s.gateway_port):
+        port = free_port()
+        _say(f"  gateway: port {s.gateway_port} is in use; the demo's gateway listens on {port}")
+        s = s.model_copy(update={"gateway_port": port})
+    services["gateway"] = Service("gateway", s, ["gateway"], log_dir)
+    return s, services
+
+
+def _console_url(s: Settings) -> tuple[str, str]:
+    """A key for tenant `acme` (the demo's sessions), in the console's URL: the console
+    keeps it in the browser and drops it from the address bar."""
+    from sinks.sink import connect
+
+    with connect(s) as conn:
+        key, rec = create_key(conn, "acme", "demo", name="make demo")
+    return f"http://{s.gateway_host}:{s.gateway_port}/?key={key}", rec.key_id
+
+
+def _revoke(s: Settings, key_id: str) -> None:
+    from sessionstream.gateway.keys import revoke_key
+    from sinks.sink import connect
+
+    with connect(s) as conn:
+        revoke_key(conn, key_id)
 
 
 def _scene_race(

@@ -272,6 +272,46 @@ class Settings(BaseSettings):
     """Finished runs and rejections older than this (event time, behind the newest event of
     their partition) are dropped from the analytics table; the stats cover at most this."""
 
+    gateway_host: str = "127.0.0.1"
+    """Address ``sessionstream gateway`` (the HTTP API and the web console) listens on."""
+
+    gateway_port: int = Field(default=8080, ge=1, le=65535)
+    """Port of the gateway."""
+
+    gateway_wait_s: float = Field(default=10.0, gt=0, le=120)
+    """Longest a ``POST .../commands`` waits for the command's outcome before it answers
+    ``202 pending`` (a request may ask for less with ``?wait=``)."""
+
+    gateway_max_body_bytes: int = Field(default=262_144, ge=1024, le=1024 * 1024)
+    """Largest request body the gateway reads; a larger one is refused ``413`` before it
+    is read whole."""
+
+    gateway_rate_per_s: float = Field(default=20.0, gt=0)
+    """Requests per second each API key may make on average (a token bucket)."""
+
+    gateway_rate_burst: int = Field(default=40, ge=1)
+    """Requests an API key may make at once after being idle (the bucket's size)."""
+
+    gateway_key_cache_s: float = Field(default=5.0, ge=0)
+    """How long the gateway trusts what it read about a key (so a revoked key stops
+    working within this time)."""
+
+    gateway_sse_queue: int = Field(default=1000, ge=10)
+    """Events buffered per Server-Sent-Events client; a client that falls this far behind
+    is disconnected (it resumes with ``Last-Event-ID``)."""
+
+    gateway_sse_ping_s: float = Field(default=15.0, gt=0)
+    """Seconds between keep-alive comments on an idle event stream."""
+
+    gateway_analytics_url: str | None = None
+    """Where the gateway reads the live analytics (``sessionstream analytics``); default
+    ``http://{analytics_host}:{analytics_port}``."""
+
+    @property
+    def analytics_url(self) -> str:
+        """``gateway_analytics_url`` or the analytics app's own address."""
+        return self.gateway_analytics_url or f"http://{self.analytics_host}:{self.analytics_port}"
+
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:

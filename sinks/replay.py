@@ -22,17 +22,21 @@ from streams.partitioning import partition_for
 
 __all__ = [
     "RebuildReport",
+    "events_of_command",
     "events_of_run",
     "events_of_session",
+    "offsets_of_run",
     "read_range",
     "rebuild",
     "session_partition",
 ]
 
-_EVENT_SELECT = (
-    "select session_id, run_id, seq, type, payload, generation, command_id, tenant_id,"
-    " (extract(epoch from ts) * 1000)::bigint, producer_ts from agent_run_events"
+_EVENT_COLUMNS = (
+    "session_id, run_id, seq, type, payload, generation, command_id, tenant_id,"
+    " (extract(epoch from ts) * 1000)::bigint, producer_ts"
 )
+_EVENT_SELECT = f"select {_EVENT_COLUMNS} from agent_run_events"
+_EVENT_SELECT_WITH_OFFSET = f"select {_EVENT_COLUMNS}, kafka_offset from agent_run_events"
 
 
 def _event(row: tuple[Any, ...]) -> Event:
@@ -65,6 +69,25 @@ def events_of_session(conn: psycopg.Connection[Any], session_id: str) -> list[Ev
         f"{_EVENT_SELECT} where session_id = %s order by kafka_offset", (session_id,)
     ).fetchall()
     return [_event(r) for r in rows]
+
+
+def events_of_command(
+    conn: psycopg.Connection[Any], session_id: str, command_id: str
+) -> list[Event]:
+    """The events a command caused in its session, in log order (its outcome)."""
+    rows = conn.execute(
+        f"{_EVENT_SELECT} where session_id = %s and command_id = %s order by kafka_offset",
+        (session_id, command_id),
+    ).fetchall()
+    return [_event(r) for r in rows]
+
+
+def offsets_of_run(conn: psycopg.Connection[Any], run_id: str) -> list[tuple[int, Event]]:
+    """A run's events in `seq` order, each with its offset in the events topic."""
+    rows = conn.execute(
+        f"{_EVENT_SELECT_WITH_OFFSET} where run_id = %s order by seq", (run_id,)
+    ).fetchall()
+    return [(int(r[-1]), _event(r[:-1])) for r in rows]
 
 
 def read_range(

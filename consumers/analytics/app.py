@@ -126,6 +126,10 @@ def _pages(app: Any, folder: Folder) -> None:
     async def cancel_latency(web: Any, request: Any) -> Any:
         return web.json(stats.cancel_latency(folder.runs(), _window(request)))
 
+    @app.page("/stats/durations")  # type: ignore[untyped-decorator]
+    async def durations(web: Any, request: Any) -> Any:
+        return web.json(stats.durations(folder.runs(), _window(request)))
+
     @app.page("/stats/active")  # type: ignore[untyped-decorator]
     async def active(web: Any, request: Any) -> Any:
         return web.json(stats.active_runs(folder.runs(), request.query.get("tenant")))

@@ -21,6 +21,7 @@ __all__ = [
     "Window",
     "active_runs",
     "cancel_latency",
+    "durations",
     "percentile",
     "rejections",
     "runs",
@@ -116,24 +117,56 @@ def rejections(records: Iterable[Rejection], w: Window) -> dict[str, Any]:
     }
 
 
-def cancel_latency(records: Iterable[RunFacts], w: Window) -> dict[str, Any]:
-    """`run.cancel_requested` -> `run.finished {cancelled}` in ms, bucketed by the finish."""
+def _spread(w: Window, samples: Iterable[tuple[RunFacts, int]]) -> dict[str, Any]:
+    """Summaries of one value per finished run (ms): overall, per minute of the finish and
+    per tenant."""
     everything: list[int] = []
     by_minute: dict[int, list[int]] = defaultdict(list)
     by_tenant: dict[str, list[int]] = defaultdict(list)
-    for r in records:
-        latency = r.cancel_latency_ms
-        if latency is not None and w.holds(r.finished_at, r.tenant_id):
-            assert r.finished_at is not None
-            everything.append(latency)
-            by_minute[minute_of(r.finished_at)].append(latency)
-            by_tenant[r.tenant_id].append(latency)
+    for r, value in samples:
+        assert r.finished_at is not None
+        everything.append(value)
+        by_minute[minute_of(r.finished_at)].append(value)
+        by_tenant[r.tenant_id].append(value)
     return {
         "window": w.to_json(),
         "unit": "ms",
         "overall": _summary(everything),
         "minutes": [{"minute": m, **_summary(v)} for m, v in sorted(by_minute.items())],
         "tenants": {t: _summary(v) for t, v in sorted(by_tenant.items())},
+    }
+
+
+def cancel_latency(records: Iterable[RunFacts], w: Window) -> dict[str, Any]:
+    """`run.cancel_requested` -> `run.finished {cancelled}` in ms, bucketed by the finish."""
+    return _spread(
+        w,
+        (
+            (r, r.cancel_latency_ms)
+            for r in records
+            if r.cancel_latency_ms is not None and w.holds(r.finished_at, r.tenant_id)
+        ),
+    )
+
+
+def durations(records: Iterable[RunFacts], w: Window) -> dict[str, Any]:
+    """`run.started` -> `run.finished` in ms of event time, bucketed by the finish, per
+    terminal status (`byStatus`) and tenant."""
+    finished = [
+        (r, max(0, r.finished_at - r.started_at))
+        for r in records
+        if r.started_at is not None
+        and r.finished_at is not None
+        and r.terminal_status is not None
+        and w.holds(r.finished_at, r.tenant_id)
+    ]
+    by_status: dict[str, list[int]] = defaultdict(list)
+    for r, d in finished:
+        assert r.terminal_status is not None
+        by_status[STATUS_FIELDS.get(r.terminal_status, r.terminal_status)].append(d)
+    return {
+        **_spread(w, finished),
+        "byStatus": {st: _summary(v) for st, v in sorted(by_status.items())},
     }
 
 

@@ -171,3 +171,31 @@ def test_finished_runs_expire_active_ones_stay_and_late_repeats_are_ignored() ->
     writes = folder.fold(p, nxt[p], CODEC.encode_event(first))
     assert all(not k.startswith("r|") for k, _ in writes)
     assert folder.stats.late == late + 1
+
+
+def test_durations_are_start_to_finish_per_minute_tenant_and_status() -> None:
+    from consumers.analytics.facts import RunFacts
+
+    def run(rid: str, tenant: str, start: int, end: int | None, status: str | None) -> RunFacts:
+        return RunFacts("s", rid, tenant, 0, 3, start, None, end, status)
+
+    minute = 60_000
+    records = [
+        run("a", "acme", 0, 1_000, "completed"),
+        run("b", "acme", 500, 3_500, "cancelled"),
+        run("c", "globex", 0, minute + 2_000, "timed_out"),
+        run("d", "acme", 0, None, None),  # still running: no duration yet
+    ]
+    got = stats.durations(records, stats.Window(0, 10 * minute))
+    assert got["overall"] == {
+        "count": 3,
+        "p50": 3_000,
+        "p90": minute + 2_000,
+        "p99": minute + 2_000,
+        "max": minute + 2_000,
+    }
+    assert got["tenants"]["acme"]["count"] == 2 and got["tenants"]["globex"]["max"] == 62_000
+    assert set(got["byStatus"]) == {"completed", "cancelled", "timedOut"}
+    assert [m["minute"] for m in got["minutes"]] == [0, minute]
+    only = stats.durations(records, stats.Window(0, 10 * minute, tenant="globex"))
+    assert only["overall"]["count"] == 1

@@ -1,0 +1,372 @@
+"""The gateway's ASGI app: the HTTP API under ``/v1``, the console at ``/``.
+
+One process holds one `CommandBridge` (a producer and a tail of outcomes), one
+`EventFanout` (a tail for the event streams), a small PostgreSQL pool and an HTTP client
+for the analytics app. API reference: docs/http.md; ``/openapi.json`` describes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from importlib import resources
+from typing import Annotated, Any
+
+import httpx
+from fastapi import Depends, FastAPI, Header, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from schemas.commands import MAX_ID_CHARS
+from sessionstream import __version__
+from sessionstream.errors import DatabaseUnavailable, SessionstreamError
+from sessionstream.gateway import views
+from sessionstream.gateway._flight import SingleFlight
+from sessionstream.gateway.auth import Authenticator, Principal
+from sessionstream.gateway.bridge import CommandBridge, InFlight
+from sessionstream.gateway.commands import (
+    CommandRequest,
+    OutcomeResponse,
+    build_command,
+    outcome_body,
+    read_json,
+)
+from sessionstream.gateway.db import Database
+from sessionstream.gateway.errors import ApiError, error_response
+from sessionstream.gateway.fanout import EventFanout
+from sessionstream.gateway.sse import event_stream, parse_last_event_id
+from sessionstream.settings import Settings
+from sinks.replay import events_of_command
+
+__all__ = ["create_app"]
+
+SessionId = Annotated[str, Path(alias="sessionId", min_length=1, max_length=MAX_ID_CHARS)]
+RunId = Annotated[str, Path(alias="runId", min_length=1, max_length=MAX_ID_CHARS)]
+_OWNERS_MAX = 100_000
+_NOT_FOUND = "no such session for this key's tenant"
+
+
+class Gateway:
+    """The process-wide parts, started and stopped with the app."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.db = Database(settings)
+        self.auth = Authenticator(settings, self.db)
+        self.bridge = CommandBridge(settings)
+        self.fanout = EventFanout(settings, queue_size=settings.gateway_sse_queue)
+        self.http = httpx.AsyncClient(base_url=settings.analytics_url, timeout=5.0)
+        #: session -> tenant, as PostgreSQL said (a session's tenant never changes)
+        self.owners: OrderedDict[str, str] = OrderedDict()
+        #: sessions PostgreSQL did not know, until when (monotonic): asked again after
+        self.unknown: OrderedDict[str, float] = OrderedDict()
+        self._asking: SingleFlight[str, str | None] = SingleFlight()
+
+    async def start(self) -> None:
+        self.db.open()
+        self.bridge.start(asyncio.get_running_loop())
+        await asyncio.to_thread(self.fanout.start)
+
+    async def stop(self) -> None:
+        self.fanout.close()
+        self.bridge.close()
+        self.db.close()
+        await self.http.aclose()
+
+    async def owner(self, session_id: str, *, recent_unknown: bool = False) -> str | None:
+        """The session's tenant as PostgreSQL says, None if it does not know the session.
+        Known owners are kept (they never change). With `recent_unknown`, a session
+        PostgreSQL did not know a second ago is taken as still unknown (for commands: one
+        to a session another tenant just created still meets the decider's tenant check)."""
+        hit = self.owners.get(session_id)
+        if hit is not None:
+            return hit
+        if recent_unknown and self.unknown.get(session_id, 0.0) > time.monotonic():
+            return None
+        return await self._asking.do(session_id, lambda: self._fetch_owner(session_id))
+
+    async def _fetch_owner(self, session_id: str) -> str | None:
+        tenant = await self.db.run(views.session_tenant, session_id)
+        if tenant is not None:
+            self.owners[session_id] = tenant
+            self.unknown.pop(session_id, None)
+            while len(self.owners) > _OWNERS_MAX:
+                self.owners.popitem(last=False)
+        else:
+            self.unknown[session_id] = time.monotonic() + 1.0
+            self.unknown.move_to_end(session_id)
+            while len(self.unknown) > _OWNERS_MAX:
+                self.unknown.popitem(last=False)
+        return tenant
+
+    async def check_owner(
+        self, session_id: str, who: Principal, *, recent_unknown: bool = False
+    ) -> None:
+        """404 when the session is known to be another tenant's. An unknown session (new,
+        or not yet written by the sink) passes: the decider checks a command's tenant
+        again, and a stream only carries events of the key's tenant."""
+        tenant = await self.owner(session_id, recent_unknown=recent_unknown)
+        if tenant is not None and tenant != who.tenant_id:
+            raise ApiError(404, "not_found", _NOT_FOUND)
+
+
+async def _caller(
+    request: Request,
+    authorization: Annotated[str | None, Header()] = None,
+    x_api_key: Annotated[str | None, Header()] = None,
+) -> Principal:
+    gw: Gateway = request.app.state.gateway
+    return await gw.auth.principal(authorization, x_api_key)
+
+
+#: the authenticated (and rate-limited) caller of a request
+Caller = Annotated[Principal, Depends(_caller)]
+
+
+def create_app(settings: Settings) -> FastAPI:
+    gw = Gateway(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await gw.start()
+        try:
+            yield
+        finally:
+            await gw.stop()
+
+    app = FastAPI(
+        title="sessionstream gateway",
+        version=__version__,
+        description="Sessions of AI agents over HTTP: commands and their outcomes, live "
+        "events (Server-Sent Events), runs replayed from PostgreSQL, live stats. "
+        "Authenticate with `Authorization: Bearer <API key>` (`sessionstream keys create`).",
+        lifespan=lifespan,
+        docs_url="/docs",
+        redoc_url=None,
+    )
+    app.state.gateway = gw
+    _errors(app)
+
+    @app.post(
+        "/v1/sessions/{sessionId}/commands",
+        response_model=OutcomeResponse,
+        summary="Send a command and wait for its outcome",
+        # the busiest route reads its parameters itself (FastAPI's dependency solving was
+        # a third of the event loop's time at 500 POST/s); they are documented here
+        openapi_extra={
+            "parameters": [
+                {
+                    "name": "sessionId",
+                    "in": "path",
+                    "required": True,
+                    "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID_CHARS},
+                },
+                {
+                    "name": "wait",
+                    "in": "query",
+                    "required": False,
+                    "description": "seconds to wait for the outcome at most",
+                    "schema": {"type": "number", "exclusiveMinimum": 0},
+                },
+                {
+                    "name": "Authorization",
+                    "in": "header",
+                    "required": True,
+                    "description": "Bearer <API key>",
+                    "schema": {"type": "string"},
+                },
+            ],
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": CommandRequest.model_json_schema()}},
+            },
+        },
+        responses={
+            202: {"description": "no outcome within the wait: resend with the same commandId"},
+            400: {"description": "malformed JSON, unknown type, invalid or forbidden field"},
+            401: {"description": "no or invalid API key"},
+            404: {"description": "the session belongs to another tenant"},
+            409: {"description": "rejected by the session (reason), or command in flight"},
+            413: {"description": "body too large"},
+            415: {"description": "not application/json"},
+            422: {"description": "dead letter: the processor could not decide it"},
+            429: {"description": "rate limited (Retry-After)"},
+        },
+    )
+    async def post_command(request: Request) -> Response:
+        h = request.headers
+        who = await gw.auth.principal(h.get("authorization"), h.get("x-api-key"))
+        session_id = request.path_params["sessionId"]
+        if not 1 <= len(session_id) <= MAX_ID_CHARS:
+            raise ApiError(400, "invalid_request", f"sessionId must be 1-{MAX_ID_CHARS} characters")
+        wait = _positive(request.query_params.get("wait"), "wait")
+        body = await read_json(request, settings.gateway_max_body_bytes)
+        command = build_command(session_id, body, who)
+        await gw.check_owner(session_id, who, recent_unknown=True)
+        wait_s = min(wait or settings.gateway_wait_s, settings.gateway_wait_s)
+        try:
+            result = await gw.bridge.execute(command, wait_s)
+        except InFlight as e:
+            raise ApiError(409, "command_in_flight", str(e)) from e
+        if isinstance(result, SessionstreamError):
+            raise ApiError(503, "kafka_unavailable", str(result).splitlines()[0])
+        if result is not None and result.reason == "tenant_mismatch":
+            raise ApiError(404, "not_found", _NOT_FOUND)
+        original = None
+        if result is not None and result.status == "duplicate":
+            with contextlib.suppress(DatabaseUnavailable):
+                original = await gw.db.run(
+                    events_of_command, command.session_id, command.command_id
+                )
+        status, out = outcome_body(command, result, original)
+        return JSONResponse(out, status_code=status)
+
+    @app.get("/v1/sessions", summary="The key's tenant's sessions, latest first")
+    async def get_sessions(
+        who: Caller, limit: Annotated[int, Query(ge=1, le=500)] = 50
+    ) -> dict[str, Any]:
+        rows = await gw.db.run(views.list_sessions, who.tenant_id, limit)
+        return {"sessions": rows}
+
+    @app.get("/v1/sessions/{sessionId}", summary="A session's state, as the sink last wrote it")
+    async def get_session(session_id: SessionId, who: Caller) -> dict[str, Any]:
+        view = await gw.db.run(views.session_view, session_id, who.tenant_id)
+        if view is None:
+            raise ApiError(404, "not_found", _NOT_FOUND)
+        return view
+
+    @app.get(
+        "/v1/sessions/{sessionId}/events",
+        summary="A session's events, live (Server-Sent Events), resumable with Last-Event-ID",
+        response_class=Response,
+        responses={200: {"content": {"text/event-stream": {}}}},
+    )
+    async def get_session_events(
+        session_id: SessionId,
+        who: Caller,
+        last_event_id: Annotated[str | None, Header()] = None,
+        lastEventId: Annotated[
+            str | None, Query(description="Last-Event-ID for clients that cannot set it")
+        ] = None,
+    ) -> Response:
+        after = parse_last_event_id(last_event_id, lastEventId)
+        await gw.check_owner(session_id, who)
+        return event_stream(
+            gw.fanout, session_id, who.tenant_id, after, settings.gateway_sse_ping_s
+        )
+
+    @app.get("/v1/runs/{runId}", summary="A run, from PostgreSQL")
+    async def get_run(run_id: RunId, who: Caller) -> dict[str, Any]:
+        run = await gw.db.run(views.run_view, run_id, who.tenant_id)
+        if run is None:
+            raise ApiError(404, "not_found", "no such run for this key's tenant")
+        return run
+
+    @app.get("/v1/runs/{runId}/events", summary="A run's events in seq order, from PostgreSQL")
+    async def get_run_events(run_id: RunId, who: Caller) -> dict[str, Any]:
+        events = await gw.db.run(views.run_events, run_id, who.tenant_id)
+        if events is None:
+            raise ApiError(404, "not_found", "no such run for this key's tenant")
+        return {"runId": run_id, "events": events}
+
+    @app.get("/v1/stats", summary="Live stats of the key's tenant (from sessionstream analytics)")
+    async def get_stats(
+        who: Caller, minutes: Annotated[int, Query(ge=1, le=24 * 60)] = 60
+    ) -> dict[str, Any]:
+        return await _stats(gw, who.tenant_id, minutes)
+
+    @app.get("/v1/whoami", summary="The tenant and actor of the key")
+    async def whoami(who: Caller) -> dict[str, Any]:
+        return {"keyId": who.key_id, "tenantId": who.tenant_id, "actor": who.actor}
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> JSONResponse:
+        # the two Kafka threads: without one the gateway still answers HTTP but commands
+        # or streams would wait for nothing; a supervisor restarts it on this 503
+        threads = {"commands": gw.bridge.alive, "events": gw.fanout.alive}
+        ok = all(threads.values())
+        body = {
+            "ok": ok,
+            "threads": threads,
+            "sseClients": gw.fanout.subscribers,
+            "commandsSent": gw.bridge.sent,
+            "commands": gw.bridge.timings(),
+        }
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    static = resources.files("sessionstream.gateway") / "static"
+
+    @app.get("/", include_in_schema=False)
+    async def console() -> FileResponse:
+        return FileResponse(str(static / "index.html"), headers={"Cache-Control": "no-cache"})
+
+    app.mount("/static", StaticFiles(directory=str(static)), name="static")
+    return app
+
+
+def _positive(raw: str | None, name: str) -> float | None:
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise ApiError(400, "invalid_request", f"{name} must be a positive number of seconds")
+    return value
+
+
+_STATS_PAGES = {
+    "runs": "/stats/runs",
+    "rejections": "/stats/rejections",
+    "cancelLatency": "/stats/cancel-latency",
+    "durations": "/stats/durations",
+    "active": "/stats/active",
+}
+
+
+async def _stats(gw: Gateway, tenant: str, minutes: int) -> dict[str, Any]:
+    params = {"minutes": str(minutes), "tenant": tenant}
+
+    async def page(path: str) -> Any:
+        r = await gw.http.get(path, params=params)
+        r.raise_for_status()
+        return r.json()
+
+    try:
+        got = await asyncio.gather(*(page(p) for p in _STATS_PAGES.values()))
+    except (httpx.HTTPError, ValueError) as e:
+        raise ApiError(
+            503,
+            "analytics_unavailable",
+            f"sessionstream analytics does not answer at {gw.settings.analytics_url} ({e})",
+        ) from e
+    return {"tenantId": tenant, "minutes": minutes, **dict(zip(_STATS_PAGES, got, strict=True))}
+
+
+def _errors(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, e: ApiError) -> JSONResponse:
+        return error_response(e)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
+        details = [
+            {"loc": ".".join(str(x) for x in err["loc"]), "msg": err["msg"]}
+            for err in e.errors()[:10]
+        ]
+        return error_response(ApiError(400, "invalid_request", "invalid request", details=details))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "http_error")
+        return error_response(ApiError(e.status_code, code, str(e.detail)))
+
+    @app.exception_handler(DatabaseUnavailable)
+    async def db_down(request: Request, e: DatabaseUnavailable) -> JSONResponse:
+        return error_response(ApiError(503, "database_unavailable", str(e).splitlines()[0]))

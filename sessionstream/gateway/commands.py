@@ -1,0 +1,179 @@
+"""``POST /v1/sessions/{sessionId}/commands``: a request body -> a command -> its outcome.
+
+The body is read as a bounded stream (413 past `gateway_max_body_bytes`, before it is
+read whole), must be ``application/json`` (415) and a JSON object (400) with only
+`type`, `payload`, `commandId` and `runId`. `tenantId` and `actor` come from the API key;
+a body that names them (or `sessionId`, `ts`, worker fields) is refused 400
+`forbidden_field`. Only producer commands are accepted (`prompt`, `steer`, `follow_up`,
+`send`, `abort`). Nothing reaches Kafka until the command is valid.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import Request
+
+from schemas.commands import MAX_ID_CHARS, PRODUCER_COMMAND_TYPES, Command
+from sessionstream.client import Outcome, outcome_of
+from sessionstream.gateway.auth import Principal
+from sessionstream.gateway.errors import ApiError
+from sessionstream.gateway.views import event_json
+
+__all__ = ["CommandRequest", "OutcomeResponse", "build_command", "outcome_body", "read_json"]
+
+#: envelope fields the gateway sets itself; a body may not
+FORBIDDEN_FIELDS = (
+    "tenantId",
+    "tenant_id",
+    "actor",
+    "sessionId",
+    "session_id",
+    "ts",
+    "workerId",
+    "worker_id",
+    "generation",
+)
+_ALLOWED = {"type", "payload", "commandId", "command_id", "runId", "run_id"}
+
+
+class CommandRequest(BaseModel):
+    """The body of ``POST /v1/sessions/{sessionId}/commands`` (for the OpenAPI document;
+    the handler checks the same by hand to give precise errors)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["prompt", "steer", "follow_up", "send", "abort"]
+    payload: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the type's payload, camelCase (docs/protocol.md#producer-commands)",
+    )
+    commandId: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_ID_CHARS,
+        description="idempotency key; default a new uuid. Resend the same to retry safely",
+    )
+    runId: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_ID_CHARS,
+        description="act on this run only (else rejected run_not_active)",
+    )
+
+
+class OutcomeResponse(BaseModel):
+    """A command's outcome."""
+
+    status: Literal["accepted", "rejected", "duplicate", "dead_letter", "pending"]
+    commandId: str
+    sessionId: str
+    runId: str | None = None
+    reason: str | None = None
+    events: list[dict[str, Any]] = Field(default_factory=list)
+    original: dict[str, Any] | None = Field(
+        default=None, description="duplicate: the first outcome, when PostgreSQL has it"
+    )
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    """The request body as JSON, read at most `limit` bytes far."""
+    ctype = request.headers.get("content-type", "")
+    if ctype.split(";")[0].strip().lower() != "application/json":
+        raise ApiError(
+            415, "unsupported_media_type", f"Content-Type must be application/json, not {ctype!r}"
+        )
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, "body_too_large", f"the body is larger than {limit} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise ApiError(413, "body_too_large", f"the body is larger than {limit} bytes")
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ApiError(400, "malformed_json", f"the body is not JSON: {e}") from e
+
+
+def build_command(session_id: str, body: Any, who: Principal) -> Command:
+    """The command a request body asks for, stamped with the key's tenant and actor."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "invalid_command", "the body must be a JSON object")
+    forbidden = sorted(k for k in body if k in FORBIDDEN_FIELDS)
+    if forbidden:
+        raise ApiError(
+            400,
+            "forbidden_field",
+            f"{', '.join(forbidden)}: set by the gateway from the API key, not by the body",
+        )
+    unknown = sorted(k for k in body if k not in _ALLOWED)
+    if unknown:
+        raise ApiError(400, "invalid_command", f"unknown fields: {', '.join(unknown)}")
+    type_ = body.get("type")
+    if type_ not in PRODUCER_COMMAND_TYPES:
+        raise ApiError(
+            400,
+            "unknown_type",
+            f"type must be one of {', '.join(sorted(PRODUCER_COMMAND_TYPES))}, not {type_!r}",
+        )
+    payload = body.get("payload")
+    try:
+        return Command.model_validate(
+            {
+                "commandId": body.get("commandId") or body.get("command_id") or str(uuid.uuid4()),
+                "sessionId": session_id,
+                "tenantId": who.tenant_id,
+                "actor": who.actor,
+                "type": type_,
+                "ts": int(time.time() * 1000),
+                "runId": body.get("runId") or body.get("run_id"),
+                "payload": {} if payload is None else payload,
+            }
+        )
+    except ValidationError as e:
+        details = [
+            {"loc": ".".join(str(x) for x in err["loc"]), "msg": err["msg"]}
+            for err in e.errors(include_url=False, include_input=False)[:10]
+        ]
+        raise ApiError(
+            400, "invalid_command", "the command violates its schema", details=details
+        ) from None
+
+
+def outcome_body(
+    command: Command, outcome: Outcome | None, original: list[Any] | None = None
+) -> tuple[int, dict[str, Any]]:
+    """HTTP status and body of an outcome (None: none within the wait)."""
+    body: dict[str, Any] = {
+        "commandId": command.command_id,
+        "sessionId": command.session_id,
+        "runId": None,
+        "reason": None,
+        "events": [],
+    }
+    if outcome is None:
+        return 202, {**body, "status": "pending"}
+    body.update(
+        status=outcome.status,
+        runId=outcome.run_id,
+        reason=outcome.reason,
+        events=[event_json(e) for e in outcome.events],
+    )
+    if outcome.status == "duplicate" and original:
+        first = outcome_of(command.command_id, original)
+        body["original"] = {
+            "status": first.status,
+            "runId": first.run_id,
+            "reason": first.reason,
+            "events": [event_json(e) for e in first.events],
+        }
+    status = {"accepted": 200, "duplicate": 200, "rejected": 409, "dead_letter": 422}[
+        outcome.status
+    ]
+    return status, body

@@ -1,0 +1,36 @@
+"""The gateway's one error shape: ``{"error": {"code": ..., "message": ..., "details"?}}``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.responses import JSONResponse
+
+__all__ = ["ApiError", "error_response"]
+
+
+class ApiError(Exception):
+    """An HTTP error with a stable `code` (documented in docs/http.md)."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        details: Any = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.details = details
+        self.headers = headers or {}
+
+
+def error_response(e: ApiError) -> JSONResponse:
+    body: dict[str, Any] = {"code": e.code, "message": e.message}
+    if e.details is not None:
+        body["details"] = e.details
+    return JSONResponse({"error": body}, status_code=e.status, headers=e.headers)

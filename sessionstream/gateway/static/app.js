@@ -1,0 +1,276 @@
+// The console: sessions list, a session's live run timeline with the send box and the
+// steer / follow-up / abort buttons, and the stats page. State comes from the gateway's
+// API: the session and its runs from PostgreSQL, then live events over SSE from the last
+// offset PostgreSQL had, and each command's own outcome events from its POST.
+"use strict";
+
+(() => {
+  const $ = (id) => document.getElementById(id);
+  const S = {
+    session: null,       // the open session id
+    events: new Map(),   // "runId/seq" -> event, for the open session
+    runs: [],            // run ids in start order
+    current: null,       // the run the timeline shows
+    follow: true,        // switch to a newly started run
+    queue: 0,
+    stop: null,          // stops the live stream
+    skew: 0,             // event clock - this browser's clock
+    tick: null,
+    listStatus: null,    // the open session's status for the list, from its live events
+  };
+
+  // -- key ------------------------------------------------------------------------------
+  function keyFromUrl() {
+    const url = new URL(location.href);
+    const k = url.searchParams.get("key");
+    if (k) {
+      Api.setKey(k);
+      url.searchParams.delete("key");   // not left in the address bar or the history
+      history.replaceState(null, "", url.pathname + url.search + url.hash);
+    }
+  }
+
+  async function login() {
+    const r = Api.key() ? await Api.call("GET", "/v1/whoami") : { status: 401 };
+    if (r.status !== 200) {
+      $("login").hidden = false;
+      $("sessions-page").hidden = $("stats-page").hidden = true;
+      $("key-error").textContent = Api.key() ? "that key is not accepted" : "";
+      return false;
+    }
+    $("login").hidden = true;
+    $("whoami").textContent = `tenant ${r.data.tenantId} · ${r.data.actor}`;
+    $("stats-tenant").textContent = "tenant " + r.data.tenantId;
+    return true;
+  }
+
+  $("key-form").addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    Api.setKey($("key-input").value.trim());
+    if (await login()) route();
+  });
+  $("change-key").addEventListener("click", () => { Api.setKey(null); login(); });
+
+  // -- routing --------------------------------------------------------------------------
+  function route() {
+    const h = location.hash || "#/sessions";
+    const stats = h.startsWith("#/stats");
+    $("sessions-page").hidden = stats;
+    $("stats-page").hidden = !stats;
+    $("nav-sessions").classList.toggle("active", !stats);
+    $("nav-stats").classList.toggle("active", stats);
+    if (stats) { loadStats(); return; }
+    const m = h.match(/^#\/sessions\/(.+)$/);
+    if (m) openSession(decodeURIComponent(m[1]));
+    loadSessions();
+  }
+  window.addEventListener("hashchange", route);
+
+  // -- sessions -------------------------------------------------------------------------
+  async function loadSessions() {
+    const r = await Api.call("GET", "/v1/sessions?limit=100");
+    if (r.status !== 200) return;
+    const ul = $("session-list");
+    ul.textContent = "";
+    for (const s of r.data.sessions) {
+      if (s.sessionId === S.session && S.listStatus) s.status = S.listStatus;
+      const li = document.createElement("li");
+      li.dataset.session = s.sessionId;
+      li.classList.toggle("selected", s.sessionId === S.session);
+      li.innerHTML = `<span class="sid"></span><span class="badge" data-status="${s.status}">${s.status}</span>`;
+      li.querySelector(".sid").textContent = s.sessionId;
+      li.addEventListener("click", () => { location.hash = "#/sessions/" + encodeURIComponent(s.sessionId); });
+      ul.appendChild(li);
+    }
+  }
+
+  $("new-session").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const id = $("new-session-id").value.trim() || "s-" + Math.random().toString(36).slice(2, 10);
+    $("new-session-id").value = "";
+    location.hash = "#/sessions/" + encodeURIComponent(id);
+  });
+
+  async function openSession(id) {
+    if (S.session === id) return;
+    if (S.stop) S.stop();
+    Object.assign(S, { session: id, events: new Map(), runs: [], current: null, follow: true, queue: 0,
+                       listStatus: null });
+    $("session").hidden = false;
+    $("session-title").textContent = id;
+    $("outcomes").textContent = "";
+    $("events").textContent = "";
+    const r = await Api.call("GET", "/v1/sessions/" + encodeURIComponent(id));
+    let last = null;
+    if (r.status === 200) {
+      const st = r.data;
+      last = st.lastEventId;
+      S.queue = st.queue.length;
+      const runs = st.runs.slice().reverse();  // oldest first
+      S.runs = runs.map((x) => x.runId);
+      const show = st.activeRun ? st.activeRun.runId : (runs.length ? runs[runs.length - 1].runId : null);
+      if (show) await loadRun(show);
+      S.current = show;
+    }
+    // live from what PostgreSQL had; a session it has not seen yet: from now on
+    S.stop = Api.streamSession(id, last, (ev) => {
+      S.skew = ev.data.ts - Date.now();
+      add(ev.data, ev.id);
+    }, (on) => { $("live").classList.toggle("on", on); $("live").dataset.on = on ? "1" : "0"; });
+    draw();
+  }
+
+  async function loadRun(runId) {
+    const r = await Api.call("GET", `/v1/runs/${encodeURIComponent(runId)}/events`);
+    if (r.status === 200) for (const e of r.data.events) add(e, e.offset, true);
+  }
+
+  function add(e, offset, quiet) {
+    const k = e.runId + "/" + e.seq;
+    if (S.events.has(k)) return;
+    S.events.set(k, e);
+    if (e.runId !== "_session" && !S.runs.includes(e.runId)) S.runs.push(e.runId);
+    if (e.type === "run.queued") S.queue += 1;
+    if (e.type === "run.started" && e.payload.origin === "queued") S.queue = Math.max(0, S.queue - 1);
+    if (e.type === "run.started" && S.follow) S.current = e.runId;
+    if (!quiet && (e.type === "run.started" || e.type === "run.finished")) {
+      setTimeout(loadSessions, 300);  // the list comes from PostgreSQL: a moment behind
+    }
+    if (!S.current && e.runId !== "_session") S.current = e.runId;
+    const li = document.createElement("li");
+    li.textContent = `${offset ?? ""} ${e.type} ${e.runId.slice(0, 8)} #${e.seq} gen ${e.generation}`;
+    $("events").prepend(li);
+    if (!quiet) draw();
+  }
+
+  function runEvents(runId) {
+    return [...S.events.values()].filter((e) => e.runId === runId);
+  }
+
+  function draw() {
+    const now = Date.now() + S.skew;
+    const evs = S.current ? runEvents(S.current) : [];
+    const m = Timeline.render($("timeline"), evs, now);
+    const status = S.current ? m.status : "idle";
+    $("status").textContent = status;
+    $("status").dataset.status = status;
+    $("status").dataset.run = S.current || "";
+    $("generation").textContent = m.generation ? "generation " + m.generation : "";
+    $("queue").textContent = S.queue ? `${S.queue} queued` : "";
+    $("legend").textContent = S.current
+      ? `run ${S.current} · ${Timeline.fmt(m.end - m.start)}` : "no run yet: send a task";
+    const picker = $("run-picker");
+    picker.textContent = "";
+    for (const id of S.runs) {
+      const b = document.createElement("button");
+      b.type = "button";
+      b.textContent = id.slice(0, 8);
+      b.className = id === S.current ? "current" : "";
+      b.addEventListener("click", async () => {
+        S.follow = id === S.runs[S.runs.length - 1];
+        if (!runEvents(id).length) await loadRun(id);
+        S.current = id;
+        draw();
+      });
+      picker.appendChild(b);
+    }
+    // the list is PostgreSQL's, a moment behind: the open session's badge follows the log
+    // (as in the list: the active run's status, idle once the latest run has finished)
+    if (S.current && S.current === S.runs[S.runs.length - 1]) {
+      S.listStatus = m.fin ? "idle" : status;
+      const badge = document.querySelector("#session-list li.selected .badge");
+      if (badge) { badge.textContent = S.listStatus; badge.dataset.status = S.listStatus; }
+    }
+    const active = S.current && !m.fin;
+    $("abort").disabled = !active;
+    $("steer").disabled = !active;
+    clearTimeout(S.tick);
+    if (active) S.tick = setTimeout(draw, 250);  // open bars grow with time
+  }
+
+  // -- commands -------------------------------------------------------------------------
+  function activeRun() {
+    if (!S.current) return null;
+    return runEvents(S.current).some((e) => e.type === "run.finished") ? null : S.current;
+  }
+
+  async function command(type, payload, runId) {
+    const body = { type, payload, commandId: crypto.randomUUID() };
+    if (runId) body.runId = runId;
+    const r = await Api.call("POST", `/v1/sessions/${encodeURIComponent(S.session)}/commands`, body);
+    const li = document.createElement("li");
+    const d = r.data || {};
+    const status = d.status || (d.error ? d.error.code : "HTTP " + r.status);
+    li.className = d.status || "rejected";
+    li.dataset.type = type;
+    li.textContent = `${type}: ${status}` + (d.runId ? ` run ${d.runId.slice(0, 8)}` : "") +
+      (d.reason ? ` (${d.reason})` : "") + (d.error ? ` — ${d.error.message}` : "");
+    $("outcomes").prepend(li);
+    for (const e of d.events || []) add(e, null);
+    if (type === "send" || type === "prompt") setTimeout(loadSessions, 500);
+    return r;
+  }
+
+  function text() { return $("text").value.trim(); }
+  $("send-form").addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    if (!text()) return;
+    S.follow = true;
+    await command("send", { text: text() });
+    $("text").value = "";
+  });
+  $("steer").addEventListener("click", async () => {
+    if (!text()) return;
+    await command("steer", { text: text() }, activeRun());
+    $("text").value = "";
+  });
+  $("follow-up").addEventListener("click", async () => {
+    if (!text()) return;
+    await command("follow_up", { text: text() }, activeRun());
+    $("text").value = "";
+  });
+  $("abort").addEventListener("click", () => command("abort", { reason: "user" }, activeRun()));
+
+  // -- stats ----------------------------------------------------------------------------
+  let statsTimer = null;
+  async function loadStats() {
+    clearTimeout(statsTimer);
+    if ($("stats-page").hidden) return;
+    const minutes = $("stats-minutes").value;
+    const r = await Api.call("GET", "/v1/stats?minutes=" + minutes);
+    if (r.status !== 200) {
+      $("stats-error").textContent = r.data && r.data.error ? r.data.error.message : "HTTP " + r.status;
+    } else {
+      $("stats-error").textContent = "";
+      const s = r.data;
+      $("stats-active").textContent = `${s.active.total} active`;
+      Charts.stacked($("chart-runs"), s.runs.minutes,
+        ["started", "completed", "cancelled", "failed", "timedOut"]);
+      Charts.lines($("chart-durations"), s.durations.minutes, ["p50", "p90", "p99"]);
+      Charts.lines($("chart-cancel"), s.cancelLatency.minutes, ["p50", "p90", "p99"]);
+      const rej = Object.entries(s.rejections.totals[s.tenantId] || {}).sort((a, b) => b[1] - a[1]);
+      Charts.hbars($("chart-rejections"), rej);
+      table(s);
+    }
+    statsTimer = setTimeout(loadStats, 5000);
+  }
+  $("stats-minutes").addEventListener("change", loadStats);
+
+  function table(s) {
+    const t = s.runs.totals[s.tenantId] || {};
+    const d = s.durations.overall, c = s.cancelLatency.overall;
+    const cell = (v) => (v === null || v === undefined ? "–" : v);
+    $("stats-table").innerHTML =
+      "<tr><th></th><th>started</th><th>completed</th><th>cancelled</th><th>failed</th><th>timed out</th></tr>" +
+      `<tr><th>runs</th><td>${cell(t.started)}</td><td>${cell(t.completed)}</td><td>${cell(t.cancelled)}</td>` +
+      `<td>${cell(t.failed)}</td><td>${cell(t.timedOut)}</td></tr>` +
+      "<tr><th></th><th>n</th><th>p50</th><th>p90</th><th>p99</th><th>max</th></tr>" +
+      `<tr><th>duration ms</th><td>${d.count}</td><td>${cell(d.p50)}</td><td>${cell(d.p90)}</td><td>${cell(d.p99)}</td><td>${cell(d.max)}</td></tr>` +
+      `<tr><th>cancel latency ms</th><td>${c.count}</td><td>${cell(c.p50)}</td><td>${cell(c.p90)}</td><td>${cell(c.p99)}</td><td>${cell(c.max)}</td></tr>`;
+  }
+
+  // -- start ----------------------------------------------------------------------------
+  keyFromUrl();
+  login().then((ok) => { if (ok) route(); });
+  setInterval(() => { if (!$("sessions-page").hidden && Api.key()) loadSessions(); }, 5000);
+})();

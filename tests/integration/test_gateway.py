@@ -1,0 +1,441 @@
+"""`sessionstream gateway` over HTTP against the real broker, PostgreSQL, processor, sink and
+analytics app (one isolated world for the module): keys, auth, bad input, outcomes,
+idempotency, tenants, Server-Sent Events with resume, replay, stats, rate limit."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from schemas.codec import Codec
+from sessionstream._procs import settings_env
+from sessionstream.kafka import read_topic
+from sessionstream.settings import Settings
+from streams.partitioning import partition_for
+from tests.integration.gateway_world import SSE, GatewayWorld, gateway_world
+from tests.integration.helpers import wait_until
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def world(settings: Settings) -> Iterator[GatewayWorld]:
+    w = gateway_world(settings, "gw", gateway_key_cache_s=0.5)
+    try:
+        yield w.start(analytics=True)
+    finally:
+        w.stop()
+
+
+def _cli(w: GatewayWorld, *args: str) -> subprocess.CompletedProcess[str]:
+    exe = Path(sys.executable).with_name("sessionstream")
+    return subprocess.run(
+        [str(exe), *args],
+        env=settings_env(w.settings),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def _ends(s: Settings, topic: str) -> dict[int, int]:
+    c = Consumer({"bootstrap.servers": s.kafka_bootstrap, "group.id": f"it-{uuid.uuid4()}"})
+    try:
+        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+        return {
+            p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+            for p in parts
+        }
+    finally:
+        c.close()
+
+
+def _sid() -> str:
+    return f"gw-{uuid.uuid4().hex[:10]}"
+
+
+def _prompt(text: str = "hello", **extra: Any) -> dict[str, Any]:
+    return {"type": "prompt", "payload": {"text": text}, **extra}
+
+
+# -- keys and authentication ------------------------------------------------------------------
+def test_keys_create_prints_the_key_once_and_stores_only_its_hash(world: GatewayWorld) -> None:
+    out = _cli(world, "keys", "create", "--tenant", "acme", "--actor", "alice", "--json")
+    assert out.returncode == 0, out.stderr
+    made = json.loads(out.stdout)
+    key = made["key"]
+    assert key.startswith(f"ssk_{made['keyId']}_") and len(key) > 50
+    with world.conn() as conn:
+        rows = conn.execute("select * from api_keys where key_id = %s", (made["keyId"],))
+        cols = [d.name for d in rows.description or []]
+        row = dict(zip(cols, rows.fetchone() or (), strict=True))
+    assert row["key_hash"] == hashlib.sha256(key.encode()).hexdigest()
+    assert row["tenant_id"] == "acme" and row["actor"] == "alice"
+    assert all(key not in str(v) for v in row.values()), "the key itself is never stored"
+    listed = _cli(world, "keys", "list", "--tenant", "acme", "--json")
+    assert made["keyId"] in listed.stdout and key not in listed.stdout
+    with world.client(key) as c:
+        assert c.get("/v1/whoami").json() == {
+            "keyId": made["keyId"],
+            "tenantId": "acme",
+            "actor": "alice",
+        }
+
+
+def test_no_key_or_a_wrong_key_is_401(world: GatewayWorld) -> None:
+    key = world.key("acme")
+    forged = key[:-4] + ("AAAA" if not key.endswith("AAAA") else "BBBB")
+    for headers in (
+        {},
+        {"Authorization": "Bearer nonsense"},
+        {"Authorization": f"Bearer {forged}"},
+        {"Authorization": f"Basic {key}"},
+    ):
+        with httpx.Client(base_url=world.url, headers=headers) as c:
+            for r in (
+                c.get("/v1/sessions"),
+                c.post("/v1/sessions/x/commands", json=_prompt()),
+                c.get("/v1/stats"),
+            ):
+                assert r.status_code == 401, (headers, r.text)
+                assert r.json()["error"]["code"] == "unauthorized"
+    with httpx.Client(base_url=world.url, headers={"X-API-Key": key}) as c:
+        assert c.get("/v1/sessions").status_code == 200
+
+
+def test_a_revoked_key_stops_working(world: GatewayWorld) -> None:
+    key = world.key("acme")
+    with world.client(key) as c:
+        assert c.get("/v1/sessions").status_code == 200
+        out = _cli(world, "keys", "revoke", key)
+        assert out.returncode == 0, out.stderr
+        # the gateway trusts its cache for gateway_key_cache_s (0.5 s here)
+        wait_until(
+            lambda: c.get("/v1/sessions").status_code == 401, timeout=5, what="401 after revoke"
+        )
+    assert _cli(world, "keys", "revoke", key).returncode == 1  # already revoked
+
+
+# -- commands: bad input never reaches Kafka ------------------------------------------------
+def test_bad_input_is_a_clear_json_error_and_nothing_reaches_kafka(world: GatewayWorld) -> None:
+    s = world.settings
+    before = (_ends(s, s.commands_topic), _ends(s, s.dlq_topic))
+    url = f"/v1/sessions/{_sid()}/commands"
+    big = s.gateway_max_body_bytes + 10
+    cases: list[tuple[dict[str, Any], int, str]] = [
+        (
+            {"content": b"{not json", "headers": {"Content-Type": "application/json"}},
+            400,
+            "malformed_json",
+        ),
+        (
+            {"content": b"\xff\xfe", "headers": {"Content-Type": "application/json"}},
+            400,
+            "malformed_json",
+        ),
+        ({"json": [1, 2]}, 400, "invalid_command"),
+        ({"json": {"type": "explode", "payload": {}}}, 400, "unknown_type"),
+        ({"json": {"type": "lease.acquire", "payload": {}}}, 400, "unknown_type"),
+        ({"json": {"type": "timer.fired", "payload": {}}}, 400, "unknown_type"),
+        ({"json": {**_prompt(), "tenantId": "globex"}}, 400, "forbidden_field"),
+        ({"json": {**_prompt(), "actor": "mallory"}}, 400, "forbidden_field"),
+        ({"json": {**_prompt(), "sessionId": "other"}}, 400, "forbidden_field"),
+        ({"json": {**_prompt(), "surprise": 1}}, 400, "invalid_command"),
+        (
+            {"json": {"type": "prompt", "payload": {"text": "x", "policy": "yolo"}}},
+            400,
+            "invalid_command",
+        ),
+        ({"json": {"type": "prompt", "payload": {"txt": "x"}}}, 400, "invalid_command"),
+        ({"json": {**_prompt(), "commandId": "x" * 201}}, 400, "invalid_command"),
+        (
+            {"content": b'{"type": "prompt"}', "headers": {"Content-Type": "text/plain"}},
+            415,
+            "unsupported_media_type",
+        ),
+        ({"content": b'{"type": "prompt"}'}, 415, "unsupported_media_type"),
+        (
+            {
+                "content": json.dumps(_prompt("x" * big)).encode(),
+                "headers": {"Content-Type": "application/json"},
+            },
+            413,
+            "body_too_large",
+        ),
+    ]
+    with world.client(world.key("acme")) as c:
+        for kwargs, status, code in cases:
+            r = c.post(url, **kwargs)
+            assert r.status_code == status, (kwargs.get("json"), r.text)
+            assert r.json()["error"]["code"] == code, r.text
+            assert r.json()["error"]["message"]
+
+        # a chunked body (no Content-Length) is cut off as it streams in
+        def chunks() -> Iterator[bytes]:
+            yield b'{"type": "prompt", "payload": {"text": "'
+            for _ in range(big // 4096 + 2):
+                yield b"y" * 4096
+            yield b'"}}'
+
+        r = c.post(url, content=chunks(), headers={"Content-Type": "application/json"})
+        assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+        r = c.post("/v1/sessions/" + "s" * 201 + "/commands", json=_prompt())
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request"
+    assert (_ends(s, s.commands_topic), _ends(s, s.dlq_topic)) == before
+
+
+# -- commands: outcomes, idempotency, tenants ---------------------------------------------
+def test_outcomes_accepted_rejected_duplicate_and_tenant_from_the_key(world: GatewayWorld) -> None:
+    sid = _sid()
+    with world.client(world.key("acme", "alice")) as c:
+        r = c.post(f"/v1/sessions/{sid}/commands", json=_prompt(commandId="c-1"))
+        assert r.status_code == 200, r.text
+        first = r.json()
+        assert first["status"] == "accepted" and first["runId"]
+        started = first["events"][0]
+        assert started["type"] == "run.started"
+        assert (started["tenantId"], started["payload"]["actor"]) == ("acme", "alice")
+
+        busy = c.post(f"/v1/sessions/{sid}/commands", json=_prompt("again"))
+        assert busy.status_code == 409 and busy.json()["status"] == "rejected"
+        assert busy.json()["reason"] == "session_busy"
+
+        # the same command again: a duplicate, nothing decided twice; its first outcome
+        # comes from PostgreSQL once the sink has it
+        world.wait_sink(sid, "run.started")
+        dup = c.post(f"/v1/sessions/{sid}/commands", json=_prompt(commandId="c-1"))
+        assert dup.status_code == 200 and dup.json()["status"] == "duplicate", dup.text
+        assert dup.json()["original"]["status"] == "accepted"
+        assert dup.json()["original"]["runId"] == first["runId"]
+
+        reused = c.post(f"/v1/sessions/{sid}/commands", json=_prompt("other", commandId="c-1"))
+        assert reused.status_code == 409 and reused.json()["reason"] == "command_id_reused"
+
+        stale = c.post(f"/v1/sessions/{sid}/commands", json={"type": "abort", "runId": "not-a-run"})
+        assert stale.status_code == 409 and stale.json()["reason"] == "run_not_active"
+        abort = c.post(
+            f"/v1/sessions/{sid}/commands", json={"type": "abort", "runId": first["runId"]}
+        )
+        assert abort.status_code == 200
+        assert [e["type"] for e in abort.json()["events"]] == [
+            "run.cancel_requested",
+            "run.finished",
+        ]
+    world.wait_sink(sid, "run.finished")
+    with world.conn() as conn:
+        rows = conn.execute(
+            "select distinct tenant_id from agent_run_events where session_id = %s", (sid,)
+        ).fetchall()
+    assert rows == [("acme",)]
+
+
+def test_concurrent_retries_of_one_command_share_its_outcome(world: GatewayWorld) -> None:
+    sid = _sid()
+    key = world.key("acme")
+    results: list[httpx.Response] = []
+
+    def post() -> None:
+        with world.client(key) as c:
+            results.append(c.post(f"/v1/sessions/{sid}/commands", json=_prompt(commandId="r-1")))
+
+    threads = [threading.Thread(target=post) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    statuses = sorted(r.json()["status"] for r in results)
+    # in flight together they share one outcome; one that arrived after it was decided is
+    # a duplicate; never two runs
+    assert set(statuses) <= {"accepted", "duplicate"} and "accepted" in statuses, statuses
+    run_ids = {r.json()["runId"] for r in results if r.json()["status"] == "accepted"}
+    assert len(run_ids) == 1
+
+
+def test_another_tenants_session_is_404_and_its_log_stays_clean(world: GatewayWorld) -> None:
+    sid = _sid()
+    with world.client(world.key("acme")) as owner:
+        r = owner.post(f"/v1/sessions/{sid}/commands", json=_prompt())
+        assert r.status_code == 200
+        run_id = r.json()["runId"]
+    world.wait_sink(sid, "run.started")
+    s = world.settings
+    before = _ends(s, s.commands_topic)
+    with world.client(world.key("globex")) as other:
+        assert other.get(f"/v1/sessions/{sid}").status_code == 404
+        assert other.get(f"/v1/runs/{run_id}").status_code == 404
+        assert other.get(f"/v1/runs/{run_id}/events").status_code == 404
+        assert other.get(f"/v1/sessions/{sid}/events").status_code == 404
+        r = other.post(f"/v1/sessions/{sid}/commands", json={"type": "abort"})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+        assert sid not in json.dumps(other.get("/v1/sessions").json())
+    assert _ends(s, s.commands_topic) == before, "a foreign command was not even sent"
+
+    # a session PostgreSQL has not seen yet: the decider refuses the foreign tenant, and
+    # the gateway answers the same 404
+    fresh = _sid()
+    with world.client(world.key("acme")) as owner:
+        assert owner.post(f"/v1/sessions/{fresh}/commands", json=_prompt()).status_code == 200
+    with world.client(world.key("globex")) as other:
+        r = other.post(f"/v1/sessions/{fresh}/commands", json={"type": "abort"})
+        assert r.status_code == 404, r.text
+
+
+# -- Server-Sent Events -------------------------------------------------------------------
+def _session_offsets(s: Settings, sid: str) -> list[tuple[int, str]]:
+    p = partition_for(sid.encode(), s.partitions)
+    codec = Codec()
+    out = []
+    for rec in read_topic(s, s.events_topic, partitions=[p]):
+        if rec.key and rec.key.startswith(f"{sid}/".encode()):
+            out.append((rec.offset, codec.decode_event(rec.value or b"").type))
+    return out
+
+
+def test_sse_live_then_resume_with_last_event_id_without_gap_or_repeat(
+    world: GatewayWorld,
+) -> None:
+    sid = _sid()
+    key = world.key("acme")
+    got: list[tuple[int, str]] = []
+    with world.client(key) as c, c.stream("GET", f"/v1/sessions/{sid}/events") as resp:
+        assert resp.status_code == 200
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        stream = SSE(resp)
+        r = c.post(f"/v1/sessions/{sid}/commands", json=_prompt())
+        run_id = r.json()["runId"]
+        eid, event, data = next(stream)
+        assert event == "run.started" and data["runId"] == run_id and data["tenantId"] == "acme"
+        got.append((int(eid or -1), event))
+    # disconnected: three more commands' events happen meanwhile
+    with world.client(key) as c:
+        for cmd in (_prompt("busy"), {"type": "abort"}, _prompt("next")):
+            assert c.post(f"/v1/sessions/{sid}/commands", json=cmd).status_code in (200, 409)
+        last = got[-1][0]
+        with c.stream(
+            "GET", f"/v1/sessions/{sid}/events", headers={"Last-Event-ID": str(last)}
+        ) as resp:
+            stream = SSE(resp)
+            expected = len(_session_offsets(world.settings, sid)) + 1
+            # a live one after the catch-up (run B is active: one rejection event)
+            busy = c.post(f"/v1/sessions/{sid}/commands", json=_prompt("busy again"))
+            assert busy.json()["reason"] == "session_busy"
+            while len(got) < expected:
+                eid, event, _ = next(stream)
+                got.append((int(eid or -1), event or ""))
+    assert got == _session_offsets(world.settings, sid)
+    offsets = [o for o, _ in got]
+    assert offsets == sorted(set(offsets)), "no repeat, in log order"
+
+
+def test_sse_rejects_a_bad_last_event_id(world: GatewayWorld) -> None:
+    with world.client(world.key("acme")) as c:
+        r = c.get(f"/v1/sessions/{_sid()}/events", headers={"Last-Event-ID": "abc"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_last_event_id"
+
+
+# -- reads: sessions, runs, stats -------------------------------------------------------------
+def test_session_state_and_runs_replayed_from_postgres(world: GatewayWorld) -> None:
+    sid = _sid()
+    with world.client(world.key("acme")) as c:
+        run_id = c.post(f"/v1/sessions/{sid}/commands", json=_prompt("one")).json()["runId"]
+        queued = c.post(
+            f"/v1/sessions/{sid}/commands",
+            json={"type": "prompt", "payload": {"text": "two", "policy": "enqueue"}},
+        )
+        assert queued.json()["status"] == "accepted"
+        world.wait_sink(sid, "run.queued")
+        state = c.get(f"/v1/sessions/{sid}").json()
+        assert state["status"] == "running" and state["activeRun"]["runId"] == run_id
+        assert state["generation"] == 1
+        assert [q["text"] for q in state["queue"]] == ["two"]
+        assert state["lastEventId"] is not None
+        c.post(f"/v1/sessions/{sid}/commands", json={"type": "abort", "runId": run_id})
+        world.wait_sink(sid, "run.finished")
+        run = c.get(f"/v1/runs/{run_id}").json()
+        assert run["status"] == "cancelled" and run["sessionId"] == sid
+        events = c.get(f"/v1/runs/{run_id}/events").json()["events"]
+        assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+        assert [e["type"] for e in events][:1] == ["run.started"]
+        assert "run.finished" in [e["type"] for e in events]
+        assert all(isinstance(e["offset"], int) for e in events)
+        listed = c.get("/v1/sessions").json()["sessions"]
+        assert sid in [x["sessionId"] for x in listed]
+        assert c.get("/v1/runs/no-such-run").status_code == 404
+        assert c.get(f"/v1/sessions/{_sid()}").status_code == 404
+
+
+def test_stats_come_from_the_analytics_app_per_tenant(world: GatewayWorld) -> None:
+    tenant = f"t-{uuid.uuid4().hex[:6]}"
+    sid = _sid()
+    with world.client(world.key(tenant)) as c:
+        run_id = c.post(f"/v1/sessions/{sid}/commands", json=_prompt()).json()["runId"]
+        c.post(f"/v1/sessions/{sid}/commands", json=_prompt("busy"))
+        c.post(f"/v1/sessions/{sid}/commands", json={"type": "abort", "runId": run_id})
+        c.post(f"/v1/sessions/{_sid()}/commands", json=_prompt("still running"))
+
+        def counted() -> dict[str, Any] | None:
+            r = c.get("/v1/stats", params={"minutes": 10})
+            if r.status_code != 200:
+                return None
+            body: dict[str, Any] = r.json()
+            totals = body["runs"]["totals"].get(tenant, {})
+            return body if totals.get("started") == 2 and totals.get("cancelled") == 1 else None
+
+        stats = wait_until(counted, timeout=90, interval=0.5, what="analytics to count the runs")
+    assert stats["tenantId"] == tenant
+    assert set(stats["runs"]["totals"]) == {tenant}, "only the key's tenant"
+    assert stats["rejections"]["totals"][tenant] == {"session_busy": 1}
+    assert stats["cancelLatency"]["overall"]["count"] == 1
+    assert stats["durations"]["overall"]["count"] == 1
+    assert stats["active"] == {"total": 1, "tenants": {tenant: 1}}
+
+
+def test_rate_limit_per_key_is_429_with_retry_after(world: GatewayWorld) -> None:
+    s = world.settings
+    limited, other = world.key("acme"), world.key("acme")
+    with world.client(limited) as c:
+        codes = [c.get("/v1/whoami") for _ in range(s.gateway_rate_burst + 20)]
+    too_many = [r for r in codes if r.status_code == 429]
+    assert too_many, [r.status_code for r in codes]
+    assert int(too_many[0].headers["Retry-After"]) >= 1
+    assert too_many[0].json()["error"]["code"] == "rate_limited"
+    with world.client(other) as c:
+        assert c.get("/v1/whoami").status_code == 200, "another key has its own bucket"
+    time.sleep(1.0)
+    with world.client(limited) as c:
+        assert c.get("/v1/whoami").status_code == 200, "the bucket refills"
+
+
+def test_openapi_and_the_console_are_served(world: GatewayWorld) -> None:
+    with httpx.Client(base_url=world.url) as c:
+        spec = c.get("/openapi.json").json()
+        for path in (
+            "/v1/sessions/{sessionId}/commands",
+            "/v1/sessions/{sessionId}",
+            "/v1/sessions/{sessionId}/events",
+            "/v1/runs/{runId}",
+            "/v1/runs/{runId}/events",
+            "/v1/stats",
+        ):
+            assert path in spec["paths"], path
+        body = spec["paths"]["/v1/sessions/{sessionId}/commands"]["post"]["requestBody"]
+        assert "prompt" in json.dumps(body)
+        page = c.get("/")
+        assert page.status_code == 200 and "sessionstream" in page.text
+        assert c.get("/v1/nothing").json()["error"]["code"] == "not_found"
+        health = c.get("/healthz")
+        assert health.status_code == 200, health.text
+        assert health.json()["threads"] == {"commands": True, "events": True}

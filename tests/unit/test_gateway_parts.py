@@ -1,0 +1,178 @@
+"""The gateway's parts that need no server: key shape and hash, the token bucket, how a
+request body becomes a command, the SSE queue's bound."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+import pytest
+
+from schemas.codec import Codec
+from schemas.events import Event
+from sessionstream.gateway._flight import SingleFlight
+from sessionstream.gateway.auth import Principal, TokenBucket, _presented
+from sessionstream.gateway.commands import build_command, outcome_body
+from sessionstream.gateway.errors import ApiError
+from sessionstream.gateway.fanout import Item, Overflow, Stopped, Subscriber, _deliver, _stop
+from sessionstream.gateway.keys import hash_key, parse_key
+from sessionstream.gateway.sse import parse_last_event_id
+
+WHO = Principal("abcdef012345", "acme", "alice")
+
+
+def test_keys_have_a_visible_id_and_are_hashed_whole() -> None:
+    key = "ssk_abcdef012345_" + "x" * 43
+    assert parse_key(key) == "abcdef012345"
+    assert hash_key(key) == hashlib.sha256(key.encode()).hexdigest()
+    for bad in (
+        "",
+        "ssk_",
+        "ssk_ABCDEF012345_" + "x" * 43,
+        "abc_abcdef012345_" + "x" * 43,
+        "ssk_abcdef012345_short",
+        "ssk_abcdef012345_" + "x" * 43 + " ",
+    ):
+        assert parse_key(bad) is None, bad
+
+
+def test_the_key_comes_from_bearer_or_x_api_key() -> None:
+    assert _presented("Bearer k1", None) == "k1"
+    assert _presented("bearer  k1 ", "k2") == "k1"
+    assert _presented("Basic k1", "k2") is None  # a wrong scheme is not silently ignored
+    assert _presented(None, "k2") == "k2"
+    assert _presented(None, None) is None
+
+
+def test_token_bucket_allows_the_burst_then_the_rate() -> None:
+    b = TokenBucket(rate=10, burst=3)
+    assert [b.take() for _ in range(3)] == [0.0, 0.0, 0.0]
+    wait = b.take()
+    assert 0 < wait <= 0.1
+    b.at -= 0.25  # a quarter second later: 2.5 tokens back
+    assert b.take() == 0.0 and b.take() == 0.0 and b.take() > 0
+
+
+def test_a_body_becomes_a_command_of_the_keys_tenant_and_actor() -> None:
+    c = build_command("s1", {"type": "prompt", "payload": {"text": "hi"}, "commandId": "c1"}, WHO)
+    assert (c.session_id, c.tenant_id, c.actor, c.command_id) == ("s1", "acme", "alice", "c1")
+    abort = build_command("s1", {"type": "abort", "runId": "r1"}, WHO)
+    assert abort.run_id == "r1" and abort.payload.reason == "user"  # type: ignore[attr-defined]
+    assert build_command("s1", {"type": "send", "payload": {"text": "x"}}, WHO).command_id
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        ({"type": "prompt", "payload": {"text": "x"}, "tenantId": "globex"}, "forbidden_field"),
+        ({"type": "prompt", "payload": {"text": "x"}, "actor": "root"}, "forbidden_field"),
+        ({"type": "lease.acquire", "payload": {}}, "unknown_type"),
+        ({"type": "run.complete", "payload": {}}, "unknown_type"),
+        ({"payload": {"text": "x"}}, "unknown_type"),
+        ({"type": "prompt", "payload": {"text": "x"}, "extra": 1}, "invalid_command"),
+        ({"type": "prompt", "payload": {"text": 5}}, "invalid_command"),
+        ({"type": "prompt", "payload": "text"}, "invalid_command"),
+        ([], "invalid_command"),
+    ],
+)
+def test_bad_bodies_are_refused_with_a_code(body: object, code: str) -> None:
+    with pytest.raises(ApiError) as e:
+        build_command("s1", body, WHO)
+    assert e.value.status == 400 and e.value.code == code
+
+
+def test_outcomes_map_to_http_statuses() -> None:
+    from sessionstream.client import Outcome
+
+    c = build_command("s1", {"type": "abort"}, WHO)
+    assert outcome_body(c, None)[0] == 202
+    assert outcome_body(c, Outcome("accepted", c.command_id, run_id="r"))[0] == 200
+    assert outcome_body(c, Outcome("duplicate", c.command_id))[0] == 200
+    assert outcome_body(c, Outcome("rejected", c.command_id, reason="no_active_run"))[0] == 409
+    assert outcome_body(c, Outcome("dead_letter", c.command_id, reason="oversized"))[0] == 422
+
+
+def test_last_event_id_is_an_offset() -> None:
+    assert parse_last_event_id("41", None) == 41
+    assert parse_last_event_id(None, "7") == 7
+    assert parse_last_event_id("3", "9") == 3  # the header wins
+    assert parse_last_event_id(None, None) is None
+    for bad in ("x", "-2", "1.5"):
+        with pytest.raises(ApiError):
+            parse_last_event_id(bad, None)
+
+
+def _event(seq: int) -> Event:
+    return Codec().decode_event(
+        Codec().encode_event(
+            Event.model_validate(
+                {
+                    "sessionId": "s1",
+                    "runId": "_session",
+                    "seq": seq,
+                    "type": "command.rejected",
+                    "payload": {"reason": "session_busy", "commandType": "prompt"},
+                    "generation": 0,
+                    "commandId": f"c{seq}",
+                    "ts": 1,
+                    "tenantId": "acme",
+                }
+            )
+        )
+    )
+
+
+async def test_a_slow_subscriber_is_closed_not_grown() -> None:
+    sub = Subscriber("s1", "acme", 0, asyncio.Queue(10), asyncio.get_running_loop())
+    _deliver(sub, [Item(i, _event(i + 1)) for i in range(25)])
+    items = [sub.queue.get_nowait() for _ in range(sub.queue.qsize())]
+    assert len(items) == 10 and isinstance(items[-1], Overflow)
+    assert [i.offset for i in items[:-1] if isinstance(i, Item)] == list(range(9))
+    assert sub.closed
+    _deliver(sub, [Item(99, _event(99))])
+    assert sub.queue.empty(), "nothing more after the overflow"
+
+
+async def test_single_flight_shares_one_call_per_key_and_its_error() -> None:
+    flight: SingleFlight[str, int] = SingleFlight()
+    calls: list[str] = []
+    gate = asyncio.Event()
+
+    async def fetch(key: str, fail: bool = False) -> int:
+        calls.append(key)
+        n = len(calls)
+        await gate.wait()
+        if fail:
+            raise RuntimeError(key)
+        return n
+
+    waiting = [asyncio.ensure_future(flight.do("a", lambda: fetch("a"))) for _ in range(5)]
+    other = asyncio.ensure_future(flight.do("b", lambda: fetch("b")))
+    await asyncio.sleep(0)
+    gate.set()
+    assert await asyncio.gather(*waiting) == [1] * 5
+    assert await other == 2
+    assert calls == ["a", "b"], "one call per key in flight"
+
+    gate.clear()
+    failing = [asyncio.ensure_future(flight.do("a", lambda: fetch("a", True))) for _ in range(3)]
+    await asyncio.sleep(0)
+    gate.set()
+    results = await asyncio.gather(*failing, return_exceptions=True)
+    assert all(isinstance(r, RuntimeError) for r in results)
+    assert calls == ["a", "b", "a"]
+    assert await flight.do("a", lambda: fetch("a")) == 4, "a new call once the last one ended"
+
+
+async def test_a_failed_tail_ends_every_stream_once() -> None:
+    loop = asyncio.get_running_loop()
+    live = Subscriber("s1", "acme", 0, asyncio.Queue(10), loop)
+    _deliver(live, [Item(0, _event(1))])
+    _stop(live)
+    assert isinstance(live.queue.get_nowait(), Item)
+    assert isinstance(live.queue.get_nowait(), Stopped) and live.closed
+    slow = Subscriber("s1", "acme", 0, asyncio.Queue(3), loop)
+    _deliver(slow, [Item(i, _event(i + 1)) for i in range(5)])
+    _stop(slow)  # its queue already ends with the overflow marker (and is full)
+    items = [slow.queue.get_nowait() for _ in range(slow.queue.qsize())]
+    assert isinstance(items[-1], Overflow) and not any(isinstance(i, Stopped) for i in items)
