@@ -144,10 +144,10 @@ def bench_cancels(s: Settings, n: int, lease_ms: int) -> tuple[list[float], list
 
 
 def _acquires(s: Settings, run_ids: set[str]) -> dict[str, int]:
-    """lease.acquire commands sent per run (read back from the commands topic)."""
+    """lease.acquire commands sent per run (read back from the worker-commands topic)."""
     codec = Codec()
     out = dict.fromkeys(run_ids, 0)
-    for r in read_topic(s, s.commands_topic):
+    for r in read_topic(s, s.worker_commands_topic):
         try:
             cmd = codec.decode_command(r.value or b"")
         except Exception:  # a record of another kind is none of ours

@@ -16,17 +16,20 @@ from pydantic import Field, SerializeAsAny, model_validator
 from schemas._base import Payload, WireModel
 
 __all__ = [
+    "COMMAND_CLASSES",
     "COMMAND_PAYLOADS",
     "MAX_ID_CHARS",
     "MAX_REF_CHARS",
     "MAX_WIRE_INT",
     "PRODUCER_COMMAND_TYPES",
+    "TIMER_COMMAND_TYPES",
     "WORKER_COMMAND_TYPES",
     "AbortPayload",
     "ActionRequestPayload",
     "ActionResultPayload",
     "CancelAckPayload",
     "Command",
+    "CommandClass",
     "CommandType",
     "CompactFinishPayload",
     "CompactStartPayload",
@@ -43,6 +46,7 @@ __all__ = [
     "SteerPayload",
     "TimerFiredPayload",
     "TimerKind",
+    "command_class",
 ]
 
 #: longest id on the wire (command, session, tenant, run, worker ids, actors, idempotency keys)
@@ -256,6 +260,30 @@ WORKER_COMMAND_TYPES: Final[frozenset[str]] = frozenset(
         "run.fail",
     }
 )
+
+#: the processor's own commands: it fires them on its timers topic, no one else may
+TIMER_COMMAND_TYPES: Final[frozenset[str]] = frozenset({"timer.fired"})
+
+#: who may write a command, by the topic it arrives on: producers on the commands topic,
+#: workers on the worker-commands topic, the processor alone on the timers topic
+CommandClass = Literal["producer", "worker", "timer"]
+COMMAND_CLASSES: Final[dict[str, frozenset[str]]] = {
+    "producer": PRODUCER_COMMAND_TYPES,
+    "worker": WORKER_COMMAND_TYPES,
+    "timer": TIMER_COMMAND_TYPES,
+}
+
+
+def command_class(command_type: str) -> CommandClass:
+    """The class of a command type (which topic it belongs on)."""
+    if command_type in PRODUCER_COMMAND_TYPES:
+        return "producer"
+    if command_type in WORKER_COMMAND_TYPES:
+        return "worker"
+    if command_type in TIMER_COMMAND_TYPES:
+        return "timer"
+    raise ValueError(f"unknown command type {command_type!r}")
+
 
 P = TypeVar("P", bound=Payload)
 

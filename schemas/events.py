@@ -97,6 +97,7 @@ RejectionReason = Literal[
     "action_already_completed",
     "not_cancelling",
     "timer_stale",
+    "not_allowed_here",
 ]
 REJECTION_REASONS: Final[frozenset[str]] = frozenset(get_args(RejectionReason))
 

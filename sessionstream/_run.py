@@ -36,7 +36,13 @@ def run_processor(instance: str | None) -> int:
     stop = stop_on_signals()
     try:
         proc.start()
-        log.info("processor %s consuming %s", proc.instance_id, settings.commands_topic)
+        log.info(
+            "processor %s consuming %s",
+            proc.instance_id,
+            ", ".join(
+                (settings.commands_topic, settings.worker_commands_topic, settings.timers_topic)
+            ),
+        )
         proc.run(stop)
     except SessionstreamError as e:
         log.error("%s", e)

@@ -7,8 +7,9 @@ on a real cluster ``python -m sessionstream.access`` prints them (``--kafka-acls
 deployment with other topic or group names gets ACLs for those.
 
 - `admin`: a Kafka super user (topics, users, ACLs); `ss_owner` owns the tables (migrate).
-- `processor`: reads commands and worker commands; the only writer of events, state and
-  the DLQ (and of commands: timers), with its transactional ids; no database.
+- `processor`: reads commands, worker commands and timers; the only writer of events,
+  state, the DLQ and timers (and of commands it forwards to their partition), with its
+  transactional ids; no database.
 - `sink`: reads events; `ss_sink` writes the projection tables.
 - `worker`: writes worker commands and its presence, reads events and open runs;
   `ss_worker` has only `agent_actions`, `agent_outbox` and `agent_run_fences`.
@@ -34,7 +35,6 @@ __all__ = [
     "db_grants",
     "kafka_grants",
     "processor_own_topics",
-    "worker_commands_topic",
 ]
 
 #: the Kafka principals of the processes; `admin` (a super user) needs no ACLs
@@ -74,18 +74,10 @@ class Grant:
         return f"User:{self.role}"
 
 
-def worker_commands_topic(settings: Settings) -> str:
-    """The workers' commands topic (co-partitioned with the commands topic)."""
-    # the setting arrives with the worker-commands change; until then its default name
-    name = getattr(settings, "worker_commands_topic", None)
-    return name if isinstance(name, str) else "session.worker-commands"
-
-
 def processor_own_topics(settings: Settings) -> list[str]:
-    """Topics only the processor reads and writes besides state (its dedup changelog, once
-    the settings have it)."""
-    name = getattr(settings, "dedup_topic", None)
-    return [name] if isinstance(name, str) else []
+    """Topics only the processor reads and writes besides state: its dedup changelog and
+    its fired timers (no one else may write a `timer.fired`)."""
+    return [settings.dedup_topic, settings.timers_topic]
 
 
 def _topic(role: str, name: str, *ops: Operation, pattern: Pattern = "literal") -> list[Grant]:
@@ -103,14 +95,13 @@ def kafka_grants(settings: Settings) -> dict[str, list[Grant]]:
     only needs metadata or offsets, so the list says what each role touches."""
     s = settings
     commands, events, state, dlq = s.commands_topic, s.events_topic, s.state_topic, s.dlq_topic
-    worker_commands = worker_commands_topic(s)
+    worker_commands = s.worker_commands_topic
     group = s.processor_group
     out: dict[str, list[Grant]] = {
         "processor": [
-            # input; WRITE for the timer.fired commands it fires and misplaced commands it
-            # forwards to their session's partition
+            # input; WRITE for misplaced commands it forwards to their session's partition
             *_topic("processor", commands, "READ", "WRITE", "DESCRIBE", "DESCRIBE_CONFIGS"),
-            *_topic("processor", worker_commands, "READ", "DESCRIBE", "DESCRIBE_CONFIGS"),
+            *_topic("processor", worker_commands, "READ", "WRITE", "DESCRIBE", "DESCRIBE_CONFIGS"),
             # READ: a state written by an older version is folded again from the log
             *_topic("processor", events, "READ", "WRITE", "DESCRIBE", "DESCRIBE_CONFIGS"),
             # READ: the state changelog is restored on assignment

@@ -60,6 +60,7 @@ from sessionstream.kafka import (
     unavailable,
 )
 from sessionstream.settings import Settings, get_settings
+from sessionstream.topics import command_topic
 from streams.partitioning import partition_for
 
 __all__ = ["KNOWN_RUN", "CommandHandle", "Outcome", "SessionClient", "outcome_of"]
@@ -78,7 +79,8 @@ KNOWN_RUN: Final = _KnownRun()
 
 @dataclass
 class CommandHandle:
-    """A command on its way; `partition`/`offset` are known once the broker acknowledged it."""
+    """A command on its way; `partition`/`offset` (of `topic`, which its class decides)
+    are known once the broker acknowledged it."""
 
     command: Command
     events_from: dict[int, int] | None = None
@@ -86,6 +88,7 @@ class CommandHandle:
     partition: int | None = None
     offset: int | None = None
     error: str | None = None
+    topic: str = ""
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,8 @@ class SessionClient:
         self._fetch_wait_ms = fetch_wait_ms
         self._dlq_parts: list[int] | None = None
         self._dlq_cache: tuple[float, dict[int, int]] = (0.0, {})
-        self._positions: dict[int, tuple[float, int]] = {}
+        #: (input topic, partition) -> (read at, the processor's committed offset)
+        self._positions: dict[tuple[str, int], tuple[float, int]] = {}
         self._admin: AdminClient | None = None
         self._runs: dict[str, str | None] = {}  # session -> the run last seen active
 
@@ -226,10 +230,11 @@ class SessionClient:
             else:
                 handle.partition, handle.offset = msg.partition(), msg.offset()
 
+        handle.topic = command_topic(self.settings, command.type)
         try:
             produce(
                 self.producer,
-                self.settings.commands_topic,
+                handle.topic,
                 key=command.session_id.encode(),
                 value=self.codec.encode_command(command),
                 on_delivery=delivered,
@@ -364,17 +369,15 @@ class SessionClient:
         p = partition_for(session_id.encode(), self._partition_count())
         return {p: self._hwm(p)}
 
-    def _processor_position(self, partition: int) -> int:
-        """The processor group's committed offset on a commands partition (-1: none)."""
+    def _processor_position(self, partition: int, topic: str) -> int:
+        """The processor group's committed offset on an input partition (-1: none)."""
         if self._offsets is None:
             # never joined: only its committed offsets are fetched
             self._offsets = Consumer(
                 reader_config(self.settings, group_id=self.settings.processor_group)
             )
         try:
-            tp = self._offsets.committed(
-                [TopicPartition(self.settings.commands_topic, partition)], timeout=5
-            )[0]
+            tp = self._offsets.committed([TopicPartition(topic, partition)], timeout=5)[0]
         except KafkaException:
             return -1  # coordinator busy (e.g. rebalancing): ask again on the next round
         return int(tp.offset)
@@ -524,7 +527,7 @@ class SessionClient:
                 return outcome_of(cid, mine)
         elif time.monotonic() >= w.next_check:
             w.next_check = time.monotonic() + 0.1
-            if w.settle_at is None and rnd.processor_position(p) > handle.offset:
+            if w.settle_at is None and rnd.processor_position(p, handle.topic) > handle.offset:
                 w.settle_at = rnd.hwm(p)
             if w.settle_at is not None and rnd.tail_position(p) >= w.settle_at:
                 reason = self._dead_letter_reason(handle)
@@ -548,7 +551,7 @@ class SessionClient:
         duplicate)? Its dead letter names the command's partition and offset."""
         if not handle.dlq_from:
             return None
-        src = (self.settings.commands_topic, handle.partition, handle.offset)
+        src = (handle.topic, handle.partition, handle.offset)
         dlq = self.settings.dlq_topic
         ends = {(dlq, p): self._hwm(p, topic=dlq) for p in handle.dlq_from}
         if all(ends[(dlq, p)] <= o for p, o in handle.dlq_from.items()):
@@ -643,7 +646,7 @@ class _Round:
     def __init__(self, client: SessionClient) -> None:
         self.client = client
         self._hwm: dict[int, int] = {}
-        self._position: dict[int, int] = {}
+        self._position: dict[tuple[str, int], int] = {}
         self._tail: dict[int, int] = {}
 
     def prefetch(self, partitions: set[int]) -> None:
@@ -659,17 +662,18 @@ class _Round:
             self._hwm[partition] = self.client._hwm(partition)
         return self._hwm[partition]
 
-    def processor_position(self, partition: int) -> int:
-        """Read at most every 50 ms per partition (a watermark read later is still read
-        after it, which is all a duplicate's proof needs)."""
-        if partition not in self._position:
-            at, value = self.client._positions.get(partition, (0.0, -1))
+    def processor_position(self, partition: int, topic: str) -> int:
+        """Read at most every 50 ms per input partition (a watermark read later is still
+        read after it, which is all a duplicate's proof needs)."""
+        key = (topic, partition)
+        if key not in self._position:
+            at, value = self.client._positions.get(key, (0.0, -1))
             if time.monotonic() - at > 0.05:
-                value = self.client._processor_position(partition)
-                self.client._positions[partition] = (time.monotonic(), value)
+                value = self.client._processor_position(partition, topic)
+                self.client._positions[key] = (time.monotonic(), value)
                 self._hwm.pop(partition, None)
-            self._position[partition] = value
-        return self._position[partition]
+            self._position[key] = value
+        return self._position[key]
 
 
 def _key(handle: CommandHandle) -> tuple[str, str]:

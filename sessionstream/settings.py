@@ -118,7 +118,18 @@ class Settings(BaseSettings):
     """PostgreSQL schema of sessionstream's tables (default: the search path's, ``public``)."""
 
     commands_topic: str = "session.commands"
-    """Topic of session commands, keyed by ``session_id`` (one partition per session)."""
+    """Topic of producers' commands (``prompt``, ``steer``, ``follow_up``, ``send``,
+    ``abort``), keyed by ``session_id`` (one partition per session)."""
+
+    worker_commands_topic: str = "session.worker-commands"
+    """Topic of workers' commands (leases, progress, actions, cancel acks, run ends): the
+    commands topic's partition count and placement, read by the processor in the same
+    transactions. A command of the other class on either topic is rejected
+    ``not_allowed_here``."""
+
+    timers_topic: str = "session.timers"
+    """The processor's own ``timer.fired`` commands (co-partitioned like the commands topic);
+    no other process writes it, and a timer found on any other topic is rejected."""
 
     events_topic: str = "session.events"
     """Compacted topic of session events, keyed ``{session_id}/{run_id}/{seq:010d}``."""

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaException, TopicCollection
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
+from schemas.commands import WORKER_COMMAND_TYPES
 from sessionstream.errors import KafkaUnavailable, TopicMisconfigured
 from sessionstream.kafka import client_config
 from sessionstream.settings import Settings
@@ -31,6 +32,7 @@ __all__ = [
     "TopicSpec",
     "align_topics",
     "check_topics",
+    "command_topic",
     "ensure_topics",
     "topic_ids",
     "topic_specs",
@@ -48,18 +50,19 @@ class TopicSpec:
 
 def topic_specs(settings: Settings) -> list[TopicSpec]:
     n = settings.partitions
+    commands = {
+        "cleanup.policy": "delete",
+        "retention.ms": str(7 * 24 * 3600 * 1000),
+        "max.message.bytes": str(2 * 1024 * 1024),
+        # the decider's clock: the broker stamps every command as it appends it
+        "message.timestamp.type": "LogAppendTime",
+    }
     return [
-        TopicSpec(
-            settings.commands_topic,
-            n,
-            {
-                "cleanup.policy": "delete",
-                "retention.ms": str(7 * 24 * 3600 * 1000),
-                "max.message.bytes": str(2 * 1024 * 1024),
-                # the decider's clock: the broker stamps every command as it appends it
-                "message.timestamp.type": "LogAppendTime",
-            },
-        ),
+        # the three input topics, one per command class, placed alike (murmur2 over the
+        # session id, same partition count): one processor owns partition p of all three
+        TopicSpec(settings.commands_topic, n, commands),
+        TopicSpec(settings.worker_commands_topic, n, dict(commands)),
+        TopicSpec(settings.timers_topic, n, dict(commands)),
         TopicSpec(
             settings.events_topic,
             n,
@@ -129,6 +132,15 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
             co_partitioned=False,
         ),
     ]
+
+
+def command_topic(settings: Settings, command_type: str) -> str:
+    """The topic a command of `command_type` is written to: workers' commands to the
+    worker-commands topic, everything else to the commands topic (a `timer.fired` sent
+    there is rejected `not_allowed_here`: only the processor fires timers)."""
+    if command_type in WORKER_COMMAND_TYPES:
+        return settings.worker_commands_topic
+    return settings.commands_topic
 
 
 def _admin(settings: Settings) -> AdminClient:

@@ -24,12 +24,14 @@ from typing import Any, Final, Literal
 
 from schemas._base import Payload, construct, make
 from schemas.commands import (
+    COMMAND_CLASSES,
     PRODUCER_COMMAND_TYPES,
     AbortPayload,
     ActionRequestPayload,
     ActionResultPayload,
     CancelAckPayload,
     Command,
+    CommandClass,
     CompactFinishPayload,
     FollowUpPayload,
     LeaseAcquirePayload,
@@ -408,6 +410,7 @@ def decide(
     *,
     at: int | None = None,
     seen: tuple[int, int] | None = None,
+    via: CommandClass | None = None,
 ) -> Decision:
     """Decide `command` in `state`.
 
@@ -415,7 +418,9 @@ def decide(
     it; tests and tools that have no log fall back to the command's `ts`). `seen` is what
     the caller's dedup store holds for this command id: (content digest, decided at), or
     None. A record older than `dedup_ttl_ms` is not looked at. Whatever `Decision.remember`
-    says is to be stored as (`remember`, `Decision.state.clock`).
+    says is to be stored as (`remember`, `Decision.state.clock`). `via` is the class of
+    the topic the command arrived on (None: tools and tests that have no topic); a command
+    of another class is rejected `not_allowed_here` and changes nothing else.
     """
     if state is None:
         state = SessionState.initial(command.session_id)
@@ -423,8 +428,12 @@ def decide(
         raise ValueError(f"command for {command.session_id} given state of {state.session_id}")
     now = max(state.clock, command.ts if at is None else at)
     em = _Emitter(state, command, config, now)
-    # Step 1: authorization, before anything is remembered of the command: a foreign
-    # command must never take an id from the session's owner
+    # Step 1: authorization, before anything is remembered of the command: a command on
+    # a topic its writer may not use (a producer's lease, anyone's timer) and a foreign
+    # tenant's command must never take an id from the session's owner
+    if via is not None and command.type not in COMMAND_CLASSES[via]:
+        em.reject("not_allowed_here", f"{command.type} is not a {via} command")
+        return Decision(em.events, em.state, None)
     if state.tenant_id is not None and command.tenant_id != state.tenant_id:
         em.reject(
             "tenant_mismatch", f"session belongs to another tenant than {command.tenant_id!r}"
@@ -463,9 +472,10 @@ def apply(
     *,
     at: int | None = None,
     seen: tuple[int, int] | None = None,
+    via: CommandClass | None = None,
 ) -> tuple[list[Event], SessionState]:
     """`decide`, as (events, state after them)."""
-    d = decide(state, command, config, at=at, seen=seen)
+    d = decide(state, command, config, at=at, seen=seen, via=via)
     return d.events, d.state
 
 

@@ -111,7 +111,8 @@ def check_log(records: Iterable[Record], codec: Codec | None = None, limit: int 
     for cid, evs in report.outcomes.items():
         # a command id is decided once; refusals of commands the session never took under
         # the id stand aside: another tenant's (refused every time, the owner may still use
-        # the id), another command reusing a decided id, a timer re-fired before it was due
+        # the id), one on a topic its writer may not use (its own topic may still take
+        # it), another command reusing a decided id, a timer re-fired before it was due
         rejected = [
             e
             for e in evs
@@ -127,7 +128,9 @@ def check_log(records: Iterable[Record], codec: Codec | None = None, limit: int 
     return report
 
 
-_REMEMBER_NOTHING = frozenset({"tenant_mismatch", "command_id_reused", "timer_stale"})
+_REMEMBER_NOTHING = frozenset(
+    {"tenant_mismatch", "not_allowed_here", "command_id_reused", "timer_stale"}
+)
 
 
 def fold_log(records: Iterable[Record], codec: Codec | None = None) -> dict[str, SessionState]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from schemas.codec import Codec
-from schemas.commands import Command
+from schemas.commands import Command, CommandClass
 from schemas.errors import DecodeError
 from schemas.events import Event
 from streams.decider import DEFAULT_CONFIG, DeciderConfig, decide
@@ -148,7 +148,10 @@ class CommandStep:
         dedup_of: DedupLookup,
         *,
         forwarded: bool = False,
+        via: CommandClass | None = None,
     ) -> StepOutcome:
+        """Decide the record at `partition` appended at `at`. `via`: the class of commands
+        its topic carries (the decider rejects others `not_allowed_here`)."""
         if value is None:
             return StepOutcome(
                 dead_letter=Undecidable("malformed", "record has no value (tombstone)")
@@ -180,14 +183,20 @@ class CommandStep:
                         "agree on the partition count?",
                     ),
                 )
-        return self.decide(command, at, state_of(command.session_id), dedup_of)
+        return self.decide(command, at, state_of(command.session_id), dedup_of, via)
 
     def decide(
-        self, command: Command, at: int, state: SessionState | None, dedup_of: DedupLookup
+        self,
+        command: Command,
+        at: int,
+        state: SessionState | None,
+        dedup_of: DedupLookup,
+        via: CommandClass | None = None,
     ) -> StepOutcome:
         """Decide a decoded, well-placed command."""
         id_hash = command_hash(command.command_id, command.tenant_id)
-        d = decide(state, command, self.config, at=at, seen=dedup_of(command.session_id, id_hash))
+        seen = dedup_of(command.session_id, id_hash)
+        d = decide(state, command, self.config, at=at, seen=seen, via=via)
         if not d.events:
             return StepOutcome(command=command, state=d.state)
         records = [(e.key.encode(), self.codec.encode_event(e)) for e in d.events]

@@ -36,6 +36,7 @@ from schemas.events import Event
 from sessionstream import metrics
 from sessionstream.kafka import command_producer_config, produce
 from sessionstream.settings import Settings
+from sessionstream.topics import command_topic
 
 __all__ = ["Worker", "default_worker_id", "rank"]
 
@@ -205,11 +206,12 @@ class Worker:
         self._producer.poll(0)
 
     def produce(self, cmd: Command) -> None:
-        """A command of one of our runs (murmur2 places it on its session's partition)."""
+        """A command of one of our runs, on the worker-commands topic (murmur2 places it
+        on its session's partition)."""
         if cmd.type == "lease.acquire":
             metrics.WORKER_ACQUIRES.inc()
         self._send(
-            self.settings.commands_topic,
+            command_topic(self.settings, cmd.type),
             cmd.session_id.encode(),
             self.codec.encode_command(cmd),
             f"command {cmd.command_id} ({cmd.type})",

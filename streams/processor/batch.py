@@ -17,7 +17,7 @@ from typing import Any
 from confluent_kafka import Message, Producer
 
 from schemas.codec import Codec
-from schemas.commands import Command
+from schemas.commands import Command, CommandClass
 from sessionstream.settings import Settings
 from streams.open_runs import open_run, opening_key
 from streams.processor.partition import PartitionState
@@ -33,7 +33,7 @@ from streams.step import (
     encode_state,
 )
 
-__all__ = ["Batch", "View", "decide_batch", "produce"]
+__all__ = ["Batch", "View", "decide_batch", "input_classes", "produce"]
 
 #: (topic, partition)
 TP = tuple[str, int]
@@ -98,14 +98,25 @@ class View:
         return (r.digest, r.at) if r is not None else self.part.seen(sid, h)
 
 
+def input_classes(s: Settings) -> dict[str, CommandClass]:
+    """Each input topic's command class: who may write what there."""
+    return {
+        s.commands_topic: "producer",
+        s.worker_commands_topic: "worker",
+        s.timers_topic: "timer",
+    }
+
+
 def decide_batch(
     step: CommandStep,
     messages: list[Message],
     timers: list[tuple[int, Command]],
     partitions: dict[int, PartitionState],
     base: Batch | None,
+    classes: dict[str, CommandClass],
 ) -> Batch:
-    """Decide `messages` (in order) on top of `base`, the batch still committing."""
+    """Decide `messages` (in order) on top of `base`, the batch still committing.
+    `classes`: the command class of each input topic (`input_classes`)."""
     batch = Batch(messages, timers)
     views: dict[int, View] = {}
     outcomes, events, staged = batch.outcomes, batch.events, batch.staged
@@ -132,6 +143,7 @@ def decide_batch(
             view.state,
             view.seen,
             forwarded=headers is not None and any(h[0] == FORWARDED_HEADER for h in headers),
+            via=classes[topic],
         )
         outcomes.append(outcome)
         if outcome.records:
@@ -201,10 +213,10 @@ def produce(
                 put(dedup_topic, key=key, value=value, partition=p, on_delivery=on_delivery)
             else:
                 put(dedup_topic, key=key, value=value, partition=p)
-    # timers become commands on the session's own partition
+    # timers become commands on the session's own partition of the processor's topic
     for p, cmd in batch.timers:
         put(
-            s.commands_topic,
+            s.timers_topic,
             key=cmd.session_id.encode(),
             value=codec.encode_command(cmd),
             partition=p,

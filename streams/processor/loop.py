@@ -1,14 +1,19 @@
 """The session processor as a confluent-kafka consume-decide-produce loop, exactly once.
 
+Input: three co-partitioned topics, one per command class — producers' commands, workers'
+commands, and the processor's own fired timers. The range assignor gives one member
+partition p of all three (same partition count, same subscription), so a session has one
+writer; a command of the wrong class for its topic is rejected `not_allowed_here`.
+
 Each batch of commands is one Kafka transaction holding the events (on the command's
 partition number), the new session states (changelog `session.state`), the command ids to
 remember (`session.dedup`), the runs that now need a holder (`session.open-runs`), dead
-letters, forwarded misplaced commands, fired timers and the input offsets
+letters, forwarded misplaced commands, fired timers (`session.timers`) and the input offsets
 (`send_offsets_to_transaction` with the group metadata, KIP-447). Either all of it is
 visible to `read_committed` readers or none of it is.
 
 Time: the decider's "now" is each command record's timestamp, which the broker stamps at
-append (`message.timestamp.type=LogAppendTime` on the commands topic), so the same log
+append (`message.timestamp.type=LogAppendTime` on the input topics), so the same log
 replays to the same decisions and no producer clock decides anything.
 
 Zombies: the transactional id is stable per instance (`{group}-{instance}`), so a restarted
@@ -47,7 +52,7 @@ from confluent_kafka import (
 from schemas.codec import Codec
 from schemas.commands import Command
 from sessionstream import metrics
-from sessionstream.errors import KafkaUnavailable
+from sessionstream.errors import KafkaUnavailable, SingleWriterViolation
 from sessionstream.kafka import (
     data_messages,
     dead_letter_headers,
@@ -57,7 +62,7 @@ from sessionstream.kafka import (
 from sessionstream.settings import Settings
 from sessionstream.topics import check_topics, ensure_topics
 from streams.decider import DeciderConfig
-from streams.processor.batch import Batch, View, decide_batch, produce
+from streams.processor.batch import Batch, View, decide_batch, input_classes, produce
 from streams.processor.partition import PartitionState
 from streams.processor.records import coords
 from streams.processor.restore import RestoreReport, restore
@@ -151,7 +156,8 @@ def default_instance_id() -> str:
 
 
 class TransactionalProcessor:
-    """Runs the decider over `session.commands`; one instance per process."""
+    """Runs the decider over the commands, worker-commands and timers topics; one instance
+    per process."""
 
     def __init__(
         self,
@@ -165,6 +171,8 @@ class TransactionalProcessor:
         self.settings = settings
         self.instance_id = instance_id or settings.processor_instance or default_instance_id()
         self.codec = Codec()
+        #: input topic -> the class of commands it may carry
+        self.classes = input_classes(settings)
         self.config = config or DeciderConfig(
             max_payload_bytes=settings.max_payload_bytes, max_lease_ms=settings.max_lease_ms
         )
@@ -205,7 +213,7 @@ class TransactionalProcessor:
         self._consumer = self._group_consumer()
 
     def _group_consumer(self) -> Consumer:
-        """Our member of the processor group, subscribed to the commands topic."""
+        """Our member of the processor group, subscribed to the three input topics."""
         s = self.settings
         consumer = Consumer(
             group_consumer_config(
@@ -223,7 +231,7 @@ class TransactionalProcessor:
             )
         )
         consumer.subscribe(
-            [s.commands_topic],
+            list(self.classes),
             on_assign=self._on_assign,
             on_revoke=self._on_revoke,
             on_lost=self._on_revoke,
@@ -249,12 +257,13 @@ class TransactionalProcessor:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if self._inflight is not None:  # our transaction first: its offsets count below
             self._settle()
+        numbers = self._co_partitioned(partitions)
         # Step 1: committed offsets (stable: waits out a predecessor's pending transaction)
         committed = consumer.committed(partitions, timeout=60)
         # Step 2: state of each partition, read to its end (one reader for all of them)
         restored, report = restore(
             self.settings,
-            [tp.partition for tp in partitions],
+            numbers,
             self.config,
             self.codec,
             base=self.store_base,
@@ -277,8 +286,26 @@ class TransactionalProcessor:
             for tp in committed
         ]
         consumer.assign(start)
-        log.info("assigned %s", sorted(tp.partition for tp in partitions))
+        log.info("assigned %s", numbers)
         self.ready.set()
+
+    def _co_partitioned(self, partitions: list[TopicPartition]) -> list[int]:
+        """The partition numbers assigned, the same for every input topic. Not so (a
+        member subscribed to other topics, or another assignor: a rolling upgrade across
+        the worker-commands change) would give a session two writers: refuse."""
+        by_topic: dict[str, set[int]] = {t: set() for t in self.classes}
+        for tp in partitions:
+            by_topic.setdefault(tp.topic, set()).add(tp.partition)
+        numbers = set().union(*by_topic.values())
+        if any(got != numbers for got in by_topic.values()):
+            raise SingleWriterViolation(
+                "the assignment is not co-partitioned ("
+                + "; ".join(f"{t}: {sorted(ps)}" for t, ps in sorted(by_topic.items()))
+                + "): every processor of the group must subscribe to "
+                + ", ".join(self.classes)
+                + " with partition.assignment.strategy=range (stop older processors first)"
+            )
+        return sorted(numbers)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # the transaction in flight ends (commits or aborts) before the partitions go
@@ -289,7 +316,7 @@ class TransactionalProcessor:
             if gone is not None:
                 metrics.ACTIVE_RUNS.dec(gone.active)
                 gone.close()
-        log.info("revoked %s", sorted(tp.partition for tp in partitions))
+        log.info("revoked %s", sorted({tp.partition for tp in partitions}))
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self, stop: threading.Event | None = None) -> None:
@@ -315,7 +342,7 @@ class TransactionalProcessor:
                         self._settle()
                     continue
                 t0 = time.perf_counter()
-                batch = decide_batch(step, messages, timers, self.partitions, base)
+                batch = decide_batch(step, messages, timers, self.partitions, base, self.classes)
                 decided = time.perf_counter() - t0
                 if self._inflight is not None and not self._settle(also=batch):
                     continue  # it failed: this batch, decided on top of it, is read again
@@ -564,7 +591,7 @@ class TransactionalProcessor:
         log.warning("consumer failed (%s); a new consumer rejoins the group", error.args[0])
         self._consumer_renewed_at = now
         assert self._consumer is not None
-        owned = [TopicPartition(self.settings.commands_topic, p) for p in self.partitions]
+        owned = [TopicPartition(t, p) for t in self.classes for p in self.partitions]
         self._on_revoke(self._consumer, owned)
         with contextlib.suppress(KafkaException, RuntimeError):
             self._consumer.close()

@@ -76,8 +76,9 @@ def processor(settings: Settings, instance: str = "p0") -> Proc:
     return p
 
 
-def committed_offsets(settings: Settings) -> dict[int, int]:
-    """The processor group's committed offset per commands partition (-1: none)."""
+def committed_offsets(settings: Settings, topic: str | None = None) -> dict[int, int]:
+    """The processor group's committed offset per partition of `topic` (default: the
+    commands topic; -1: none)."""
     c = Consumer(
         {
             "bootstrap.servers": settings.kafka_bootstrap,
@@ -87,7 +88,8 @@ def committed_offsets(settings: Settings) -> dict[int, int]:
         }
     )
     try:
-        parts = [TopicPartition(settings.commands_topic, p) for p in range(settings.partitions)]
+        topic = topic or settings.commands_topic
+        parts = [TopicPartition(topic, p) for p in range(settings.partitions)]
         return {tp.partition: tp.offset for tp in c.committed(parts, timeout=10)}
     finally:
         c.close()
@@ -96,16 +98,21 @@ def committed_offsets(settings: Settings) -> dict[int, int]:
 def wait_processed(
     settings: Settings, timeout: float = 120.0, procs: list[Proc] | None = None
 ) -> None:
-    """Until the processors committed past every command in the topic (timers included)."""
+    """Until the processors committed past every command in the three input topics
+    (producers', workers' and timers)."""
+    inputs = (settings.commands_topic, settings.worker_commands_topic, settings.timers_topic)
 
     def done() -> bool:
         for p in procs or []:
             p.assert_alive()
-        last: dict[int, int] = {}
-        for r in read_topic(settings, settings.commands_topic):
-            last[r.partition] = max(last.get(r.partition, -1), r.offset)
-        committed = committed_offsets(settings)
-        return all(committed.get(p, -1) > off for p, off in last.items())
+        for topic in inputs:
+            last: dict[int, int] = {}
+            for r in read_topic(settings, topic):
+                last[r.partition] = max(last.get(r.partition, -1), r.offset)
+            committed = committed_offsets(settings, topic)
+            if not all(committed.get(p, -1) > off for p, off in last.items()):
+                return False
+        return True
 
     wait_until(done, timeout=timeout, interval=0.5, what="processor to consume every command")
     wait_events_settled(settings, timeout=timeout)

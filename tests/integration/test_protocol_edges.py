@@ -262,11 +262,65 @@ def test_a_forged_timer_ends_nothing(world: Settings, client: SessionClient) -> 
         "payload": {"kind": "run_deadline", "dueAt": 0},
     }
     p = Producer({"bootstrap.servers": world.kafka_bootstrap, "partitioner": "murmur2_random"})
-    p.produce(world.commands_topic, key=s.encode(), value=json.dumps(raw).encode())
-    p.flush(30)
-    rej = wait_event(world, s, "command.rejected")
-    assert payload(rej)["reason"] == "timer_stale"
+    # a producer's or a worker's topic: not theirs to say; the processor's own timers topic
+    # (closed by ACLs on a secured cluster, open on the dev stack): not due by the log's
+    # clock. Each in turn, so their order in the log is known
+    expected = []
+    for topic, reason in (
+        (world.commands_topic, "not_allowed_here"),
+        (world.worker_commands_topic, "not_allowed_here"),
+        (world.timers_topic, "timer_stale"),
+    ):
+        p.produce(topic, key=s.encode(), value=json.dumps(raw).encode())
+        p.flush(30)
+        expected.append(reason)
+
+        def refused(n: int = len(expected)) -> list[Event] | None:
+            got = [e for e in events(world, s) if e.type == "command.rejected"]
+            return got if len(got) >= n else None
+
+        got = wait_until(refused, timeout=30, what=f"rejection of the timer on {topic}")
+        assert [payload(e)["reason"] for e in got] == expected
+        assert {e.command_id for e in got} == {raw["commandId"]}
     assert "run.finished" not in [e.type for e in events(world, s)]
+    # the run still works: its holder completes it
+    w = Worker(client, s, run, "w1")
+    assert types(w.acquire())[0] == "run.lease_granted"
+    assert types(w.send("run.complete", {"result": "r"})) == ["run.finished"]
+
+
+def test_each_topic_takes_only_its_writers_commands(world: Settings, client: SessionClient) -> None:
+    """A worker command on the producers' topic and a producer command on the workers'
+    topic are refused `not_allowed_here` and change nothing; the same command (same id) on
+    its own topic then does what it says."""
+    s = sid("classes")
+    run = start(client, s)
+    w = Worker(client, s, run, "w1")
+    w.acquire()
+    complete = client.command(
+        s, "run.complete", {"result": "r"}, run_id=run, worker_id="w1", generation=w.generation
+    )
+    abort = client.command(s, "abort", {"reason": "user"}, run_id=run)
+    p = Producer({"bootstrap.servers": world.kafka_bootstrap, "partitioner": "murmur2_random"})
+    for topic, cmd in ((world.commands_topic, complete), (world.worker_commands_topic, abort)):
+        p.produce(topic, key=s.encode(), value=CODEC.encode_command(cmd))
+    p.flush(30)
+
+    def refused() -> list[Event] | None:
+        got = [e for e in events(world, s) if e.type == "command.rejected"]
+        return got if len(got) >= 2 else None
+
+    got = wait_until(refused, timeout=30, what="both misplaced commands refused")
+    assert {(e.command_id, payload(e)["reason"]) for e in got} == {
+        (complete.command_id, "not_allowed_here"),
+        (abort.command_id, "not_allowed_here"),
+    }
+    assert [e.type for e in events(world, s)][-2:] == ["command.rejected"] * 2  # nothing else
+    # the SDK sends each to its own topic: now they act (the ids were not used up)
+    done = client.wait(client.submit(complete), 30)
+    assert types(done) == ["run.finished"]
+    # the abort names a run that has finished by now
+    assert client.wait(client.submit(abort), 30).reason == "run_not_active"
 
 
 # -- 6, 7, 8. every steer and follow-up has a fate ----------------------------------------------

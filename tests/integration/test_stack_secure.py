@@ -29,7 +29,6 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from sessionstream.access import worker_commands_topic
 from sessionstream.client import SessionClient
 from sessionstream.kafka import aiokafka_config, client_config
 from sessionstream.settings import Settings
@@ -59,15 +58,6 @@ def secure() -> Iterator[Profile]:
     admin = profile.settings("admin")
     ensure_topics(admin)
     align_topics(admin)  # topics left by an earlier version of the profile
-    wc = worker_commands_topic(admin)
-    client = AdminClient(client_config(admin, logger=QUIET))
-    if wc not in client.list_topics(timeout=10).topics:
-        fut = client.create_topics([NewTopic(wc, admin.partitions, 1)])[wc]
-        try:
-            fut.result()
-        except KafkaException as e:
-            if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise
     yield profile
 
 
@@ -215,8 +205,10 @@ WRITES = [
     ("producer", "commands_topic", None),
     ("producer", "events_topic", DENIED_TOPIC),
     ("producer", "state_topic", DENIED_TOPIC),
-    ("producer", "worker_commands", DENIED_TOPIC),
-    ("worker", "worker_commands", None),
+    ("producer", "worker_commands_topic", DENIED_TOPIC),
+    ("producer", "timers_topic", DENIED_TOPIC),
+    ("worker", "worker_commands_topic", None),
+    ("worker", "timers_topic", DENIED_TOPIC),
     ("worker", "commands_topic", DENIED_TOPIC),
     ("worker", "events_topic", DENIED_TOPIC),
     ("worker", "state_topic", DENIED_TOPIC),
@@ -233,7 +225,7 @@ WRITES = [
 
 
 def _topic(s: Settings, which: str) -> str:
-    return worker_commands_topic(s) if which == "worker_commands" else str(getattr(s, which))
+    return str(getattr(s, which))
 
 
 @pytest.mark.parametrize(("role", "which", "expected"), WRITES)
@@ -246,12 +238,18 @@ def test_writes(secure: Profile, role: str, which: str, expected: str | None) ->
 def test_only_the_processor_writes_events_and_state_in_its_transactions(secure: Profile) -> None:
     s = secure.settings("processor")
     txn = f"{s.processor_group}-acl-check-{uuid.uuid4().hex[:6]}"
-    for topic in (s.events_topic, s.state_topic, s.dlq_topic, s.commands_topic):
+    # events, state, dead letters, fired timers; the input topics for forwarded records
+    for topic in (
+        s.events_topic,
+        s.state_topic,
+        s.dlq_topic,
+        s.timers_topic,
+        s.commands_topic,
+        s.worker_commands_topic,
+    ):
         assert produce(s, topic, transactional_id=txn) is None, topic
     # its transactional ids are {processor_group}-*, nothing else
     assert produce(s, s.events_topic, transactional_id="elsewhere-1") == DENIED_TXN
-    # it reads the workers' commands, it does not write them
-    assert produce(s, worker_commands_topic(s)) == DENIED_TOPIC
     # nobody else may take the processor's transactional ids
     producer = secure.settings("producer")
     assert produce(producer, producer.commands_topic, transactional_id=txn) == DENIED_TXN
@@ -278,7 +276,10 @@ READS = [
     ("analytics", "commands_topic", "sessionstream-analytics-{u}", True, DENIED_TOPIC),
     ("analytics", "events_topic", "sessionstream-client-{u}", True, DENIED_GROUP),
     ("processor", "commands_topic", "sessionstream-processor-restore", False, None),
-    ("processor", "worker_commands", "sessionstream-processor-restore", False, None),
+    ("processor", "worker_commands_topic", "sessionstream-processor-restore", False, None),
+    ("processor", "timers_topic", "sessionstream-processor-restore", False, None),
+    ("producer", "timers_topic", "sessionstream-client-{u}", True, DENIED_TOPIC),
+    ("worker", "timers_topic", "sessionstream-worker-{u}", True, DENIED_TOPIC),
     ("processor", "state_topic", "sessionstream-processor-restore", False, None),
 ]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from itertools import groupby
 from typing import Any
 
-from schemas.commands import Command
+from schemas.commands import Command, CommandClass
 from schemas.events import Event
 from streams.decider import DEFAULT_CONFIG, DeciderConfig, Decision, decide, evolve, fold
 from streams.state import SessionState, command_hash
@@ -31,9 +31,10 @@ class Dedup:
         config: DeciderConfig = DEFAULT_CONFIG,
         *,
         at: int | None = None,
+        via: CommandClass | None = None,
     ) -> Decision:
         key = (cmd.session_id, command_hash(cmd.command_id, cmd.tenant_id))
-        d = decide(state, cmd, config, at=at, seen=self.records.get(key))
+        d = decide(state, cmd, config, at=at, seen=self.records.get(key), via=via)
         if d.remember is not None:
             self.records[key] = (d.remember, d.state.clock)
         return d
@@ -86,6 +87,8 @@ class Harness:
         self.commands: list[Command] = []
         self.last_run: str | None = None
         self.dedup = Dedup()
+        #: the class of the topic the commands arrive on (None: any, as tools decide)
+        self.via: CommandClass | None = None
         self._n = 0
 
     # -- plumbing -------------------------------------------------------------------------------
@@ -121,9 +124,9 @@ class Harness:
         at = self.now if at is None else at
         key = (cmd.session_id, command_hash(cmd.command_id, cmd.tenant_id))
         seen = self.dedup.records.get(key)
-        d = self.dedup.decide(self.state, cmd, self.config, at=at)
+        d = self.dedup.decide(self.state, cmd, self.config, at=at, via=self.via)
         events, after = d.events, d.state
-        assert decide(self.state, cmd, self.config, at=at, seen=seen).events == events
+        assert decide(self.state, cmd, self.config, at=at, seen=seen, via=self.via).events == events
         for e in events:
             self.state = evolve(self.state, e, self.config)
             if e.type == "run.started":

@@ -11,7 +11,6 @@ from sessionstream.access import (
     db_grants,
     kafka_grants,
     main,
-    worker_commands_topic,
 )
 from sessionstream.settings import Settings
 from sessionstream.topics import topic_specs
@@ -37,9 +36,16 @@ def test_only_the_processor_writes_events_state_and_dead_letters() -> None:
 
 def test_who_writes_the_command_topics() -> None:
     commands = [r for r in KAFKA_ROLES if _allowed(r, "WRITE", "topic", S.commands_topic)]
-    assert commands == ["processor", "producer"]  # the processor: timers, forwarding
-    wc = worker_commands_topic(S)
-    assert [r for r in KAFKA_ROLES if _allowed(r, "WRITE", "topic", wc)] == ["worker"]
+    assert commands == ["processor", "producer"]  # the processor forwards misplaced ones
+    wc = S.worker_commands_topic
+    assert [r for r in KAFKA_ROLES if _allowed(r, "WRITE", "topic", wc)] == ["processor", "worker"]
+    # a timer.fired from anyone but the processor never reaches it
+    assert [r for r in KAFKA_ROLES if _allowed(r, "WRITE", "topic", S.timers_topic)] == [
+        "processor"
+    ]
+    for role in KAFKA_ROLES:
+        if role != "processor":
+            assert not _allowed(role, "READ", "topic", S.timers_topic), role
 
 
 def test_nobody_but_the_processor_has_transactional_ids_or_creates_our_topics() -> None:

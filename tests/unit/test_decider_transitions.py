@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from schemas.commands import CommandClass
 from streams.decider import DEFAULT_CONFIG, REJECTION_REASONS, DeciderConfig
 from tests.unit._harness import (
     Harness,
@@ -72,6 +73,16 @@ def after_complete(act: Act) -> Act:
 def twice(act: Act) -> Act:
     def go(h: Harness) -> Any:
         act(h)
+        return act(h)
+
+    return go
+
+
+def on(via: CommandClass, act: Act) -> Act:
+    """`act`'s command as read from the topic of class `via`."""
+
+    def go(h: Harness) -> Any:
+        h.via = via
         return act(h)
 
     return go
@@ -381,6 +392,26 @@ CASES: list[tuple[str, Callable[[Harness], None], Act, list[str], str | None, De
      "running", DEFAULT_CONFIG),
     ("payload-too-large", idle, lambda h: h.prompt("x" * 128), ["rejected:payload_too_large"],
      None, SMALL),
+    # the topic a command arrives on says who wrote it: the wrong class is refused, nothing
+    # else happens (the run goes on, no lease moves, no timer fires)
+    ("producer-topic-run.complete", leased, on("producer", lambda h: h.work("run.complete")),
+     ["rejected:not_allowed_here"], "running", DEFAULT_CONFIG),
+    ("producer-topic-timer", leased, on("producer", lambda h: h.fire("run_deadline")),
+     ["rejected:not_allowed_here"], "running", DEFAULT_CONFIG),
+    ("worker-topic-timer", cancelling, on("worker", lambda h: h.fire("cancel_deadline")),
+     ["rejected:not_allowed_here"], "cancelling", DEFAULT_CONFIG),
+    ("worker-topic-prompt", idle, on("worker", lambda h: h.prompt()),
+     ["rejected:not_allowed_here"], None, DEFAULT_CONFIG),
+    ("worker-topic-abort", leased, on("worker", lambda h: h.abort()),
+     ["rejected:not_allowed_here"], "running", DEFAULT_CONFIG),
+    ("timer-topic-lease.acquire", running, on("timer", lambda h: h.acquire("w9")),
+     ["rejected:not_allowed_here"], "running", DEFAULT_CONFIG),
+    ("producer-topic-prompt", idle, on("producer", lambda h: h.prompt()),
+     ["run.started:prompt"], "running", DEFAULT_CONFIG),
+    ("worker-topic-lease.acquire", running, on("worker", lambda h: h.acquire("w1")),
+     ["run.lease_granted"], "running", DEFAULT_CONFIG),
+    ("timer-topic-run_deadline", leased, on("timer", lambda h: h.fire("run_deadline")),
+     [f"{FIN}:timed_out"], None, DEFAULT_CONFIG),
 ]
 # fmt: on
 
