@@ -14,7 +14,7 @@ deployment with other topic or group names gets ACLs for those.
 - `worker`: writes worker commands and its presence, reads events and open runs;
   `ss_worker` has only `agent_actions`, `agent_outbox` and `agent_run_fences`.
 - `producer` (the SDK, and the gateway): writes commands, reads events and dead letters
-  (outcomes); `ss_gateway` reads the projection (and `api_keys` once it exists).
+  (outcomes); `ss_gateway` reads the projection and `api_keys`.
 - `analytics`: reads events, owns its faust app's groups and topics; `ss_reader` reads all.
 """
 
@@ -171,7 +171,7 @@ class DbGrant:
 
 
 PROJECTION = ("agent_sessions", "agent_runs", "agent_run_events")
-#: tables a later migration adds; grants on them apply once they exist
+#: the gateway's API keys (migration 0005); grants on a table apply once it exists
 GATEWAY_HOOK_TABLES = ("api_keys",)
 
 

@@ -97,18 +97,25 @@ def topics_create(
 
 @topics_app.command("check")
 def topics_check() -> None:
-    """Verify partition counts and cleanup policies; non-zero exit on a problem."""
+    """Verify co-partitioning (the input, events and changelog topics have one partition
+    count), cleanup policies, timestamps and record sizes; non-zero exit on a problem."""
     from sessionstream.errors import SessionstreamError
     from sessionstream.settings import get_settings
-    from sessionstream.topics import check_topics
+    from sessionstream.topics import check_topics, topic_specs
 
+    settings = get_settings()
     try:
-        report = check_topics(get_settings())
+        report = check_topics(settings)
     except SessionstreamError as e:
         _fail(str(e))
     for name, count in report.partitions.items():
         policy = report.configs.get(name, {}).get("cleanup.policy", "?")
         typer.echo(f"{name}: {count} partitions, cleanup.policy={policy}")
+    together = [s.name for s in topic_specs(settings) if s.co_partitioned]
+    n = report.partitions[settings.commands_topic]
+    typer.echo(
+        f"co-partitioned ({n} partitions each, murmur2 on the session id): " + ", ".join(together)
+    )
 
 
 @app.command()

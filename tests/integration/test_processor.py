@@ -296,14 +296,21 @@ def test_poison_pills_go_to_the_dlq_and_the_stream_goes_on(
 
 
 @pytest.mark.parametrize(
-    ("events_partitions", "events_policy", "problem"),
-    [(2, "compact", "partition counts differ"), (4, "delete", "cleanup.policy is 'delete'")],
+    ("field", "partitions", "policy", "problem"),
+    [
+        ("events_topic", 2, "compact", "partition counts differ"),
+        ("events_topic", 4, "delete", "cleanup.policy is 'delete'"),
+        # the three input topics are co-partitioned: one processor owns p of all of them
+        ("worker_commands_topic", 2, "delete", "partition counts differ"),
+        ("timers_topic", 8, "delete", "partition counts differ"),
+    ],
 )
 def test_misconfigured_topics_stop_the_processor_at_startup(
     settings: Settings,
     kafka_bootstrap: str,
-    events_partitions: int,
-    events_policy: str,
+    field: str,
+    partitions: int,
+    policy: str,
     problem: str,
 ) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
@@ -316,14 +323,17 @@ def test_misconfigured_topics_stop_the_processor_at_startup(
         update={**topic_names(f"it.bad.{tag}"), "processor_group": f"it-bad-{tag}"}
     )
     admin = AdminClient({"bootstrap.servers": s.kafka_bootstrap})
-    # the events topic exists first, wrongly; the processor creates the rest
-    bad = NewTopic(s.events_topic, events_partitions, 1, config={"cleanup.policy": events_policy})
-    admin.create_topics([bad])[s.events_topic].result(timeout=30)
+    # one topic exists first, wrongly; the processor creates the rest
+    topic = getattr(s, field)
+    config = {"cleanup.policy": policy}
+    if field != "events_topic":
+        config["message.timestamp.type"] = "LogAppendTime"
+    admin.create_topics([NewTopic(topic, partitions, 1, config=config)])[topic].result(timeout=30)
     p = Proc(s, "processor", "--instance", "bad").start()
     assert p.popen is not None
     code = p.popen.wait(90)
     assert code == 2, p.log_text()
-    assert problem in p.log_text() and s.events_topic in p.log_text(), p.log_text()
+    assert problem in p.log_text() and topic in p.log_text(), p.log_text()
     with pytest.raises(TopicMisconfigured, match=problem):
         check_topics(s)
 

@@ -397,36 +397,61 @@ def test_database_is_closed_to_other_roles(secure: Profile, settings: Settings) 
 
 
 # -- the real processes, each with its own role -----------------------------------------------
-def test_processor_sink_and_sdk_run_on_their_credentials_only(secure: Profile) -> None:
-    """A prompt through SessionClient (producer), the processor and the sink, each process
-    with nothing but its role's credentials file, ends as a row the reader role sees."""
+def test_processor_sink_worker_and_sdk_run_on_their_credentials_only(secure: Profile) -> None:
+    """A prompt through SessionClient (producer), run by a worker (worker: its commands on
+    the worker-commands topic, its actions in PostgreSQL as ss_worker), decided by the
+    processor and projected by the sink, each process with nothing but its role's
+    credentials file, ends as a completed run the reader role sees. A timer the producer
+    forges is refused; no process prints a password."""
     instance = f"secure-it-{uuid.uuid4().hex[:6]}"
     processor = Proc(secure.settings("processor"), "processor", "--instance", instance).start()
     sink = Proc(secure.settings("sink"), "sink").start()
+    worker = Proc(
+        secure.settings("worker"), "worker", "--worker-id", f"w-{instance}", "--lease-ms", "5000"
+    ).start()
+    procs = ((processor, "processor"), (sink, "sink"), (worker, "worker"))
     try:
         processor.wait_log("assigned", timeout=90)
         session = f"secure-{uuid.uuid4().hex[:8]}"
         with SessionClient("tenant-secure", secure.settings("producer")) as client:
-            outcome = client.wait(client.prompt(session, "hello"), timeout=60)
-        assert outcome.status == "accepted", outcome
+            outcome = client.wait(client.prompt(session, "steps=1 tool_ms=0 email=no"), 60)
+            assert outcome.status == "accepted", outcome
+            # the producer's principal may write commands: a timer it forges lands on the
+            # commands topic, where timers are not taken
+            forged = client.command(
+                session,
+                "timer.fired",
+                {"kind": "run_deadline", "dueAt": 0},
+                run_id=outcome.run_id,
+                generation=1,
+            )
+            refused = client.wait(client.submit(forged), 60)
+            assert (refused.status, refused.reason) == ("rejected", "not_allowed_here")
         reader = secure.settings("analytics")
 
-        def row() -> object:
-            sink.assert_alive()
+        def done() -> object:
+            for p, _ in procs:
+                p.assert_alive()
             with psycopg.connect(reader.database_conninfo) as conn:
                 return conn.execute(
-                    "select session_id from agent_runs where run_id = %s", (outcome.run_id,)
+                    "select session_id, terminal_status from agent_runs"
+                    " where run_id = %s and terminal_status is not null",
+                    (outcome.run_id,),
                 ).fetchone()
 
-        assert wait_until(row, timeout=60, what="the run in agent_runs") == (session,)
-        processor.assert_alive()
-        # no process printed a password
-        for proc, role in ((processor, "processor"), (sink, "sink")):
-            pw = secure.settings(role).kafka_password
-            assert pw is not None and pw.get_secret_value() not in proc.log_text()
+        assert wait_until(done, timeout=90, what="the run completed in agent_runs") == (
+            session,
+            "completed",
+        )
+        # no process printed a password (its own, or the database's)
+        for proc, role in procs:
+            rs = secure.settings(role)
+            text = proc.log_text()
+            for secret in (rs.kafka_password, rs.database_password):
+                assert secret is None or secret.get_secret_value() not in text, role
     finally:
-        assert processor.stop() == 0, processor.log_text()[-3000:]
-        assert sink.stop() == 0, sink.log_text()[-3000:]
+        for p, _ in procs:
+            assert p.stop() == 0, p.log_text()[-3000:]
 
 
 async def test_aiokafka_clients_log_in_with_the_same_settings(secure: Profile) -> None:
