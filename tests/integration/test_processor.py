@@ -249,6 +249,32 @@ def test_poison_pills_go_to_the_dlq_and_the_stream_goes_on(
         partition=wrong,
         headers=[("pill", b"wrong-partition")],
     )
+    # the workers' topic alike: a misplaced worker command is forwarded on that topic (and
+    # decided as a worker's), undecodable bytes there are dead letters naming that topic
+    stray = Command(
+        command_id="misplaced-w",
+        session_id=sid,
+        tenant_id="t",
+        type="lease.acquire",
+        ts=1,
+        run_id="no-such-run",
+        worker_id="w1",
+        payload={"lease_ms": 1000},
+    )
+    prod.produce(
+        iso.worker_commands_topic,
+        key=sid.encode(),
+        value=codec.encode_command(stray),
+        partition=wrong,
+        headers=[("pill", b"wrong-partition-w")],
+    )
+    prod.produce(
+        iso.worker_commands_topic,
+        key=sid.encode(),
+        value=b"{not json",
+        partition=part,
+        headers=[("pill", b"malformed-w")],
+    )
     prod.flush(30)
     with SessionClient("t", iso) as c:
         outcome = c.wait(c.submit(good), timeout=60)
@@ -258,8 +284,20 @@ def test_poison_pills_go_to_the_dlq_and_the_stream_goes_on(
         assert (huge.status, huge.reason) == ("dead_letter", "oversized")
         again = c.wait(c.submit(good), timeout=60)
         assert again.status == "duplicate"
+    procs[0].assert_alive()
+    wait_until(
+        lambda: any(
+            codec.decode_event(r.value or b"").command_id == "misplaced-w"
+            for r in read_topic(iso, iso.events_topic)
+        ),
+        timeout=60,
+        what="the misplaced worker command decided",
+    )
     dlq = read_topic(iso, iso.dlq_topic)
     by_pill = {r.headers["pill"].decode(): r for r in dlq if "pill" in r.headers}
+    w = by_pill.pop("malformed-w")
+    assert w.headers["source.topic"].decode() == iso.worker_commands_topic
+    assert w.headers["error.reason"].decode() == "malformed" and w.value == b"{not json"
     for name, (key, value, reason) in pills.items():
         assert name in by_pill, f"{name}: no dead letter; got {sorted(by_pill)}"
         r = by_pill[name]
@@ -271,8 +309,8 @@ def test_poison_pills_go_to_the_dlq_and_the_stream_goes_on(
         assert int(r.headers["source.partition"]) == part
         assert int(r.headers["source.offset"]) >= 0
         assert r.headers["error.message"]
-    assert "wrong-partition" not in by_pill
-    assert len(dlq) == len(pills) + 1  # + the SDK's oversized prompt
+    assert "wrong-partition" not in by_pill and "wrong-partition-w" not in by_pill
+    assert len(dlq) == len(pills) + 2  # + the SDK's oversized prompt, the worker's bytes
     # the misplaced command: copied once to its session's partition, with where it came from,
     # and decided there: one outcome (steered, or refused if it came before the prompt)
     copies = [
@@ -291,6 +329,24 @@ def test_poison_pills_go_to_the_dlq_and_the_stream_goes_on(
         for r in read_topic(iso, iso.events_topic)
         if codec.decode_event(r.value or b"").command_id == "misplaced-1"
     )
+    # the worker's: forwarded on its own topic, decided as a worker command (the run it
+    # names is unknown, the topic is right)
+    w_copies = [
+        r
+        for r in read_topic(iso, iso.worker_commands_topic)
+        if r.headers.get("pill") == b"wrong-partition-w" and r.partition == part
+    ]
+    assert len(w_copies) == 1
+    origin = w_copies[0].headers["sessionstream.forwarded-from"].decode()
+    assert origin.startswith(f"{iso.worker_commands_topic}/{wrong}/")
+    w_events = [
+        codec.decode_event(r.value or b"")
+        for r in read_topic(iso, iso.events_topic)
+        if r.partition == part
+    ]
+    decided = [e for e in w_events if e.command_id == "misplaced-w"]
+    assert len(decided) == 1 and decided[0].type == "command.rejected"
+    assert decided[0].payload.reason not in ("not_allowed_here",)  # type: ignore[attr-defined]
     assert "forwarded" in procs[0].log_text() and "murmur2" in procs[0].log_text()
     procs[0].assert_alive()
 
@@ -362,6 +418,43 @@ def test_a_commands_topic_stamped_by_producers_stops_the_processor(
         for fut in admin.delete_topics(topics, operation_timeout=30).values():
             with contextlib.suppress(Exception):  # a topic the processor never created
                 fut.result(timeout=30)
+
+
+def test_a_group_member_reading_other_topics_stops_the_processor(iso: Settings) -> None:
+    """A member of the processor group subscribed to the commands topic only (a processor
+    of the version before the worker-commands topic, in a rolling upgrade): the range
+    assignor then gives our processor worker and timer partitions whose commands partition
+    another member decides. Two writers for a session: the processor refuses to go on."""
+    from confluent_kafka import Consumer
+
+    from sessionstream.topics import ensure_topics
+
+    ensure_topics(iso)
+    old = Consumer(
+        {
+            "bootstrap.servers": iso.kafka_bootstrap,
+            "group.id": iso.processor_group,
+            "partition.assignment.strategy": "range",
+            "enable.auto.commit": False,
+        }
+    )
+    old.subscribe([iso.commands_topic])
+    p = Proc(iso, "processor", "--instance", "new").start()
+    assert p.popen is not None
+    try:
+        # the old member keeps polling (it stays in the group and rejoins the rebalance)
+        def exited() -> int | None:
+            old.poll(0.2)
+            return p.popen.poll() if p.popen is not None else None
+
+        wait_until(lambda: exited() is not None, timeout=120, what="the processor exits")
+        assert p.popen.returncode == 2, p.log_text()
+        text = p.log_text()
+        assert "not co-partitioned" in text and iso.worker_commands_topic in text, text
+        assert old.assignment(), "the old member lost its partitions"
+    finally:
+        old.close()
+        p.stop()
 
 
 def test_a_state_in_an_older_form_is_rebuilt_from_the_log(iso: Settings, procs: list[Proc]) -> None:
