@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from schemas.codec import Codec
-from schemas.commands import PRODUCER_COMMAND_TYPES, WORKER_COMMAND_TYPES, Command
+from schemas.commands import PRODUCER_COMMAND_TYPES, WORKER_COMMAND_TYPES, Command, CommandClass
 from schemas.events import ACTIVE_STATUSES, SESSION_LOG, CommandRejected, Event
 from streams.decider import REJECTION_REASONS, DeciderConfig, decide, evolve, fold
 from streams.state import SessionState, command_hash, evolved, state_to_json, validate_state
@@ -32,6 +32,7 @@ from streams.step import decode_state, encode_state
 from streams.timers import DueTimer, due_timers, timer_command
 from tests.unit._harness import Dedup
 from tests.unit._model import Bounds, LogModel
+from tests.unit.test_command_classes import SPEC as CLASSES
 
 SID = "s-prop"
 TENANT = "acme"
@@ -65,12 +66,12 @@ SKEW = st.sampled_from([0, 0, -20 * 60_000, 3_600_000, "seconds"])
 TARGET = st.sampled_from(["none", "none", "active", "old"])
 
 
-def replay(commands: list[tuple[Command, int]]) -> list[bytes]:
+def replay(commands: list[tuple[Command, int, CommandClass | None]]) -> list[bytes]:
     state = SessionState.initial(SID)
     dedup = Dedup()
     out = []
-    for c, at in commands:
-        for e in dedup.decide(state, c, CONFIG, at=at).events:
+    for c, at, via in commands:
+        for e in dedup.decide(state, c, CONFIG, at=at, via=via).events:
             state = evolve(state, e, CONFIG)
             out.append(CODEC.encode_event(e))
     return out
@@ -89,7 +90,8 @@ class SessionMachine(RuleBasedStateMachine):
         self.dedup = Dedup()
         self.now = 1_000_000
         self.n = 0
-        self.commands: list[tuple[Command, int]] = []
+        #: (command, the log's time, the class of the topic it came on)
+        self.commands: list[tuple[Command, int, CommandClass | None]] = []
         self.log: list[Event] = []
         self.encoded: list[bytes] = []
         #: command id -> the command the session remembers under it
@@ -115,10 +117,10 @@ class SessionMachine(RuleBasedStateMachine):
             return self.finished_runs[-1] if self.finished_runs else "r-never"
         return None
 
-    def apply(self, cmd: Command) -> list[Event]:
+    def apply(self, cmd: Command, via: CommandClass | None = None) -> list[Event]:
         pre = self.state
         seen = self.dedup.records.get((SID, _h(cmd)))
-        d = self.dedup.decide(pre, cmd, CONFIG, at=self.now)
+        d = self.dedup.decide(pre, cmd, CONFIG, at=self.now, via=via)
         events = d.events
         for e in events:  # the decider builds events unvalidated: each must validate
             assert Event.model_validate(e.model_dump(by_alias=True)) == e
@@ -128,17 +130,17 @@ class SessionMachine(RuleBasedStateMachine):
         restored = decode_state(encode_state(pre))
         assert restored == pre
         assert decode_state(state_to_json(pre)) == pre
-        again = decide(restored, cmd, CONFIG, at=self.now, seen=seen).events
+        again = decide(restored, cmd, CONFIG, at=self.now, seen=seen, via=via).events
         assert [CODEC.encode_event(e) for e in again] == encoded
         for e in events:
             self.state = evolve(self.state, e, CONFIG)
         assert d.state == self.state, "the processor's state is not the fold of its events"
-        self.check_outcome(cmd, pre, events)
+        self.check_outcome(cmd, pre, events, via)
         self.model.feed(events)
         if d.remember is not None:
             assert cmd.command_id not in self.decided or self.decided[cmd.command_id] is None
             self.decided[cmd.command_id] = cmd
-        self.commands.append((cmd, self.now))
+        self.commands.append((cmd, self.now, via))
         self.log.extend(events)
         self.encoded.extend(encoded)
         for e in events:
@@ -148,7 +150,14 @@ class SessionMachine(RuleBasedStateMachine):
                 self.finished_runs.append(e.run_id)
         return events
 
-    def check_outcome(self, cmd: Command, pre: SessionState, events: list[Event]) -> None:
+    def check_outcome(
+        self, cmd: Command, pre: SessionState, events: list[Event], via: str | None = None
+    ) -> None:
+        if via is not None and cmd.type not in CLASSES[via]:
+            # the topic says who wrote it, before the id or the tenant are looked at
+            assert _reasons(events) == ["not_allowed_here"], "a command off its topic acted"
+            assert len(events) == 1 and core(self.state) == core(pre)
+            return
         first = self.decided.get(cmd.command_id)
         foreign = pre.tenant_id is not None and cmd.tenant_id != pre.tenant_id
         if first is not None and not foreign:
@@ -303,6 +312,21 @@ class SessionMachine(RuleBasedStateMachine):
     @rule(i=st.integers(min_value=0))
     def duplicate(self, i: int) -> None:
         self.apply(self.commands[i % len(self.commands)][0])
+
+    @precondition(lambda self: self.commands)
+    @rule(i=st.integers(min_value=0), shift=st.sampled_from([1, 2]), fresh=st.booleans())
+    def misrouted(self, i: int, shift: int, fresh: bool) -> None:
+        """A command the session saw (a worker's, a timer, a producer's), on the topic of
+        another class: a producer forging a worker command or a timer, a worker a prompt.
+        Under its own id or a fresh one: refused either way, and nothing else happens."""
+        cmd = self.commands[i % len(self.commands)][0]
+        own = next(c for c, types in CLASSES.items() if cmd.type in types)
+        order = sorted(CLASSES)
+        wrong = order[(order.index(own) + shift) % len(order)]
+        if fresh:
+            self.n += 1
+            cmd = cmd.model_copy(update={"command_id": f"m{self.n}"})
+        self.apply(cmd, via=wrong)  # type: ignore[arg-type]
 
     @precondition(lambda self: self.decided)
     @rule(i=st.integers(min_value=0), text=TEXT)
