@@ -19,7 +19,7 @@ help:
 	@echo "               (SESSIONSTREAM_STACK_SECURE=1: the secured stack; SESSIONSTREAM_KAFKA_BROKERS=3:"
 	@echo "                the 3-node cluster; both next to the default one, see docs/local-stack.md)"
 	@echo "make test     install, up, chromium for the browser test, run all tests"
-	@echo "make soak     install, up, the fault suite at 10x load and rounds"
+	@echo "make soak     install, up, the fault suites at 10x load and rounds, the 3-node cluster faults"
 	@echo "make lint     ruff + mypy + lint-imports (the layer contracts in pyproject.toml)"
 	@echo "make demo     install, up, run the demo"
 	@echo "make bench    install, up, run the benchmarks"
@@ -75,9 +75,11 @@ test: install up browser
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
 
-# The fault suite (kill -9 loops, broker and PostgreSQL restarts) at 10x load and rounds.
+# The fault suites at 10x load and rounds: kill -9 loops, broker and PostgreSQL restarts;
+# the 3-node cluster with 3 rounds of leader and coordinator kills and a rolling restart.
 soak: install up
-	SESSIONSTREAM_SOAK=1 $(PY) -m pytest tests/integration/test_faults.py -q
+	SESSIONSTREAM_SOAK=1 $(PY) -m pytest tests/integration/test_faults.py \
+		tests/integration/test_cluster_faults.py -q
 
 # Both run even when the first fails, so one pass shows every problem.
 lint: install

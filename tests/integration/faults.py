@@ -163,6 +163,8 @@ class Load(threading.Thread):
         self.tag = uuid.uuid4().hex[:6]  # run ids derive from ids: unique per test run
         self.handles: list[CommandHandle] = []
         self.error: BaseException | None = None
+        #: set to end the load early (a test that paces its faults by time, not by count)
+        self.halt = threading.Event()
 
     def command_ids(self) -> set[str]:
         return {h.command.command_id for h in self.handles}
@@ -181,6 +183,9 @@ class Load(threading.Thread):
         t0 = time.monotonic()
         with SessionClient("tenant-f", self.s) as c:
             for i in range(self.n):
+                if self.halt.is_set():
+                    self.n = i  # what was sent is the load
+                    break
                 # pacing, so that the faults land while commands are in flight
                 wait = t0 + i / self.rate - time.monotonic()
                 if wait > 0:
@@ -216,9 +221,10 @@ class VerifierState:
 class Verifier(threading.Thread):
     """Reads the events topic `read_committed` over and over; `check_log` on every pass."""
 
-    def __init__(self, s: Settings) -> None:
+    def __init__(self, s: Settings, interval: float = 0.3) -> None:
         super().__init__(name="fault-verifier", daemon=True)
         self.s = s
+        self.interval = interval
         self.codec = Codec()
         self.halt = threading.Event()
         self.state = VerifierState(violations=[])
@@ -236,7 +242,7 @@ class Verifier(threading.Thread):
                     self.state.violations.extend(report.violations)
                 self.state.outcomes = frozenset(report.outcomes)
                 self.state.passes += 1
-            self.halt.wait(0.3)
+            self.halt.wait(self.interval)
 
     def progress(self, ids: set[str], total: int) -> float:
         """Share of the load whose outcome the verifier has seen."""

@@ -13,6 +13,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
 from sessionstream.settings import Settings, read_credentials_file
 
 REPO = Path(__file__).resolve().parents[2]
@@ -94,3 +97,41 @@ def up(profile: str) -> tuple[Profile, str]:
             values[name] = shlex.split(value)[0] if value else ""
     assert values.get("STACK_PROFILE") == profile, where
     return Profile(profile, values), output
+
+
+# -- the cluster profile's partitions, replicas and transaction coordinators ------------------
+#: transaction.state.log.num.partitions in stack/kafka/server.properties.in
+TXN_PARTITIONS = 4
+
+
+def partitions(admin: AdminClient, topic: str) -> dict[int, tuple[int, list[int], list[int]]]:
+    """partition -> (leader, replicas, in-sync replicas); empty while the broker asked does
+    not know the topic yet (metadata reaches each node on its own time)."""
+    meta = admin.list_topics(topic, timeout=10).topics[topic]
+    if meta.error is not None:
+        return {}
+    return {p: (m.leader, list(m.replicas), list(m.isrs)) for p, m in meta.partitions.items()}
+
+
+def isr_full(admin: AdminClient, topic: str, size: int) -> bool:
+    try:
+        parts = partitions(admin, topic)
+    except KafkaException:
+        return False
+    return bool(parts) and all(
+        len(isr) == size and leader >= 0 for leader, _, isr in parts.values()
+    )
+
+
+def java_hash(text: str) -> int:
+    h = 0
+    for ch in text:
+        h = (31 * h + ord(ch)) & 0xFFFFFFFF
+    return h
+
+
+def txn_coordinator(admin: AdminClient, transactional_id: str) -> int:
+    """The node leading the transaction-log partition of `transactional_id` (Kafka's
+    `Utils.abs(id.hashCode) % partitions`)."""
+    partition = (java_hash(transactional_id) & 0x7FFFFFFF) % TXN_PARTITIONS
+    return partitions(admin, "__transaction_state")[partition][0]

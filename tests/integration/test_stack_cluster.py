@@ -12,18 +12,23 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from sessionstream.settings import Settings
 from sessionstream.topics import check_topics, ensure_topics
 from tests.integration.helpers import wait_until
 from tests.integration.procs import TOPIC_FIELDS
-from tests.integration.stack_profiles import Profile, stack, up
+from tests.integration.stack_profiles import (
+    Profile,
+    isr_full,
+    partitions,
+    stack,
+    txn_coordinator,
+    up,
+)
 
 pytestmark = pytest.mark.integration
-
-TXN_PARTITIONS = 4  # transaction.state.log.num.partitions in stack/kafka/server.properties.in
 
 
 @pytest.fixture(scope="session")
@@ -42,42 +47,9 @@ def topic(admin: AdminClient) -> Iterator[str]:
     """A new topic with the cluster's default replication (3) and 3 partitions."""
     name = f"it-cluster-{uuid.uuid4().hex[:10]}"
     admin.create_topics([NewTopic(name, num_partitions=3)])[name].result(timeout=30)
-    wait_until(lambda: _isr(admin, name, 3), timeout=30, what=f"{name} fully replicated")
+    wait_until(lambda: isr_full(admin, name, 3), timeout=30, what=f"{name} fully replicated")
     yield name
     admin.delete_topics([name])[name].result(timeout=60)
-
-
-def _partitions(admin: AdminClient, topic: str) -> dict[int, tuple[int, list[int], list[int]]]:
-    """partition -> (leader, replicas, in-sync replicas); empty while the broker asked does
-    not know the topic yet (metadata reaches each node on its own time)."""
-    meta = admin.list_topics(topic, timeout=10).topics[topic]
-    if meta.error is not None:
-        return {}
-    return {p: (m.leader, list(m.replicas), list(m.isrs)) for p, m in meta.partitions.items()}
-
-
-def _isr(admin: AdminClient, topic: str, size: int) -> bool:
-    try:
-        parts = _partitions(admin, topic)
-    except KafkaException:
-        return False
-    return bool(parts) and all(
-        len(isr) == size and leader >= 0 for leader, _, isr in parts.values()
-    )
-
-
-def _java_hash(text: str) -> int:
-    h = 0
-    for ch in text:
-        h = (31 * h + ord(ch)) & 0xFFFFFFFF
-    return h
-
-
-def txn_coordinator(admin: AdminClient, transactional_id: str) -> int:
-    """The node leading the transaction-log partition of `transactional_id` (Kafka's
-    `Utils.abs(id.hashCode) % partitions`)."""
-    partition = (_java_hash(transactional_id) & 0x7FFFFFFF) % TXN_PARTITIONS
-    return _partitions(admin, "__transaction_state")[partition][0]
 
 
 def _produce_all(bootstrap: str, topic: str, n: int, timeout: float = 60.0) -> list[str]:
@@ -162,20 +134,17 @@ def test_three_brokers_replicate_everything(cluster: Profile, admin: AdminClient
     # sessionstream's own topics, created as on a real cluster
     tag = uuid.uuid4().hex[:8]
     s = Settings(kafka_bootstrap=cluster.bootstrap, replication_factor=3).model_copy(
-        update={
-            f"{t}_topic": f"it.cluster.{t}.{tag}"
-            for t in ("commands", "events", "state", "dedup", "dlq")
-        }
+        update={f: f"it.cluster.{f.removesuffix('_topic')}.{tag}" for f in TOPIC_FIELDS}
     )
     ensure_topics(s)
     check_topics(s)
     for name in [getattr(s, f) for f in TOPIC_FIELDS]:
 
         def replicated(n: str = name) -> bool:
-            return _isr(admin, n, 3)
+            return isr_full(admin, n, 3)
 
         wait_until(replicated, timeout=30, what=f"{name} replicated")
-        for _leader, replicas, isr in _partitions(admin, name).values():
+        for _leader, replicas, isr in partitions(admin, name).values():
             assert sorted(replicas) == [1, 2, 3] and sorted(isr) == [1, 2, 3], name
         res = ConfigResource(ConfigResource.Type.TOPIC, name)
         config = admin.describe_configs([res])[res].result()
@@ -198,7 +167,7 @@ def test_one_node_killed_the_cluster_stays_writable_and_it_rejoins(
             timeout=30,
             what=f"node {victim} to be fenced",
         )
-        wait_until(lambda: _isr(admin, topic, 2), timeout=30, what="ISR of 2 everywhere")
+        wait_until(lambda: isr_full(admin, topic, 2), timeout=30, what="ISR of 2 everywhere")
         # acks=all still succeeds: two in-sync replicas are min.insync.replicas
         assert _produce_all(cluster.bootstrap, topic, 30) == []
         # a producer with the same transactional id finds the moved coordinator
@@ -209,5 +178,7 @@ def test_one_node_killed_the_cluster_stays_writable_and_it_rejoins(
         assert sum(v.startswith(b"v") for v in values) == 30
     finally:
         stack("cluster", "start-node", str(victim))
-    wait_until(lambda: _isr(admin, topic, 3), timeout=90, what=f"node {victim} back in every ISR")
+    wait_until(
+        lambda: isr_full(admin, topic, 3), timeout=90, what=f"node {victim} back in every ISR"
+    )
     assert sorted(admin.list_topics(timeout=10).brokers) == [1, 2, 3]
