@@ -132,6 +132,9 @@ def java_hash(text: str) -> int:
 
 def txn_coordinator(admin: AdminClient, transactional_id: str) -> int:
     """The node leading the transaction-log partition of `transactional_id` (Kafka's
-    `Utils.abs(id.hashCode) % partitions`)."""
-    partition = (java_hash(transactional_id) & 0x7FFFFFFF) % TXN_PARTITIONS
+    `Utils.abs(id.hashCode) % partitions`: the absolute value of the signed hash, not the
+    hash with its sign bit masked, which names another partition for negative hashes)."""
+    h = java_hash(transactional_id)
+    signed = h - (1 << 32) if h & 0x80000000 else h
+    partition = (0 if signed == -(1 << 31) else abs(signed)) % TXN_PARTITIONS
     return partitions(admin, "__transaction_state")[partition][0]
