@@ -83,6 +83,18 @@ def _last(server: ModelServer, prompt: str) -> Served | None:
     return next((r for r in reversed(server.served) if r.prompt == prompt), None)
 
 
+async def _finished(server: ModelServer, prompt: str, timeout: float = 5.0) -> Served | None:
+    """The server's record of `prompt` once its handler has recorded how it ended (the
+    client can read the last chunk before the handler gets to record it)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        served = _last(server, prompt)
+        done = served is not None and (served.completed or served.disconnected)
+        if done or time.monotonic() > deadline:
+            return served
+        await asyncio.sleep(0.01)
+
+
 def _ms(values: list[float]) -> str:
     each = ", ".join(f"{v:.1f}" for v in values)
     return f"p50 {statistics.median(values):.1f} ms, max {max(values):.1f} ms [{each}]"
@@ -97,7 +109,7 @@ async def test_a_streamed_completion_is_the_whole_reply(
     prompt = "plan a trip model_ms=200"
     t0 = time.time()
     assert await model.complete(prompt, signal=AbortSignal()) == reply_text(prompt)
-    served = _last(server, prompt)
+    served = await _finished(server, prompt)
     assert served is not None and served.completed is not None and served.disconnected is None
     assert served.chunks_sent == len(reply_text(prompt).split())
     assert served.completed - t0 >= 0.2, "the reply was streamed, not sent at once"
