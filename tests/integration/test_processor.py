@@ -13,6 +13,7 @@ from confluent_kafka import Producer
 
 from schemas.codec import Codec
 from schemas.commands import Command
+from schemas.events import Event
 from sessionstream.client import SessionClient
 from sessionstream.kafka import read_topic
 from sessionstream.settings import Settings
@@ -311,44 +312,34 @@ def test_poison_pills_go_to_the_dlq_and_the_stream_goes_on(
         assert r.headers["error.message"]
     assert "wrong-partition" not in by_pill and "wrong-partition-w" not in by_pill
     assert len(dlq) == len(pills) + 2  # + the SDK's oversized prompt, the worker's bytes
-    # the misplaced command: copied once to its session's partition, with where it came from,
-    # and decided there: one outcome (steered, or refused if it came before the prompt)
-    copies = [
-        r
-        for r in read_topic(iso, iso.commands_topic)
-        if r.headers.get("pill") == b"wrong-partition" and r.partition == part
-    ]
-    assert len(copies) == 1
-    origin = copies[0].headers["sessionstream.forwarded-from"].decode()
-    assert origin.startswith(f"{iso.commands_topic}/{wrong}/")
-    events = [codec.decode_event(r.value or b"") for r in read_topic(iso, iso.events_topic)]
-    decided = [e for e in events if e.command_id == "misplaced-1"]
-    assert len(decided) == 1 and decided[0].type in ("run.steered", "command.rejected")
-    assert all(
-        r.partition == part
-        for r in read_topic(iso, iso.events_topic)
-        if codec.decode_event(r.value or b"").command_id == "misplaced-1"
-    )
-    # the worker's: forwarded on its own topic, decided as a worker command (the run it
-    # names is unknown, the topic is right)
-    w_copies = [
-        r
-        for r in read_topic(iso, iso.worker_commands_topic)
-        if r.headers.get("pill") == b"wrong-partition-w" and r.partition == part
-    ]
-    assert len(w_copies) == 1
-    origin = w_copies[0].headers["sessionstream.forwarded-from"].decode()
-    assert origin.startswith(f"{iso.worker_commands_topic}/{wrong}/")
-    w_events = [
-        codec.decode_event(r.value or b"")
-        for r in read_topic(iso, iso.events_topic)
-        if r.partition == part
-    ]
-    decided = [e for e in w_events if e.command_id == "misplaced-w"]
-    assert len(decided) == 1 and decided[0].type == "command.rejected"
-    assert decided[0].payload.reason not in ("not_allowed_here",)  # type: ignore[attr-defined]
+    # each misplaced command: copied once to its session's partition on its own topic, with
+    # where it came from, and decided there, once, as its topic's class: the producer's
+    # steer (steered, or refused if it came before the prompt); the worker's acquire (its
+    # run is unknown, its topic right)
+    _forwarded_once(iso, iso.commands_topic, b"wrong-partition", part, wrong)
+    _forwarded_once(iso, iso.worker_commands_topic, b"wrong-partition-w", part, wrong)
+    decided: dict[str, list[tuple[int, Event]]] = {}
+    for r in read_topic(iso, iso.events_topic):
+        e = codec.decode_event(r.value or b"")
+        decided.setdefault(e.command_id, []).append((r.partition, e))
+    ((p1, steer),) = decided["misplaced-1"]
+    assert p1 == part and steer.type in ("run.steered", "command.rejected")
+    ((p2, acquire),) = decided["misplaced-w"]
+    assert p2 == part and acquire.type == "command.rejected"
+    assert acquire.payload.reason != "not_allowed_here"  # type: ignore[attr-defined]
     assert "forwarded" in procs[0].log_text() and "murmur2" in procs[0].log_text()
     procs[0].assert_alive()
+
+
+def _forwarded_once(iso: Settings, topic: str, pill: bytes, part: int, wrong: int) -> None:
+    """The record marked `pill`, produced to `topic[wrong]`, was copied once to
+    `topic[part]`, naming where it was first read."""
+    copies = [
+        r for r in read_topic(iso, topic) if r.headers.get("pill") == pill and r.partition == part
+    ]
+    assert len(copies) == 1, pill
+    origin = copies[0].headers["sessionstream.forwarded-from"].decode()
+    assert origin.startswith(f"{topic}/{wrong}/")
 
 
 @pytest.mark.parametrize(
