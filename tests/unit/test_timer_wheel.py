@@ -132,3 +132,70 @@ def test_each_session_fires_its_own_timers_in_deadline_order() -> None:
     late = max(_lease_due(a), _lease_due(b))
     fired = wheel.due(late, states.get)
     assert [c.session_id for c in fired if c.payload.kind == "lease_expiry"] == ["s-a", "s-b"]  # type: ignore[union-attr]
+
+
+class _Counting:
+    """`state_of` that counts how often the wheel looks a session up."""
+
+    def __init__(self, states: dict[str, SessionState]) -> None:
+        self.states, self.calls = states, 0
+
+    def __call__(self, sid: str) -> SessionState | None:
+        self.calls += 1
+        return self.states.get(sid)
+
+
+def test_a_session_scheduled_many_times_is_looked_at_once_when_due() -> None:
+    # every state change schedules its session: a busy run's thousand changes must not
+    # leave a thousand entries that are each looked at (and pushed again) when due
+    h = _leased()
+    wheel, states = _wheel_for(h)
+    for _ in range(1_000):
+        wheel.schedule(h.state)
+    assert wheel.pending == 1
+    look = _Counting(states)
+    due = _lease_due(h)
+    assert len(wheel.due(due, look)) == 1
+    assert look.calls == 1
+
+
+def test_renewals_keep_one_entry_and_each_deadline_costs_one_look() -> None:
+    h = _leased(lease_ms=10_000)
+    wheel, states = _wheel_for(h)
+    look = _Counting(states)
+    for _ in range(50):  # renewed every 5 s, with 10 progress changes in between
+        old = _lease_due(h)
+        h.now += 5_000
+        h.work("lease.renew", {"lease_ms": 10_000})
+        states[h.session_id] = h.state
+        for _ in range(10):
+            wheel.schedule(h.state)
+        assert wheel.due(old, look) == []  # looked at, nothing due: the new deadline is later
+    assert look.calls <= 50
+    assert wheel.pending == 1
+    assert [c.payload.due_at for c in wheel.due(_lease_due(h), look)] == [_lease_due(h)]  # type: ignore[union-attr]
+
+
+def test_a_fired_timer_whose_command_was_lost_fires_again_without_a_state_change() -> None:
+    # the transaction that carried it committed nothing the session saw (or the command is
+    # still on its way): no state change schedules the session, the wheel itself comes back
+    h = _leased()
+    wheel, states = _wheel_for(h, refire_ms=5_000)
+    due = _lease_due(h)
+    (first,) = wheel.due(due, states.get)
+    assert wheel.due(due + 4_999, states.get) == []
+    (again,) = wheel.due(due + 5_000, states.get)
+    assert again.command_id == first.command_id
+    assert wheel.pending == 1  # and again after the next window, until decided
+
+
+def test_an_earlier_deadline_after_a_later_one_is_not_missed() -> None:
+    # the session was watched for its run deadline; a lease (earlier) comes with a change
+    h = Harness()
+    h.prompt("p0")
+    wheel, states = _wheel_for(h)
+    h.acquire("w1", lease_ms=1_000)
+    states[h.session_id] = h.state
+    wheel.schedule(h.state)
+    due = _lease_due(h)
+    assert [c.payload.kind for c in wheel.due(due, states.get)] == ["lease_expiry"]  # type: ignore[union-attr]
