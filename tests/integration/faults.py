@@ -278,20 +278,26 @@ def _runs_settled(s: Settings, pipe: Pipeline, unsettled: list[str] | None = Non
 
 
 def assert_consistent(
-    s: Settings, pipe: Pipeline, load: Load, verifier: Verifier
+    s: Settings, pipe: Pipeline, load: Load, verifier: Verifier, settle_s: float = 180.0
 ) -> dict[str, int]:
-    """The fault suite's contract, after the load; returns a few counts for the report."""
+    """The fault suite's contract, after the load; returns a few counts for the report.
+    `settle_s`: how long the runs (and the tasks queued behind them) may take to end."""
     load.join(load.n / load.rate + 300)
     assert not load.is_alive(), "the load did not finish"
     assert load.error is None, f"load failed: {load.error!r}"
     acked = load.acked()
-    assert acked == load.command_ids(), f"{len(load.command_ids() - acked)} commands not acked"
+    if acked != load.command_ids():
+        failed = [(h.command.command_id, h.error) for h in load.handles if h.offset is None]
+        raise AssertionError(f"{len(failed)} commands not acked: {failed[:5]}")
     # Step 1: every acknowledged command got its outcome; every run came to an end
     _wait_for_outcomes(s, acked, pipe)
     unsettled: list[str] = []
     try:
         wait_until(
-            lambda: _runs_settled(s, pipe, unsettled), timeout=180, interval=1.0, what="runs to end"
+            lambda: _runs_settled(s, pipe, unsettled),
+            timeout=settle_s,
+            interval=1.0,
+            what="runs to end",
         )
     except AssertionError as e:
         raise AssertionError(f"{e}; still active: {unsettled}") from None

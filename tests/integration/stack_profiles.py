@@ -27,12 +27,21 @@ PROFILES = {
 }
 
 
-def stack(profile: str, *args: str, timeout: float = 300.0, check: bool = True) -> str:
-    """Run `stack/stack.sh ARGS` for `profile`; its output (stdout and stderr)."""
+def stack(
+    profile: str,
+    *args: str,
+    timeout: float = 300.0,
+    check: bool = True,
+    wait_s: float | None = None,
+) -> str:
+    """Run `stack/stack.sh ARGS` for `profile`; its output (stdout and stderr). `wait_s`:
+    how long a starting server may take to answer (`SESSIONSTREAM_STACK_TIMEOUT`)."""
     env = dict(os.environ)
     env.pop("SESSIONSTREAM_STACK_SECURE", None)
     env.pop("SESSIONSTREAM_KAFKA_BROKERS", None)
     env.update(PROFILES[profile])
+    if wait_s is not None:
+        env["SESSIONSTREAM_STACK_TIMEOUT"] = str(round(wait_s))
     started = time.monotonic()
     proc = subprocess.run(
         ["bash", str(REPO / "stack/stack.sh"), *args],

@@ -1,21 +1,24 @@
 """The whole pipeline on the 3-node cluster while brokers die: nothing accepted is lost.
 
 `SESSIONSTREAM_KAFKA_BROKERS=3` profile (RF 3, `min.insync.replicas=2`, transaction log
-RF 3): processor, sink and two reference-agent workers under a paced load of 1,000
-commands/s, while rounds of faults hit the brokers, as Kafka's own `transactions_test.py`
-does: kill -9 of the node leading a commands/events partition, kill -9 of the node that
-coordinates the processor's transactions (each restarted once the pipeline has recovered
-without it), and a clean rolling restart of all three nodes. Then the fault suite's
-contract (`faults.assert_consistent`): every acknowledged command has its outcome, no
-duplicate or gap in (session, run, seq), at most one active run per session at every point
-of the log, the state table is the fold of the log, PostgreSQL equals the log.
+RF 3): processor, sink and two reference-agent workers under a paced load
+(`SESSIONSTREAM_CLUSTER_RATE`, default 100 commands/s: see `RATE`), while rounds of faults
+hit the brokers, as Kafka's own `transactions_test.py` does: kill -9 of the node leading a
+commands/events partition, kill -9 of the node that coordinates the processor's
+transactions (each restarted once the pipeline has recovered without it), and clean
+restarts. Then the fault suite's contract (`faults.assert_consistent`): every acknowledged
+command has its outcome, every run ends, no duplicate or gap in (session, run, seq), at
+most one active run per session at every point of the log, the state table is the fold of
+the log, PostgreSQL equals the log.
 
 Each round's recovery is recorded: from the fault until the processor has committed past
 its position at the fault on every partition of the commands topic (it decides again
 everywhere), and until the node is back in every in-sync replica set. The numbers go to
-`bench/results/cluster-faults.md`. Runs under `make soak` only (`SESSIONSTREAM_SOAK=1`: three
-rounds of each kill) until it is green on this machine; one round each with the variable
-unset is the short form to run by hand.
+`bench/results/cluster-faults.md`. `make test` runs the short form (one kill -9 of a
+leader, one of the transaction coordinator, one clean restart); `make soak`
+(`SESSIONSTREAM_SOAK=1`) three rounds of each kill and a rolling restart of all three nodes.
+`SESSIONSTREAM_HOLD_ON_FAILURE=<seconds>` keeps the processes and topics of a failed run
+that long (or until `.hold-release` exists in the repository) for inspection.
 """
 
 from __future__ import annotations
@@ -32,8 +35,12 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from schemas.codec import Codec
+from sessionstream.kafka import read_topic
 from sessionstream.settings import Settings
 from sinks.migrate import migrate
+from streams.log_check import check_log, fold_log
+from streams.partitioning import partition_for
 from tests.integration.faults import SOAK, Load, Pipeline, Verifier, assert_consistent
 from tests.integration.helpers import wait_until
 from tests.integration.procs import isolated_settings
@@ -47,21 +54,26 @@ from tests.integration.stack_profiles import (
     up,
 )
 
-pytestmark = [
-    pytest.mark.integration,
-    # not yet green on this 2-core machine (issue 17): every round recovers, but after the
-    # faults the runs do not all end within the contract's 180 s; run by `make soak`
-    pytest.mark.skipif(not SOAK, reason="3-node cluster faults: `make soak` runs them"),
-]
+pytestmark = pytest.mark.integration
 
 #: commands/s offered (SESSIONSTREAM_CLUSTER_RATE): the issue asks 1,000; on two cores the
-#: three nodes, the pipeline and the checks fall behind at 1,000 and at 300 (every round
-#: then waits out a backlog), so 100 until they run on more cores
+#: three nodes, the pipeline and the checks fall behind at 1,000 (tens of thousands of
+#: commands behind before the first fault) and at 300 (every round waits out a backlog)
 RATE = float(os.environ.get("SESSIONSTREAM_CLUSTER_RATE", "100"))
 ROUNDS = 3 if SOAK else 1
 RESULTS = REPO / "bench" / "results" / "cluster-faults.md"
+#: the workers' lease: the default (30 s). A lease must outlast a broker failover plus the
+#: pipeline's delay under load, or every holder self-fences during the fault and the runs
+#: ping-pong between workers (measured with 5 s on this machine: generations up to 32)
+LEASE_MS = 30_000
+#: after the load: the runs in flight and the tasks queued behind them (up to 32 a
+#: session) end; a run stuck on a lost timer or lease never would
+SETTLE_S = float(os.environ.get("SESSIONSTREAM_CLUSTER_SETTLE_S", "600"))
 #: how long the pipeline may take to decide again after a fault, and a node to rejoin
 RECOVERY_LIMIT_S = 90.0
+#: ... and a restarted node to be back in every ISR: its JVM starts on a CPU the other two
+#: nodes and the pipeline keep busy (measured 26-88 s here; ~5 s on an idle machine)
+REJOIN_LIMIT_S = 240.0
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +173,7 @@ def _round(
     s = pipe.s
     # a fault on a full cluster: every replica in sync before the next node goes
     wait_until(
-        lambda: _all_in_sync(admin, s), timeout=RECOVERY_LIMIT_S, interval=0.5, what="full ISRs"
+        lambda: _all_in_sync(admin, s), timeout=REJOIN_LIMIT_S, interval=0.5, what="full ISRs"
     )
     before = _layout(admin, s)
     since = progress.positions()
@@ -184,10 +196,10 @@ def _round(
         ) from None
     recovered = time.monotonic() - t0
     t1 = time.monotonic()
-    stack("cluster", "start-node", str(node))
+    stack("cluster", "start-node", str(node), wait_s=REJOIN_LIMIT_S)
     wait_until(
         lambda: _all_in_sync(admin, s),
-        timeout=RECOVERY_LIMIT_S,
+        timeout=REJOIN_LIMIT_S,
         interval=0.5,
         what=f"node {node} back in every ISR",
     )
@@ -204,7 +216,7 @@ def _round(
 
 @pytest.fixture
 def pipe(iso: Settings) -> Iterator[Pipeline]:
-    p = Pipeline(iso, workers=2, lease_ms=5000)
+    p = Pipeline(iso, workers=2, lease_ms=LEASE_MS)
     yield p
     p.stop()
 
@@ -239,20 +251,28 @@ def test_the_pipeline_loses_nothing_while_brokers_die(
             rows.append(
                 _round(f"{r + 1}: coordinator", coordinator, "kill-node", pipe, progress, admin)
             )
-        for node in (1, 2, 3):
-            rows.append(_round("rolling restart", node, "stop-node", pipe, progress, admin))
+        # a clean restart: of every node in turn (soak), of the commands leader (short)
+        for node in (1, 2, 3) if SOAK else (_leader_of_commands(admin, iso),):
+            rows.append(_round("clean restart", node, "stop-node", pipe, progress, admin))
         assert load.error is None, load.error
     finally:
         load.halt.set()
         load.join(120)
     faults_s = time.monotonic() - started
     try:
-        counts = assert_consistent(iso, pipe, load, verifier)
+        counts = assert_consistent(iso, pipe, load, verifier, settle_s=SETTLE_S)
     except AssertionError as e:
         try:
             diagnosis = _diagnosis(pipe)
         except Exception as d:  # the cluster may still be moving leaders
             diagnosis = f"(no diagnosis: {d!r})"
+        hold = float(os.environ.get("SESSIONSTREAM_HOLD_ON_FAILURE", "0"))
+        if hold:
+            print(f"{e}\n{diagnosis}\nHOLDING the world {hold:.0f} s", flush=True)
+            release = REPO / ".hold-release"
+            deadline = time.monotonic() + hold
+            while time.monotonic() < deadline and not release.exists():
+                time.sleep(1)
         raise AssertionError(f"{e}\n{diagnosis}") from None
     finally:
         progress.halt.set()
@@ -262,8 +282,13 @@ def test_the_pipeline_loses_nothing_while_brokers_die(
 
 
 def _diagnosis(pipe: Pipeline) -> str:
-    """Where the processor is on each input topic, and the tails of the process logs."""
+    """Where the processor is on each input topic, every session whose run did not end
+    (its events, timers and worker commands), and the tails of the process logs."""
     s = pipe.s
+    try:
+        open_runs = _explain_open_runs(pipe)
+    except Exception as e:  # the cluster may still be moving leaders
+        open_runs = f"(no open-run diagnosis: {e!r})"
     c = Consumer({"bootstrap.servers": s.kafka_bootstrap, "group.id": s.processor_group})
     lines = []
     try:
@@ -274,9 +299,72 @@ def _diagnosis(pipe: Pipeline) -> str:
             lines.append(f"{t}: committed {done}, ends {ends}")
     finally:
         c.close()
+    # an open transaction holds a partition's last stable offset below its end
+    for iso in ("read_committed", "read_uncommitted"):
+        c = Consumer(
+            {
+                "bootstrap.servers": s.kafka_bootstrap,
+                "group.id": s.processor_group,
+                "isolation.level": iso,
+            }
+        )
+        try:
+            for t in (s.events_topic, s.state_topic, s.timers_topic):
+                tps = [TopicPartition(t, p) for p in range(s.partitions)]
+                high = {tp.partition: c.get_watermark_offsets(tp, timeout=10)[1] for tp in tps}
+                lines.append(f"{t} {iso} end: {high}")
+        finally:
+            c.close()
+    lines.append(open_runs)
     for proc in pipe.current:
         lines.append(f"--- {' '.join(proc.args[:3])}:\n{proc.log_text()[-2500:]}")
     return "\n".join(lines)
+
+
+def _explain_open_runs(pipe: Pipeline, most: int = 3) -> str:
+    """For up to `most` sessions with a run still active: the tail of its events, the
+    timers fired for it and its worker commands (offset, append time, outcome), and the
+    process log lines that name it."""
+    s, codec = pipe.s, Codec()
+    events = read_topic(s, s.events_topic, timeout=30)
+    folded = fold_log(events)
+    stuck = [st for st in folded.values() if st.active is not None][:most]
+    if not stuck:
+        return "no run is active now"
+    timers = read_topic(s, s.timers_topic, timeout=30)
+    worker = read_topic(s, s.worker_commands_topic, timeout=30)
+    outcomes = check_log(events).outcomes
+    out = []
+    for st in stuck:
+        sid = st.session_id
+        key = sid.encode()
+        assert st.active is not None
+        a = st.active
+        out.append(
+            f"=== {sid} (partition {partition_for(key, s.partitions)}): run {a.run_id} "
+            f"{a.status} gen {a.generation} holder {a.lease_owner} until {a.lease_expires_at}"
+        )
+        for r in [r for r in events if r.key and r.key.startswith(key + b"/")][-12:]:
+            assert r.value is not None
+            e = codec.decode_event(r.value)
+            out.append(
+                f"  event @{r.offset} t={r.timestamp} {e.type} {e.run_id}#{e.seq} gen "
+                f"{e.generation} cmd {e.command_id} ts {e.ts}"
+            )
+        for name, recs in (("timer", timers), ("worker", worker)):
+            for r in [r for r in recs if r.key == key][-8:]:
+                assert r.value is not None
+                c = codec.decode_command(r.value)
+                got = [e.type for e in outcomes.get(c.command_id, [])]
+                out.append(
+                    f"  {name} @{r.offset} t={r.timestamp} {c.type} {c.command_id} gen "
+                    f"{c.generation} worker {c.worker_id} -> {got}"
+                )
+        for proc in pipe.current:
+            named = [ln for ln in proc.log_text().splitlines() if sid in ln or a.run_id in ln][-6:]
+            if named:
+                out.append(f"  log {' '.join(proc.args[:3])}: " + "\n    ".join(named))
+    return "\n".join(out)
 
 
 def _write_results(rows: list[dict[str, object]], counts: dict[str, int], seconds: float) -> None:
@@ -305,10 +393,13 @@ def _write_results(rows: list[dict[str, object]], counts: dict[str, int], second
     intro = (
         "Three KRaft nodes on loopback (`SESSIONSTREAM_KAFKA_BROKERS=3`: RF 3, "
         "min.insync.replicas 2, transaction log RF 3 / min ISR 2, broker session timeout "
-        "5 s), processor + sink + 2 reference workers, 2-core machine. *Decides again*: "
+        "5 s), processor + sink + 2 reference workers (30 s leases), one 2-core machine "
+        "for all of it. *Decides again*: "
         "from the fault until the processor committed past its position at the fault on "
         "every commands partition. *Back in every ISR*: from `start-node` until the node "
-        "is in-sync again on the commands, worker-commands, events and state topics.\n\n"
+        "is in-sync again on the commands, worker-commands, events and state topics "
+        "(nearly all of it is the JVM starting on a CPU the other nodes keep busy). A "
+        "failed run writes nothing here; its diagnosis is in the test's output.\n\n"
     )
     old = RESULTS.read_text() if RESULTS.exists() else ""
     earlier = ["## " + r for r in old.split("\n## ")[1:]][:4]  # the last few runs stay
