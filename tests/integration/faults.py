@@ -52,6 +52,9 @@ SOAK = os.environ.get("SESSIONSTREAM_SOAK", "") not in ("", "0")
 #: a prompt the reference agent finishes quickly, with one email at the end
 RUN_TEXT = "steps=1 tool_ms=50 email=end"
 RUN_TIMEOUT_MS = 180_000
+#: reading the whole events topic (a soak's 400k events, on a CPU the pipeline keeps busy:
+#: 60 s was not always enough)
+READ_S = 300.0
 
 
 def scaled(n: int) -> int:
@@ -257,7 +260,7 @@ class Verifier(threading.Thread):
 def _wait_for_outcomes(s: Settings, ids: set[str], pipe: Pipeline) -> None:
     def missing() -> bool:
         pipe.assert_alive()
-        got = set(check_log(read_topic(s, s.events_topic)).outcomes)
+        got = set(check_log(read_topic(s, s.events_topic, timeout=READ_S)).outcomes)
         return not (ids - got)
 
     wait_until(missing, timeout=180, interval=1.0, what="an outcome for every acknowledged command")
@@ -265,7 +268,7 @@ def _wait_for_outcomes(s: Settings, ids: set[str], pipe: Pipeline) -> None:
 
 def _runs_settled(s: Settings, pipe: Pipeline, unsettled: list[str] | None = None) -> bool:
     pipe.assert_alive()
-    folded = fold_log(read_topic(s, s.events_topic))
+    folded = fold_log(read_topic(s, s.events_topic, timeout=READ_S))
     open_runs = [st for st in folded.values() if st.active is not None]
     if unsettled is not None:
         unsettled[:] = [
@@ -307,7 +310,7 @@ def assert_consistent(
     assert vstate.violations == [], vstate.violations
     assert vstate.passes >= 3, f"verifier made {vstate.passes} passes ({vstate.last_error})"
     # Step 2: the log — no duplicate or gap in (session, run, seq), one active run at a time
-    records = read_topic(s, s.events_topic)
+    records = read_topic(s, s.events_topic, timeout=READ_S)
     report = check_log(records)
     assert report.ok, report.violations
     lost = acked - set(report.outcomes)
@@ -333,7 +336,7 @@ def _assert_state_is_fold(s: Settings) -> None:
     diff: list[str] = []
 
     def agree() -> bool:
-        folded = fold_log(read_topic(s, s.events_topic))
+        folded = fold_log(read_topic(s, s.events_topic, timeout=READ_S))
         table = state_table(read_topic(s, s.state_topic))
         diff[:] = sorted(k for k in set(folded) | set(table) if folded.get(k) != table.get(k))
         return not diff

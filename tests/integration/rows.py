@@ -23,7 +23,7 @@ def log_events(s: Settings) -> list[tuple[int, int, Event]]:
     codec = Codec()
     return [
         (r.partition, r.offset, codec.decode_event(r.value or b""))
-        for r in read_topic(s, s.events_topic)
+        for r in read_topic(s, s.events_topic, timeout=300)
     ]
 
 
