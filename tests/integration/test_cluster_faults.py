@@ -402,5 +402,5 @@ def _write_results(rows: list[dict[str, object]], counts: dict[str, int], second
         "failed run writes nothing here; its diagnosis is in the test's output.\n\n"
     )
     old = RESULTS.read_text() if RESULTS.exists() else ""
-    earlier = ["## " + r for r in old.split("\n## ")[1:]][:4]  # the last few runs stay
+    earlier = ["## " + r for r in old.split("\n## ")[1:]][:8]  # the last few runs stay
     RESULTS.write_text(title + intro + head + body + tail + "".join(earlier))
