@@ -79,6 +79,10 @@ log = logging.getLogger("sessionstream.processor")
 
 #: a producer fenced again this soon after being replaced means a second live instance
 RENEW_WINDOW_S = 60.0
+#: the errors that mean a newer producer has our transactional id
+_FENCING = frozenset(
+    {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+)
 #: longest wait for send_offsets_to_transaction before the producer is given up
 SEND_OFFSETS_LIMIT_S = 30.0
 #: how long abort_transaction may keep timing out before the producer is renewed
@@ -558,12 +562,20 @@ class TransactionalProcessor:
         `transaction.timeout.ms` does that: the coordinator aborts the open transaction
         itself and bumps the epoch, and our next EndTxn gets _FENCED or INVALID_TXN_STATE.
         A new producer with the same transactional id carries on (its `init_transactions`
-        settles the old transaction). Fatal again soon after: a second live instance has
-        our id (or the error is not transient), and this one stops. `stuck`: the producer
-        did not fail but cannot finish aborting (no sign of a second instance)."""
+        settles the old transaction). *Fenced* again soon after: a second live instance has
+        our id, and this one stops; other fatal errors (INVALID_TXN_STATE when the
+        coordinator moved again) renew again. `stuck`: the producer did not fail but
+        cannot finish aborting (no sign of a second instance)."""
         now = time.monotonic()
+        # only fencing says "another instance": a coordinator that moved twice within the
+        # window answers INVALID_TXN_STATE to the abort each time (seen on the 3-node
+        # cluster: a leader kill that took the coordinator, then a coordinator kill)
+        fenced = kerr.code() in _FENCING
         again = (
-            not stuck and self._renewed_at is not None and now - self._renewed_at < RENEW_WINDOW_S
+            fenced
+            and not stuck
+            and self._renewed_at is not None
+            and now - self._renewed_at < RENEW_WINDOW_S
         )
         if again:
             raise KafkaUnavailable(
