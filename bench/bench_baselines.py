@@ -121,7 +121,7 @@ def rows_for(url: str, schema: str, ids: list[str]) -> int:
 
 def ours_concurrent(s: Settings, schema: str, cmds: list[Command], writers: int) -> dict[str, Any]:
     t0, handles = submit_concurrently(s, base.split(cmds, writers))
-    acked = [h.command.command_id for h in handles if h.offset is not None and not h.error]
+    acked = [h.command.command_id for h in handles if h.acked]
     t_done = now()
     with contextlib.suppress(TimeoutError):  # reported as lost below
         t_done = wait_for(

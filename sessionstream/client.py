@@ -79,8 +79,14 @@ KNOWN_RUN: Final = _KnownRun()
 
 @dataclass
 class CommandHandle:
-    """A command on its way; `partition`/`offset` (of `topic`, which its class decides)
-    are known once the broker acknowledged it."""
+    """A command on its way; `acked` once the broker acknowledged it, with its
+    `partition` and `offset` (of `topic`, which its class decides).
+
+    The broker may acknowledge without an offset: an idempotent producer's retry of a
+    record the leader already had (after a leader change) is reported delivered with
+    none. `offset` then stays None until `wait` needs it and reads the partition's high
+    watermark: the record is below it (acks=all), so `offset` is an upper bound there
+    and `offset_exact` is False."""
 
     command: Command
     events_from: dict[int, int] | None = None
@@ -89,6 +95,18 @@ class CommandHandle:
     offset: int | None = None
     error: str | None = None
     topic: str = ""
+    acked: bool = False
+    offset_exact: bool = True
+    #: the bytes sent, kept only when the broker gave no offset (to find a dead letter)
+    sent: bytes | None = None
+
+
+def acknowledged(handle: CommandHandle, partition: int, offset: int | None, value: bytes) -> None:
+    """Record the broker's acknowledgement of `handle` (its delivery report)."""
+    handle.partition, handle.offset = partition, offset
+    if offset is None:
+        handle.offset_exact, handle.sent = False, value
+    handle.acked = True
 
 
 @dataclass(frozen=True)
@@ -228,7 +246,7 @@ class SessionClient:
             if err is not None:
                 handle.error = str(err)
             else:
-                handle.partition, handle.offset = msg.partition(), msg.offset()
+                acknowledged(handle, msg.partition(), msg.offset(), msg.value())
 
         handle.topic = command_topic(self.settings, command.type)
         try:
@@ -449,7 +467,7 @@ class SessionClient:
             self._track(handle)
         try:
             while True:
-                if handle.offset is None and handle.error is None:
+                if not handle.acked and handle.error is None:
                     self.producer.poll(0.01)
                     self._drain(0)
                 else:
@@ -458,7 +476,7 @@ class SessionClient:
                 if outcome is not None:
                     return outcome
                 if time.monotonic() > deadline:
-                    what = "not acknowledged by the broker" if handle.offset is None else ""
+                    what = "not acknowledged by the broker" if not handle.acked else ""
                     raise CommandTimeout(cid, what or f"no outcome within {timeout}s")
         finally:
             self.release(handle)
@@ -511,8 +529,10 @@ class SessionClient:
             raise KafkaUnavailable(
                 f"command not delivered: {handle.error}", bootstrap=self.settings.kafka_bootstrap
             )
-        if handle.partition is None or handle.offset is None:
+        if not handle.acked or handle.partition is None:
             return None
+        if handle.offset is None:  # acknowledged without one: its upper bound
+            handle.offset = self._hwm(handle.partition, topic=handle.topic) - 1
         key = _key(handle)
         cid = handle.command.command_id
         p = handle.partition
@@ -568,7 +588,16 @@ class SessionClient:
             read_committed=False,
         ):
             d = DeadLetter.from_headers(r.headers)
-            if d is not None and (d.topic, d.partition, d.offset) == src:
+            if d is None:
+                continue
+            if handle.offset_exact:
+                if (d.topic, d.partition, d.offset) == src:
+                    return d.reason
+            elif (  # at or below the bound, with the bytes sent
+                (d.topic, d.partition) == src[:2]
+                and d.offset <= (handle.offset or 0)
+                and r.value == handle.sent
+            ):
                 return d.reason
         return None
 

@@ -173,7 +173,7 @@ class Load(threading.Thread):
         return {h.command.command_id for h in self.handles}
 
     def acked(self) -> set[str]:
-        return {h.command.command_id for h in self.handles if h.offset is not None}
+        return {h.command.command_id for h in self.handles if h.acked}
 
     def run(self) -> None:
         try:
@@ -290,7 +290,7 @@ def assert_consistent(
     assert load.error is None, f"load failed: {load.error!r}"
     acked = load.acked()
     if acked != load.command_ids():
-        failed = [(h.command.command_id, h.error) for h in load.handles if h.offset is None]
+        failed = [(h.command.command_id, h.error) for h in load.handles if not h.acked]
         raise AssertionError(f"{len(failed)} commands not acked: {failed[:5]}")
     # Step 1: every acknowledged command got its outcome; every run came to an end
     _wait_for_outcomes(s, acked, pipe)

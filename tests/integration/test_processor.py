@@ -14,7 +14,7 @@ from confluent_kafka import Producer
 from schemas.codec import Codec
 from schemas.commands import Command
 from schemas.events import Event
-from sessionstream.client import SessionClient
+from sessionstream.client import CommandHandle, SessionClient, acknowledged
 from sessionstream.kafka import read_topic
 from sessionstream.settings import Settings
 from streams.log_check import check_log, fold_log, state_table
@@ -340,6 +340,43 @@ def _forwarded_once(iso: Settings, topic: str, pill: bytes, part: int, wrong: in
     assert len(copies) == 1, pill
     origin = copies[0].headers["sessionstream.forwarded-from"].decode()
     assert origin.startswith(f"{topic}/{wrong}/")
+
+
+def test_a_command_acknowledged_without_an_offset_still_gets_its_outcome(
+    iso: Settings, procs: list[Proc]
+) -> None:
+    """An idempotent producer's retry of a record the new leader already has is reported
+    delivered with no offset (confluent-kafka: `offset()` None). Such a command was
+    accepted by the broker: the SDK must still report its outcome — accepted, duplicate or
+    dead letter — from the partition's high watermark, not count it as unsent. Each
+    command below is really sent; its delivery report is then replaced by one without an
+    offset, as the broker gives it after a leader change."""
+    procs.append(processor(iso))
+    sid = f"nooffset-{uuid.uuid4().hex[:6]}"
+
+    def without_offset(c: SessionClient, h: CommandHandle) -> CommandHandle:
+        c.producer.flush(30)
+        assert h.acked and h.offset is not None
+        # later commands on the partition: the watermark is a bound, not the offset
+        c.producer.produce(iso.commands_topic, key=sid.encode(), value=b"{not json")
+        c.producer.flush(30)
+        acknowledged(h, h.partition or 0, None, c.codec.encode_command(h.command))
+        assert h.offset is None and not h.offset_exact
+        return h
+
+    with SessionClient("t", iso) as c:
+        first = without_offset(c, c.prompt(sid, "hello"))
+        accepted = c.wait(first, timeout=60)
+        assert accepted.status == "accepted" and accepted.run_id
+        again = without_offset(c, c.submit(first.command))
+        assert c.wait(again, timeout=60).status == "duplicate"
+        huge = without_offset(c, c.prompt(sid, "x" * (950 * 1024)))
+        dead = c.wait(huge, timeout=60)
+        assert (dead.status, dead.reason) == ("dead_letter", "oversized")
+    # the malformed records between them were dead letters too, not taken for these
+    reasons = [r.headers["error.reason"] for r in read_topic(iso, iso.dlq_topic)]
+    assert sorted(reasons) == [b"malformed"] * 3 + [b"oversized"]
+    procs[0].assert_alive()
 
 
 @pytest.mark.parametrize(
