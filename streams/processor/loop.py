@@ -89,6 +89,11 @@ SEND_OFFSETS_LIMIT_S = 30.0
 ABORT_LIMIT_S = 30.0
 #: commit_transaction's own timeout (a retriable error is retried within the same bound)
 COMMIT_LIMIT_S = 30.0
+#: the group's max.poll.interval.ms: the main thread waits up to both commit limits for a
+#: stuck commit (a dead coordinator) without polling; at the old 60 s, equal to them, such a
+#: wait also made the processor leave its group and restore (56 s to decide again, 3-node
+#: soak), so the interval outlasts them with room for a batch's decisions
+MAX_POLL_INTERVAL_MS = int((SEND_OFFSETS_LIMIT_S + COMMIT_LIMIT_S) * 1000) + 30_000
 
 
 class _Commit:
@@ -229,7 +234,7 @@ class TransactionalProcessor:
                     # once instead of after the dead member's session timeout; a second
                     # process with the same instance id is fenced by the coordinator
                     "group.instance.id": f"processor-{self.instance_id}",
-                    "max.poll.interval.ms": 60000,
+                    "max.poll.interval.ms": MAX_POLL_INTERVAL_MS,
                     "fetch.wait.max.ms": 10,
                 },
             )
