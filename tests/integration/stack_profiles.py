@@ -1,7 +1,9 @@
 """The stack's other profiles (secured, 3-node cluster) for the tests that need them.
 
-They run next to the default stack, on ports and state of their own; a test session starts
-the one it needs with an idempotent `stack/stack.sh up` and leaves it running.
+They run next to the default stack, on ports and state of their own; a test module starts
+the one it needs with an idempotent `stack/stack.sh up` (`running`) and stops it again when
+it started it (three idle brokers would otherwise share the CPUs with the rest of the suite;
+a profile that was already running, e.g. a developer's, is left as it was).
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import os
 import shlex
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,6 +110,18 @@ def up(profile: str) -> tuple[Profile, str]:
             values[name] = shlex.split(value)[0] if value else ""
     assert values.get("STACK_PROFILE") == profile, where
     return Profile(profile, values), output
+
+
+@contextmanager
+def running(profile: str) -> Iterator[Profile]:
+    """The profile up for the block; stopped afterwards if this `up` started any of it."""
+    where, output = up(profile)
+    started = "ready on" in output  # a node that was down (already running: says so)
+    try:
+        yield where
+    finally:
+        if started:
+            stack(profile, "down", check=False)
 
 
 # -- the cluster profile's partitions, replicas and transaction coordinators ------------------

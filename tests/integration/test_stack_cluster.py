@@ -23,18 +23,18 @@ from tests.integration.stack_profiles import (
     Profile,
     isr_full,
     partitions,
+    running,
     stack,
     txn_coordinator,
-    up,
 )
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cluster() -> Iterator[Profile]:
-    profile, _ = up("cluster")
-    yield profile
+    with running("cluster") as profile:
+        yield profile
 
 
 @pytest.fixture

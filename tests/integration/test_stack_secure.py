@@ -35,7 +35,7 @@ from sessionstream.settings import Settings
 from sessionstream.topics import align_topics, ensure_topics
 from tests.integration.helpers import wait_until
 from tests.integration.procs import Proc
-from tests.integration.stack_profiles import Profile, stack, up
+from tests.integration.stack_profiles import Profile, running, stack
 
 pytestmark = pytest.mark.integration
 
@@ -52,13 +52,13 @@ DENIED_TXN = "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"
 DENIED_ANY_WRITE = f"{DENIED_TOPIC}|{DENIED_CLUSTER}"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def secure() -> Iterator[Profile]:
-    profile, _ = up("secure")
-    admin = profile.settings("admin")
-    ensure_topics(admin)
-    align_topics(admin)  # topics left by an earlier version of the profile
-    yield profile
+    with running("secure") as profile:
+        admin = profile.settings("admin")
+        ensure_topics(admin)
+        align_topics(admin)  # topics left by an earlier version of the profile
+        yield profile
 
 
 def _code(err: KafkaError | None) -> str | None:
