@@ -157,10 +157,13 @@ def wait_sink_caught_up(
     wait_events_settled(settings, timeout=timeout)
     import psycopg
 
+    last: dict[int, int] = {}
+    stored: dict[int, int] = {}
+
     def done() -> bool:
         for p in procs or []:
             p.assert_alive()
-        last: dict[int, int] = {}
+        last.clear()
         for r in read_topic(settings, settings.events_topic):
             last[r.partition] = max(last.get(r.partition, -1), r.offset)
         try:
@@ -173,7 +176,16 @@ def wait_sink_caught_up(
                 ).fetchall()
         except psycopg.Error:
             return False  # schema not migrated yet, or the database restarting
-        stored = {int(p): int(o) for p, o in rows}
+        stored.clear()
+        stored.update({int(p): int(o) for p, o in rows})
         return all(stored.get(p, -1) > off for p, off in last.items())
 
-    wait_until(done, timeout=timeout, interval=0.5, what="sink to write every event")
+    try:
+        wait_until(done, timeout=timeout, interval=0.5, what="sink to write every event")
+    except AssertionError as e:
+        # what the sink stored against the last committed event, and what it said
+        logs = [p.log_text()[-3000:] for p in procs or [] if "sink" in p.args[:2]]
+        raise AssertionError(
+            f"{e}: sink_offsets next {stored}, last committed event per partition {last}; "
+            "sink log:\n" + "\n".join(logs)
+        ) from None
