@@ -96,16 +96,20 @@ class CommandHandle:
     error: str | None = None
     topic: str = ""
     acked: bool = False
-    offset_exact: bool = True
     #: the bytes sent, kept only when the broker gave no offset (to find a dead letter)
     sent: bytes | None = None
+
+    @property
+    def offset_exact(self) -> bool:
+        """False when the broker gave no offset (`offset` is then an upper bound)."""
+        return self.sent is None
 
 
 def acknowledged(handle: CommandHandle, partition: int, offset: int | None, value: bytes) -> None:
     """Record the broker's acknowledgement of `handle` (its delivery report)."""
     handle.partition, handle.offset = partition, offset
     if offset is None:
-        handle.offset_exact, handle.sent = False, value
+        handle.sent = value
     handle.acked = True
 
 

@@ -37,7 +37,8 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from schemas.codec import Codec
-from sessionstream.kafka import read_topic
+from sessionstream.errors import KafkaUnavailable
+from sessionstream.kafka import log_bounds, read_topic
 from sessionstream.settings import Settings
 from sinks.migrate import migrate
 from streams.log_check import check_log, fold_log
@@ -144,18 +145,11 @@ def _inputs(s: Settings, load: Load) -> str:
     """What the processor had to decide: the commands partitions' ends, and the load's
     commands not yet acknowledged per partition (a partition with nothing new to decide is
     a stuck producer, not a stuck processor)."""
-    ends: dict[int, object] = {}
-    c = Consumer({"bootstrap.servers": s.kafka_bootstrap, "group.id": "cluster-faults-ends"})
     try:
-        for p in range(s.partitions):
-            try:
-                ends[p] = c.get_watermark_offsets(
-                    TopicPartition(s.commands_topic, p), timeout=5, cached=False
-                )[1]
-            except Exception as e:  # the diagnosis goes on without it
-                ends[p] = repr(e)
-    finally:
-        c.close()
+        bounds = log_bounds(s, [(s.commands_topic, p) for p in range(s.partitions)], timeout=5)
+        ends: object = {p: end for (_t, p), (_low, end) in bounds.items()}
+    except KafkaUnavailable as e:  # the diagnosis goes on without them
+        ends = repr(e)
     waiting: dict[int, int] = {}
     for h in list(load.handles):
         if not h.acked and h.error is None:
