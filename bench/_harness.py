@@ -34,7 +34,7 @@ from schemas.commands import (
 from sessionstream._procs import Service, cpu_seconds, delete_world
 from sessionstream._procs import isolated_settings as _isolated
 from sessionstream.client import CommandHandle, SessionClient
-from sessionstream.kafka import client_config, read_topic
+from sessionstream.kafka import client_config, read_topic, take
 from sessionstream.settings import Settings
 from streams.log_check import check_log, fold_log, state_table
 
@@ -270,7 +270,7 @@ class EventTail(threading.Thread):
     def run(self) -> None:
         try:
             while not self.halt.is_set():
-                msgs = self.consumer.consume(1000, 0.05)
+                msgs = take(self.consumer, 1000, 0.05)
                 now = time.perf_counter()
                 for m in msgs:
                     if m.error() is not None:

@@ -41,7 +41,7 @@ from schemas.codec import Codec
 from sessionstream._model_server import free_port
 from sessionstream._procs import Service, delete_world, isolated_settings
 from sessionstream.gateway.keys import create_key
-from sessionstream.kafka import reader_config
+from sessionstream.kafka import reader_config, take
 from sessionstream.settings import Settings
 from sinks.migrate import migrate
 
@@ -75,7 +75,7 @@ class DirectTail(threading.Thread):
         codec = Codec()
         self.ready.set()
         while not self.stop.is_set():
-            for msg in c.consume(500, 0.05):
+            for msg in take(c, 500, 0.05):
                 if msg.error() is not None:
                     continue
                 now = time.perf_counter()

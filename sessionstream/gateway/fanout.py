@@ -29,7 +29,7 @@ from schemas.codec import Codec
 from schemas.errors import DecodeError
 from schemas.events import Event
 from sessionstream.access import CLIENT_GROUP_PREFIX
-from sessionstream.kafka import client_config, read_messages, reader_config
+from sessionstream.kafka import client_config, read_messages, reader_config, take
 from sessionstream.settings import Settings
 from streams.partitioning import partition_for
 
@@ -188,7 +188,7 @@ class EventFanout:
         self._ready.set()
         try:
             while not self._stop.is_set():
-                batch = consumer.consume(500, 0.05)
+                batch = take(consumer, 500, 0.05)
                 if batch:
                     self._hand_out(batch)
         except Exception:

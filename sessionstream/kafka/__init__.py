@@ -24,6 +24,7 @@ from sessionstream.kafka.reader import (
     read_messages,
     read_records,
     read_topic,
+    take,
 )
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "read_topic",
     "reader_config",
     "security_config",
+    "take",
     "transactional_producer_config",
     "unavailable",
 ]

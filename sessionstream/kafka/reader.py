@@ -32,6 +32,7 @@ __all__ = [
     "read_messages",
     "read_records",
     "read_topic",
+    "take",
 ]
 
 log = logging.getLogger("sessionstream.kafka")
@@ -55,6 +56,17 @@ class LogRecord:
     headers: dict[str, bytes]
     #: the record's timestamp (ms): the broker's append time on a LogAppendTime topic
     timestamp: int = 0
+
+
+def take(consumer: Consumer, n: int, timeout: float) -> list[Message]:
+    """Up to `n` messages: as soon as one is there (or [] after `timeout` s), with what else
+    is already fetched. Not `consumer.consume(n, timeout)`: librdkafka's batch consume waits
+    for `n` messages or the whole timeout, so a live reader would add up to `timeout` to
+    every record it hands on (measured: 0-50 ms, p50 26 ms, for consume(1000, 0.05))."""
+    first = consumer.poll(timeout)
+    if first is None:
+        return []
+    return [first, *consumer.consume(n - 1, 0)] if n > 1 else [first]
 
 
 def _record(msg: Message) -> LogRecord:
@@ -220,7 +232,7 @@ def read_messages(
                     f"reading {sorted(pending)}: not at their end after {timeout}s",
                     bootstrap=settings.kafka_bootstrap,
                 )
-            for msg in consumer.consume(_BATCH, poll_s):
+            for msg in take(consumer, _BATCH, poll_s):
                 err = msg.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:

@@ -10,6 +10,7 @@ from aiokafka import AIOKafkaProducer
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
+from sessionstream.kafka import take
 from tests.integration.conftest import TopicFactory
 
 pytestmark = pytest.mark.integration
@@ -112,3 +113,40 @@ def test_librdkafka_default_partitioner_would_split_a_session(
     murmur2 = _produce_with_confluent(kafka_bootstrap, topic, "murmur2_random")
 
     assert any(default[k] != murmur2[k] for k in KEYS)
+
+
+def test_take_hands_on_what_is_there_without_waiting_for_a_full_batch(
+    kafka_bootstrap: str, topic_factory: TopicFactory
+) -> None:
+    """Every live reader (the gateway's SSE fan-out, the workers' event feeds, `follow`
+    reads) gets records through `take`: librdkafka's `consume(n, timeout)` returns only
+    when n records came or the whole timeout passed, which put up to that timeout on every
+    live event. `take` returns as soon as one record is there, with the rest already
+    fetched, and [] only once its timeout is over."""
+    topic = topic_factory(partitions=1)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i in range(3):
+        producer.produce(topic, key=b"s", value=str(i).encode())
+    assert producer.flush(30) == 0
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka_bootstrap,
+            "group.id": f"{topic}-take",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        got: list[bytes | None] = []
+        t0 = time.monotonic()
+        while len(got) < 3 and time.monotonic() - t0 < 30:
+            # a batch of 500 with a 60 s timeout: consume() would sit here for the full 60 s
+            got += [m.value() for m in take(consumer, 500, 60)]
+        took = time.monotonic() - t0
+        assert got == [b"0", b"1", b"2"]
+        assert took < 30, f"take waited {took:.1f}s for a batch that could never fill"
+        t0 = time.monotonic()
+        assert take(consumer, 500, 0.2) == []  # nothing more: [] once the timeout is over
+        assert time.monotonic() - t0 >= 0.15
+    finally:
+        consumer.close()
