@@ -499,7 +499,7 @@ class SessionClient:
         elif timeout > 0:
             time.sleep(timeout)
         rnd = _Round(self)
-        # the watermarks this round will need for commands whose events arrived: one request
+        # the last stable offsets this round needs for commands whose events arrived: one request
         settling = {
             h.partition
             for h in handles
@@ -542,16 +542,23 @@ class SessionClient:
         p = handle.partition
         w = self._waits.setdefault(key, _WaitState())
         mine = self._pending[key]
-        # a command's events are one transaction: once the tail is past the first of them
-        # it has them all (they are committed together)
+        # a command's events are one transaction, so they all precede its commit marker;
+        # the tail read the first of them read_committed, so that marker was written
+        # before, and the partition's last stable offset read now lies past it: once the
+        # tail reaches it, it has them all. (Not the high watermark: that also covers the
+        # records of transactions still open, and waiting for it meant waiting for the
+        # processor's next commit too.)
         if mine:
             if w.settle_at is None:
-                w.settle_at = rnd.hwm(p)
+                w.settle_at = rnd.lso(p)
             if rnd.tail_position(p) >= w.settle_at:
                 return outcome_of(cid, mine)
         elif time.monotonic() >= w.next_check:
             w.next_check = time.monotonic() + 0.1
             if w.settle_at is None and rnd.processor_position(p, handle.topic) > handle.offset:
+                # the high watermark here, not the last stable offset: the processor's
+                # offsets can be visible before its markers on this partition are, and
+                # then the transaction is still open here (the stable offset before it)
                 w.settle_at = rnd.hwm(p)
             if w.settle_at is not None and rnd.tail_position(p) >= w.settle_at:
                 reason = self._dead_letter_reason(handle)
@@ -605,19 +612,22 @@ class SessionClient:
                 return d.reason
         return None
 
-    def _hwms(self, partitions: set[int]) -> dict[int, int]:
+    def _hwms(self, partitions: set[int], *, committed: bool = False) -> dict[int, int]:
         """High watermarks of several events partitions in one request (`_hwm` asks once
-        per partition); falls back to `_hwm` when the request fails."""
-        if len(partitions) < 2:
+        per partition); `committed`: their last stable offsets (where a read_committed
+        reader ends now). Falls back to `_hwm` when the request fails (a high watermark is
+        never below the last stable offset, so waiting for it is only slower)."""
+        if len(partitions) < 2 and not committed:
             return {p: self._hwm(p) for p in partitions}
         if self._admin is None:
             self._admin = AdminClient(client_config(self.settings))
         topic = self.settings.events_topic
         latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+        isolation = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
         try:
             got = self._admin.list_offsets(
                 {TopicPartition(topic, p): latest for p in partitions},
-                isolation_level=IsolationLevel.READ_UNCOMMITTED,
+                isolation_level=isolation,
                 request_timeout=10,
             )
             return {tp.partition: int(f.result(timeout=10).offset) for tp, f in got.items()}
@@ -679,11 +689,18 @@ class _Round:
     def __init__(self, client: SessionClient) -> None:
         self.client = client
         self._hwm: dict[int, int] = {}
+        self._lso: dict[int, int] = {}
         self._position: dict[tuple[str, int], int] = {}
         self._tail: dict[int, int] = {}
 
     def prefetch(self, partitions: set[int]) -> None:
-        self._hwm.update(self.client._hwms(partitions))
+        """The last stable offsets of the partitions whose commands' events arrived."""
+        self._lso.update(self.client._hwms(partitions, committed=True))
+
+    def lso(self, partition: int) -> int:
+        if partition not in self._lso:
+            self._lso.update(self.client._hwms({partition}, committed=True))
+        return self._lso[partition]
 
     def tail_position(self, partition: int) -> int:
         if partition not in self._tail:

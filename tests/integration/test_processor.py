@@ -6,7 +6,9 @@ import contextlib
 import json
 import random
 import threading
+import time
 import uuid
+from typing import Any
 
 import pytest
 from confluent_kafka import Producer
@@ -508,3 +510,80 @@ def test_a_state_in_an_older_form_is_rebuilt_from_the_log(iso: Settings, procs: 
     assert out.status == "accepted", out
     assert [e.type for e in out.events] == ["run.cancel_requested", "run.finished"]
     assert "rebuilt 1 session states from the events log" in again.log_text()
+
+
+class _OneAtATime:
+    """A consumer that hands out at most one record per non-blocking run of polls."""
+
+    def __init__(self, consumer: Any) -> None:
+        self._c = consumer
+
+    def poll(self, timeout: float = -1) -> Any:
+        return None if timeout == 0 else self._c.poll(timeout)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._c, name)
+
+
+class OneEventPerRound(SessionClient):
+    """A client whose outcome tail reads one event per `collect` round: the events of one
+    transaction reach it in separate rounds, as they do when a fetch ends among them."""
+
+    def _consumer(self, *, read_committed: bool = True) -> Any:
+        c = super()._consumer(read_committed=read_committed)
+        return _OneAtATime(c) if read_committed else c
+
+
+def test_collected_outcomes_hold_every_event_of_their_command_while_others_commit(
+    iso: Settings, procs: list[Proc]
+) -> None:
+    """An outcome is complete once the tail reaches the partition's last stable offset read
+    after its first event (not its high watermark, which would wait for the transactions
+    still open). Under a second producer keeping the processor's next transactions open on
+    the same partitions, and a tail that gets one event per round, every outcome `collect`
+    gives must hold exactly its command's events as the log has them."""
+    procs.append(processor(iso))
+    halt = threading.Event()
+
+    def noise() -> None:  # other sessions' commands, on every partition, all the while
+        with SessionClient("noise", iso) as n:
+            i = 0
+            while not halt.is_set():
+                sid = f"noise-{i % 40}"
+                n.submit(n.command(sid, "prompt", {"text": "x"}), track=False)
+                n.submit(n.command(sid, "abort", {}), track=False)
+                n.producer.poll(0.002)
+                i += 1
+            n.flush()
+
+    bg = threading.Thread(target=noise, daemon=True)
+    got: dict[str, list[tuple[str, int, str]]] = {}
+    try:
+        with OneEventPerRound("t", iso) as c:
+            c.wait(c.prompt("warm", "w"), timeout=60)
+            bg.start()
+            for r in range(15):
+                sids = [f"o{r}-{k}" for k in range(8)]
+                handles = c.submit_many([c.command(s, "prompt", {"text": "p"}) for s in sids])
+                handles += c.submit_many([c.command(s, "abort", {}) for s in sids])
+                left = list(handles)
+                deadline = time.monotonic() + 60
+                while left and time.monotonic() < deadline:
+                    for h, out in c.collect(left, 0.005):
+                        assert not isinstance(out, Exception), out
+                        got[h.command.command_id] = [
+                            (e.session_id, e.seq, e.type) for e in out.events
+                        ]
+                        left.remove(h)
+                assert not left, f"{len(left)} outcomes missing"
+    finally:
+        halt.set()
+        bg.join(30)
+    in_log: dict[str, list[tuple[str, int, str]]] = {}
+    codec = Codec()
+    for rec in read_topic(iso, iso.events_topic):
+        e = codec.decode_event(rec.value or b"")
+        if e.command_id in got:
+            in_log.setdefault(e.command_id, []).append((e.session_id, e.seq, e.type))
+    assert got == in_log
+    assert sum(len(v) > 1 for v in got.values()) >= 100  # aborts: cancel_requested + finished
