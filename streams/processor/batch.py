@@ -33,7 +33,7 @@ from streams.step import (
     encode_state,
 )
 
-__all__ = ["Batch", "View", "decide_batch", "input_classes", "produce"]
+__all__ = ["Batch", "View", "decide_batch", "input_classes", "produce", "undecided"]
 
 #: (topic, partition)
 TP = tuple[str, int]
@@ -64,6 +64,17 @@ class Batch:
 
     def __bool__(self) -> bool:
         return bool(self.messages or self.timers)
+
+
+def undecided(messages: list[Message]) -> Batch:
+    """Records polled but not decided yet, as a batch that only says where to rewind to."""
+    batch = Batch(messages, [])
+    first = batch.first
+    for msg in messages:
+        tp, offset = (msg.topic() or "", msg.partition() or 0), msg.offset() or 0
+        if tp not in first or offset < first[tp]:
+            first[tp] = offset
+    return batch
 
 
 class View:

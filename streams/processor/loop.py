@@ -62,7 +62,14 @@ from sessionstream.kafka import (
 from sessionstream.settings import Settings
 from sessionstream.topics import check_topics, ensure_topics
 from streams.decider import DeciderConfig
-from streams.processor.batch import Batch, View, decide_batch, input_classes, produce
+from streams.processor.batch import (
+    Batch,
+    View,
+    decide_batch,
+    input_classes,
+    produce,
+    undecided,
+)
 from streams.processor.partition import PartitionState
 from streams.processor.records import coords
 from streams.processor.restore import RestoreReport, restore
@@ -94,6 +101,11 @@ COMMIT_LIMIT_S = 30.0
 #: wait also made the processor leave its group and restore (56 s to decide again, 3-node
 #: soak), so the interval outlasts them with room for a batch's decisions
 MAX_POLL_INTERVAL_MS = int((SEND_OFFSETS_LIMIT_S + COMMIT_LIMIT_S) * 1000) + 30_000
+#: a poll that brings fewer records than this while a transaction commits is light load:
+#: the loop waits for that commit, takes what came meanwhile too, and decides it all in one
+#: transaction (latency: one commit instead of two). More than this is a backlog: deciding
+#: it overlaps the commit (pipelined). Deciding ~60 commands costs about one commit.
+LIGHT_BATCH = 64
 
 
 class _Commit:
@@ -331,9 +343,12 @@ class TransactionalProcessor:
     def run(self, stop: threading.Event | None = None) -> None:
         """Process until `stop` is set (or forever).
 
-        Pipelined: while batch N's transaction commits (on its own thread), batch N+1 is
-        polled and decided on top of N's decisions; its records go out once N committed. If
-        N fails, N+1's decisions are dropped with it and both are read again."""
+        Pipelined under a backlog: while batch N's transaction commits (on its own thread),
+        batch N+1 is polled and decided on top of N's decisions; its records go out once N
+        committed. If N fails, N+1's decisions are dropped with it and both are read again.
+        Under light load (a poll of fewer than `LIGHT_BATCH` records) N+1 waits for N's
+        commit and takes in what arrived meanwhile, so a command waits for one commit
+        besides its own, not two."""
         if self._consumer is None:
             self.start()
         assert self._consumer is not None and self._step is not None
@@ -344,6 +359,15 @@ class TransactionalProcessor:
                 messages = self._poll()
                 if messages is None:
                     continue
+                if self._inflight is not None and len(messages) < min(LIGHT_BATCH, self.batch_size):
+                    # light load: commit the transaction in flight first (if it fails, these
+                    # records are read again with its own)
+                    if not self._settle(also=undecided(messages)):
+                        continue
+                    more = self._more(self.batch_size - len(messages))
+                    if more is None:
+                        continue  # a new consumer reads them again from the committed offsets
+                    messages += more
                 base = self._inflight.batch if self._inflight is not None else None
                 timers = self._due_timers(base)
                 if not messages and not timers:
@@ -375,6 +399,15 @@ class TransactionalProcessor:
                 batch += consumer.consume(size - len(batch), timeout=left)
         try:
             return data_messages(batch, log)
+        except KafkaException as e:
+            self._renew_consumer(e)
+            return None
+
+    def _more(self, n: int) -> list[Message] | None:
+        """Up to `n` more records already fetched (no wait); None if the consumer failed."""
+        assert self._consumer is not None
+        try:
+            return data_messages(self._consumer.consume(n, timeout=0), log) if n > 0 else []
         except KafkaException as e:
             self._renew_consumer(e)
             return None
