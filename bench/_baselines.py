@@ -23,11 +23,19 @@ from typing import Any
 
 import psycopg
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg.types.json import Jsonb
 
+from bench._harness import percentiles
 from bench._sink_harness import connect, delete_groups, fresh_schema
 from schemas.commands import Command
-from sessionstream.kafka import client_config, transactional_producer_config
+from sessionstream.kafka import (
+    client_config,
+    command_producer_config,
+    reader_config,
+    take,
+    transactional_producer_config,
+)
 from sessionstream.settings import Settings
 from sinks.writer import PendingEvent, _insert_events, _load, _write_projection
 from streams.decider import apply
@@ -141,6 +149,105 @@ def passthrough(s: Settings, out_topic: str, n: int, batch_size: int = 500) -> d
         "transactions": txns,
         "avg_batch": round(n / txns, 1),
         "cores": round((c1.user + c1.system - c0.user - c0.system) / (now() - t_start), 2),
+    }
+
+
+def passthrough_latency(
+    s: Settings, rate: float, seconds: float, warmup: float = 3.0
+) -> dict[str, Any]:
+    """The latency ceiling: records paced at `rate`/s through the pass-through above
+    (polled the same way, the processor's producer settings, one transaction per poll
+    batch) to a `read_committed` reader; produce -> visible, after `warmup`."""
+    tag = uuid.uuid4().hex[:8]
+    t_in, t_out, group = f"bench.lat-in.{tag}", f"bench.lat-out.{tag}", f"bench-lat-{tag}"
+    admin = AdminClient(client_config(s))
+    for f in admin.create_topics([NewTopic(t, s.partitions, 1) for t in (t_in, t_out)]).values():
+        f.result()
+    sent: dict[bytes, float] = {}
+    seen: dict[bytes, float] = {}
+    commit_s: list[float] = []
+    halt = threading.Event()
+    errors: list[BaseException] = []
+
+    def loop() -> None:
+        try:
+            producer = Producer(transactional_producer_config(s, f"{group}-0"))
+            consumer = Consumer(reader_config(s, group_id=group, fetch_wait_ms=10))
+            producer.init_transactions(60)
+            consumer.subscribe([t_in])
+            while not halt.is_set():
+                batch = take(consumer, 500, 0.05)
+                if not batch:
+                    continue
+                offsets: dict[int, int] = {}
+                producer.begin_transaction()
+                for m in batch:
+                    p = m.partition()
+                    assert p is not None and m.error() is None
+                    producer.produce(t_out, key=m.key(), value=m.value(), partition=p)
+                    offsets[p] = (m.offset() or 0) + 1
+                t0 = now()
+                producer.send_offsets_to_transaction(
+                    [TopicPartition(t_in, p, o) for p, o in offsets.items()],
+                    consumer.consumer_group_metadata(),
+                )
+                producer.commit_transaction()
+                commit_s.append(now() - t0)
+            consumer.close()
+        except BaseException as e:
+            errors.append(e)
+
+    def tail() -> None:
+        try:
+            consumer = Consumer(reader_config(s, fetch_wait_ms=10))
+            consumer.assign([TopicPartition(t_out, p, 0) for p in range(s.partitions)])
+            while not halt.is_set():
+                batch = take(consumer, 1000, 0.05)
+                t = now()
+                for m in batch:
+                    if m.error() is None:
+                        seen.setdefault(m.value() or b"", t)
+            consumer.close()
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (loop, tail)]
+    for t in threads:
+        t.start()
+    producer = Producer(command_producer_config(s))
+    try:
+        start, i = now(), 0
+        while now() - start < warmup + seconds and not errors:
+            wait = start + i / rate - now()
+            if wait > 0:
+                time.sleep(wait)
+            value = f"{i:09d}".encode()
+            sent[value] = now()
+            producer.produce(t_in, key=str(i % 1000).encode(), value=value)
+            producer.poll(0)
+            i += 1
+        producer.flush(30)
+        cut = start + warmup
+        measured = [v for v, t in sent.items() if t >= cut]
+        deadline = now() + 30
+        while any(v not in seen for v in measured) and now() < deadline and not errors:
+            time.sleep(0.05)
+    finally:
+        halt.set()
+        for t in threads:
+            t.join(30)
+        admin.delete_topics([t_in, t_out], operation_timeout=30)
+        delete_groups(s, [group])
+    if errors:
+        raise errors[0]
+    lat = [seen[v] - sent[v] for v in measured if v in seen]
+    return {
+        "target_rate": rate,
+        "measured": len(lat),
+        "missing": len(measured) - len(lat),
+        **percentiles(lat),
+        "transactions": len(commit_s),
+        "send_offsets_and_commit_ms": round(1000 * sum(commit_s) / max(len(commit_s), 1), 2),
     }
 
 

@@ -6,7 +6,8 @@
    backlog, `--rounds` times each (A B A B ...), each pair on a fresh set of topics. Every
    figure of ours is also given as a ratio of the ceiling measured next to it, with the
    load average and the processor's CPU (seconds of CPU per command, cores used).
-2. Latency: command -> first event visible to a `read_committed` reader at paced rates
+2. Latency: command -> first event visible to a `read_committed` reader at paced rates,
+   next to the raw pass-through's latency at the same rate (measured after ours)
    (`bench/bench_latency.py`), with the transaction phases.
 3. Replay and rebuild over the last round's events topic: raw reading (`read_records`),
    decoded (`sinks.replay.read_range`), and the bulk rebuild into PostgreSQL
@@ -40,6 +41,7 @@ from bench._harness import (
 )
 from bench._sink_harness import SinkProc, count_rows, delete_groups, drop_schemas, fresh_schema
 from bench.bench_latency import measure as measure_latency
+from bench.bench_latency import with_ceiling
 from schemas.events import SESSION_LOG
 from sessionstream.client import SessionClient
 from sessionstream.kafka import client_config, read_messages
@@ -220,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.rates:
         rates = [float(r) for r in a.rates.split(",")]
         out["latency"] = measure_latency(rates, a.seconds, 3.0, a.sessions)
+        with_ceiling(out["latency"], a.seconds, 3.0)
         for r in out["latency"]:
             print(json.dumps(r), flush=True)
     out["loadavg_end"] = os.getloadavg()

@@ -6,9 +6,12 @@ rate: p50 / p90 / p99 latency, the processor's transactions and their mean size,
 mean milliseconds of each transaction phase (`sessionstream_transaction_phase_seconds`:
 decide, wait (for the transaction before), begin, produce, send_offsets, commit, store) over
 that step, plus the load
-average.
+average. Then, per rate, the ceiling measured the same way in the same run
+(`bench/_baselines.py: passthrough_latency`: the raw transactional pass-through, no
+decoding, at the same paced rate), and our p50 / p99 as multiples of it.
 
     .venv/bin/python -m bench.bench_latency [--rates 1000,5000] [--seconds 15] [--json]
+        [--no-ceiling]
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import time
 import urllib.request
 from typing import Any
 
+from bench._baselines import passthrough_latency
 from bench._harness import (
     EventTail,
     PacedProducer,
@@ -57,6 +61,21 @@ def scrape(port: int) -> dict[str, float]:
         elif line.startswith("sessionstream_commands_total"):
             out["commands"] = out.get("commands", 0.0) + float(line.rsplit(" ", 1)[1])
     return out
+
+
+def with_ceiling(results: list[dict[str, Any]], seconds: float, warmup: float) -> None:
+    """Add, per rate, the raw pass-through's latency at that rate (measured now) and ours
+    as a multiple of it."""
+    s = isolated_settings("latency-ceiling")
+    try:
+        for r in results:
+            c = passthrough_latency(s, r["target_rate"], seconds, warmup)
+            r["ceiling"] = c
+            r["x_ceiling"] = {
+                q: round(r[f"{q}_ms"] / max(c[f"{q}_ms"], 0.001), 2) for q in ("p50", "p99")
+            }
+    finally:
+        delete_topics_and_groups(s)
 
 
 def measure(
@@ -121,9 +140,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=float, default=3.0)
     ap.add_argument("--sessions", type=int, default=1000)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--no-ceiling", action="store_true", help="skip the raw pass-through")
     args = ap.parse_args(argv)
     rates = [float(r) for r in args.rates.split(",")]
     results = measure(rates, args.seconds, args.warmup, args.sessions)
+    if not args.no_ceiling:
+        with_ceiling(results, args.seconds, args.warmup)
     if args.json:
         print(json.dumps(results, indent=2))
     else:
