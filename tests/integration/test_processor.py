@@ -11,8 +11,9 @@ import uuid
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
+import streams.processor.loop as loop_mod
 from schemas.codec import Codec
 from schemas.commands import Command
 from schemas.events import Event
@@ -21,6 +22,7 @@ from sessionstream.kafka import read_topic
 from sessionstream.settings import Settings
 from streams.log_check import check_log, fold_log, state_table
 from streams.partitioning import partition_for
+from streams.processor import TransactionalProcessor
 from tests.integration.helpers import wait_until
 from tests.integration.procs import (
     TOPIC_FIELDS,
@@ -587,3 +589,72 @@ def test_collected_outcomes_hold_every_event_of_their_command_while_others_commi
             in_log.setdefault(e.command_id, []).append((e.session_id, e.seq, e.type))
     assert got == in_log
     assert sum(len(v) > 1 for v in got.values()) >= 100  # aborts: cancel_requested + finished
+
+
+class _FailsAt:
+    """The processor's real producer, except that its commit_transaction calls numbered
+    `at` fail with an error that requires aborting the transaction (as a partition
+    moving away mid-transaction does): the transaction is aborted and read again."""
+
+    def __init__(self, producer: Any, at: set[int]) -> None:
+        self._p, self.at, self.calls, self.failed = producer, at, 0, 0
+
+    def commit_transaction(self, *args: Any, **kwargs: Any) -> None:
+        self.calls += 1
+        if self.calls in self.at:
+            self.failed += 1
+            raise KafkaException(KafkaError(KafkaError._STATE, "injected", txn_requires_abort=True))
+        self._p.commit_transaction(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._p, name)
+
+
+def test_failed_commits_under_light_load_read_their_batch_and_the_waiting_records_again(
+    iso: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under light load the processor polls while a transaction commits, then waits for
+    that commit before deciding what it polled. When that commit fails, the transaction is
+    aborted and both its batch and the records polled meanwhile (not decided yet) are read
+    again: every command still gets exactly one outcome, the log has no gap or duplicate,
+    and the state table equals the fold of the log."""
+    light: list[int] = []
+    real_undecided = loop_mod.undecided
+
+    def counting(messages: list[Any]) -> Any:
+        light.append(len(messages))
+        return real_undecided(messages)
+
+    monkeypatch.setattr(loop_mod, "undecided", counting)
+    proc = TransactionalProcessor(iso, instance_id=f"light-{uuid.uuid4().hex[:6]}")
+    proc.start()
+    failing = _FailsAt(proc._producer, at=set(range(8, 60, 6)))
+    proc._producer = failing  # type: ignore[assignment]
+    stop = threading.Event()
+    runner = threading.Thread(target=proc.run, args=(stop,), daemon=True)
+    runner.start()
+    sent: set[str] = set()
+    try:
+        wait_until(
+            lambda: len(proc.partitions) == iso.partitions, timeout=60, what="partitions assigned"
+        )
+        with SessionClient("t", iso) as c:
+            for i in range(1500):  # light load: a few commands per transaction
+                sid = f"light-{i % 30}"
+                kind = "prompt" if (i // 30) % 2 == 0 else "abort"
+                cmd = c.command(sid, kind, {"text": "x"} if kind == "prompt" else {})
+                c.submit(cmd, track=False)
+                sent.add(cmd.command_id)
+                c.producer.poll(0)
+                time.sleep(0.001)
+            c.flush()
+        wait_processed(iso)
+    finally:
+        stop.set()
+        runner.join(60)
+    # how many of the planned failures come depends on the recovery (an abort can cost
+    # the next transaction too: librdkafka then bumps the epoch)
+    assert failing.failed >= 2, f"{failing.failed} injected failures happened"
+    assert proc.stats.aborts >= failing.failed
+    assert light, "no poll was light"
+    _assert_log(iso, sent)
