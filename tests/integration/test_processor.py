@@ -419,11 +419,17 @@ def test_misconfigured_topics_stop_the_processor_at_startup(
     admin.create_topics([NewTopic(topic, partitions, 1, config=config)])[topic].result(timeout=30)
     p = Proc(s, "processor", "--instance", "bad").start()
     assert p.popen is not None
-    code = p.popen.wait(90)
-    assert code == 2, p.log_text()
-    assert problem in p.log_text() and topic in p.log_text(), p.log_text()
-    with pytest.raises(TopicMisconfigured, match=problem):
-        check_topics(s)
+    try:
+        code = p.popen.wait(90)
+        assert code == 2, p.log_text()
+        assert problem in p.log_text() and topic in p.log_text(), p.log_text()
+        with pytest.raises(TopicMisconfigured, match=problem):
+            check_topics(s)
+    finally:  # the processor created the other topics: none may pile up on the broker
+        topics = [getattr(s, f) for f in TOPIC_FIELDS]
+        for fut in admin.delete_topics(topics, operation_timeout=30).values():
+            with contextlib.suppress(Exception):  # a topic the processor never created
+                fut.result(timeout=30)
 
 
 def test_a_commands_topic_stamped_by_producers_stops_the_processor(
