@@ -33,7 +33,7 @@ from streams.step import (
     encode_state,
 )
 
-__all__ = ["Batch", "View", "decide_batch", "input_classes", "produce", "undecided"]
+__all__ = ["Batch", "View", "decide_batch", "input_classes", "produce"]
 
 #: (topic, partition)
 TP = tuple[str, int]
@@ -65,16 +65,23 @@ class Batch:
     def __bool__(self) -> bool:
         return bool(self.messages or self.timers)
 
-
-def undecided(messages: list[Message]) -> Batch:
-    """Records polled but not decided yet, as a batch that only says where to rewind to."""
-    batch = Batch(messages, [])
-    first = batch.first
-    for msg in messages:
-        tp, offset = (msg.topic() or "", msg.partition() or 0), msg.offset() or 0
-        if tp not in first or offset < first[tp]:
-            first[tp] = offset
-    return batch
+    def absorb(self, later: Batch) -> None:
+        """Take in `later`, decided on top of this batch (its `base`), so that one
+        transaction holds both: the later decisions win, the first offsets stay ours."""
+        self.messages += later.messages
+        self.timers += later.timers
+        self.outcomes += later.outcomes
+        self.events += later.events
+        self.staged.update(later.staged)
+        self.remembered.update(later.remembered)
+        # `later` has a record where a session's opening changed against this batch's
+        # state: it is the newer one; where it has none, ours still holds
+        self.open_runs.update(later.open_runs)
+        self.dead_letters += later.dead_letters
+        self.forwards += later.forwards
+        self.offsets.update(later.offsets)
+        for tp, o in later.first.items():
+            self.first.setdefault(tp, o)
 
 
 class View:

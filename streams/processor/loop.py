@@ -68,7 +68,6 @@ from streams.processor.batch import (
     decide_batch,
     input_classes,
     produce,
-    undecided,
 )
 from streams.processor.partition import PartitionState
 from streams.processor.records import coords
@@ -102,9 +101,9 @@ COMMIT_LIMIT_S = 30.0
 #: soak), so the interval outlasts them with room for a batch's decisions
 MAX_POLL_INTERVAL_MS = int((SEND_OFFSETS_LIMIT_S + COMMIT_LIMIT_S) * 1000) + 30_000
 #: a poll that brings fewer records than this while a transaction commits is light load:
-#: the loop waits for that commit, takes what came meanwhile too, and decides it all in one
-#: transaction (latency: one commit instead of two). More than this is a backlog: deciding
-#: it overlaps the commit (pipelined). Deciding ~60 commands costs about one commit.
+#: once that commit is done, the records that arrived during it are decided into the same
+#: batch (they wait for one commit besides their own, not two). A fuller poll is a backlog,
+#: and the next poll gets them. Deciding ~60 commands costs about one commit here.
 LIGHT_BATCH = 64
 
 
@@ -346,9 +345,9 @@ class TransactionalProcessor:
         Pipelined under a backlog: while batch N's transaction commits (on its own thread),
         batch N+1 is polled and decided on top of N's decisions; its records go out once N
         committed. If N fails, N+1's decisions are dropped with it and both are read again.
-        Under light load (a poll of fewer than `LIGHT_BATCH` records) N+1 waits for N's
-        commit and takes in what arrived meanwhile, so a command waits for one commit
-        besides its own, not two."""
+        Under light load (a poll of fewer than `LIGHT_BATCH` records) N+1 also takes in,
+        once N committed, the records that arrived while N committed, so those wait for
+        one commit besides their own, not two."""
         if self._consumer is None:
             self.start()
         assert self._consumer is not None and self._step is not None
@@ -359,15 +358,6 @@ class TransactionalProcessor:
                 messages = self._poll()
                 if messages is None:
                     continue
-                if self._inflight is not None and len(messages) < min(LIGHT_BATCH, self.batch_size):
-                    # light load: commit the transaction in flight first (if it fails, these
-                    # records are read again with its own)
-                    if not self._settle(also=undecided(messages)):
-                        continue
-                    more = self._more(self.batch_size - len(messages))
-                    if more is None:
-                        continue  # a new consumer reads them again from the committed offsets
-                    messages += more
                 base = self._inflight.batch if self._inflight is not None else None
                 timers = self._due_timers(base)
                 if not messages and not timers:
@@ -377,8 +367,20 @@ class TransactionalProcessor:
                 t0 = time.perf_counter()
                 batch = decide_batch(step, messages, timers, self.partitions, base, self.classes)
                 decided = time.perf_counter() - t0
-                if self._inflight is not None and not self._settle(also=batch):
-                    continue  # it failed: this batch, decided on top of it, is read again
+                if self._inflight is not None:
+                    if not self._settle(also=batch):
+                        continue  # it failed: this batch, decided on top of it, is read again
+                    if len(messages) < min(LIGHT_BATCH, self.batch_size):
+                        # light load: what arrived while that commit ran joins this batch
+                        more = self._more(self.batch_size - len(batch.messages))
+                        if more is None:
+                            continue  # consumer renewed: its partitions are read again
+                        if more:
+                            t0 = time.perf_counter()
+                            batch.absorb(
+                                decide_batch(step, more, [], self.partitions, batch, self.classes)
+                            )
+                            decided += time.perf_counter() - t0
                 self._begin(batch, decided)
         finally:
             if self._inflight is not None:

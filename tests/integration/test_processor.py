@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-import streams.processor.loop as loop_mod
 from schemas.codec import Codec
 from schemas.commands import Command
 from schemas.events import Event
@@ -23,6 +22,7 @@ from sessionstream.settings import Settings
 from streams.log_check import check_log, fold_log, state_table
 from streams.partitioning import partition_for
 from streams.processor import TransactionalProcessor
+from streams.processor.batch import Batch
 from tests.integration.helpers import wait_until
 from tests.integration.procs import (
     TOPIC_FIELDS,
@@ -616,22 +616,22 @@ class _FailsAt:
         return getattr(self._p, name)
 
 
-def test_failed_commits_under_light_load_read_their_batch_and_the_waiting_records_again(
+def test_failed_commits_under_light_load_read_their_batches_again(
     iso: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Under light load the processor polls while a transaction commits, then waits for
-    that commit before deciding what it polled. When that commit fails, the transaction is
-    aborted and both its batch and the records polled meanwhile (not decided yet) are read
-    again: every command still gets exactly one outcome, the log has no gap or duplicate,
-    and the state table equals the fold of the log."""
+    """Under light load the processor decides a poll while a transaction commits, and once
+    that commit is done takes the records that arrived during it into the same batch. When
+    that commit fails, the transaction is aborted and both its batch and the one decided on
+    top of it are read again: every command still gets exactly one outcome, the log has no
+    gap or duplicate, and the state table equals the fold of the log."""
     light: list[int] = []
-    real_undecided = loop_mod.undecided
+    real_absorb = Batch.absorb
 
-    def counting(messages: list[Any]) -> Any:
-        light.append(len(messages))
-        return real_undecided(messages)
+    def counting(self: Batch, later: Batch) -> None:
+        light.append(len(later.messages))
+        real_absorb(self, later)
 
-    monkeypatch.setattr(loop_mod, "undecided", counting)
+    monkeypatch.setattr(Batch, "absorb", counting)
     proc = TransactionalProcessor(iso, instance_id=f"light-{uuid.uuid4().hex[:6]}")
     proc.start()
     failing = _FailsAt(proc._producer, at=set(range(8, 60, 6)))
@@ -662,5 +662,5 @@ def test_failed_commits_under_light_load_read_their_batch_and_the_waiting_record
     # the next transaction too: librdkafka then bumps the epoch)
     assert failing.failed >= 2, f"{failing.failed} injected failures happened"
     assert proc.stats.aborts >= failing.failed
-    assert light, "no poll was light"
+    assert light, "no records joined a batch after a commit"
     _assert_log(iso, sent)
