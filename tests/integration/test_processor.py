@@ -383,6 +383,17 @@ def test_a_command_acknowledged_without_an_offset_still_gets_its_outcome(
     procs[0].assert_alive()
 
 
+def _delete_topics(s: Settings) -> None:
+    """Every topic of `s`'s world that exists (CI reuses the broker: none may pile up)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": s.kafka_bootstrap})
+    topics = [getattr(s, f) for f in TOPIC_FIELDS]
+    for fut in admin.delete_topics(topics, operation_timeout=30).values():
+        with contextlib.suppress(Exception):  # a topic the processor never created
+            fut.result(timeout=30)
+
+
 @pytest.mark.parametrize(
     ("field", "partitions", "policy", "problem"),
     [
@@ -426,10 +437,7 @@ def test_misconfigured_topics_stop_the_processor_at_startup(
         with pytest.raises(TopicMisconfigured, match=problem):
             check_topics(s)
     finally:  # the processor created the other topics: none may pile up on the broker
-        topics = [getattr(s, f) for f in TOPIC_FIELDS]
-        for fut in admin.delete_topics(topics, operation_timeout=30).values():
-            with contextlib.suppress(Exception):  # a topic the processor never created
-                fut.result(timeout=30)
+        _delete_topics(s)
 
 
 def test_a_commands_topic_stamped_by_producers_stops_the_processor(
@@ -452,10 +460,7 @@ def test_a_commands_topic_stamped_by_producers_stops_the_processor(
         assert p.popen.wait(90) == 2, p.log_text()
         assert "LogAppendTime" in p.log_text() and s.commands_topic in p.log_text()
     finally:
-        topics = [getattr(s, f) for f in TOPIC_FIELDS]
-        for fut in admin.delete_topics(topics, operation_timeout=30).values():
-            with contextlib.suppress(Exception):  # a topic the processor never created
-                fut.result(timeout=30)
+        _delete_topics(s)
 
 
 def test_a_group_member_reading_other_topics_stops_the_processor(iso: Settings) -> None:
