@@ -62,13 +62,7 @@ from sessionstream.kafka import (
 from sessionstream.settings import Settings
 from sessionstream.topics import check_topics, ensure_topics
 from streams.decider import DeciderConfig
-from streams.processor.batch import (
-    Batch,
-    View,
-    decide_batch,
-    input_classes,
-    produce,
-)
+from streams.processor.batch import Batch, View, decide_batch, input_classes, produce
 from streams.processor.partition import PartitionState
 from streams.processor.records import coords
 from streams.processor.restore import RestoreReport, restore
@@ -399,17 +393,17 @@ class TransactionalProcessor:
             until = self._last_begin + self.linger_s
             while len(batch) < size and (left := until - time.perf_counter()) > 0:
                 batch += consumer.consume(size - len(batch), timeout=left)
-        try:
-            return data_messages(batch, log)
-        except KafkaException as e:
-            self._renew_consumer(e)
-            return None
+        return self._records(batch)
 
     def _more(self, n: int) -> list[Message] | None:
         """Up to `n` more records already fetched (no wait); None if the consumer failed."""
         assert self._consumer is not None
+        return self._records(self._consumer.consume(n, timeout=0)) if n > 0 else []
+
+    def _records(self, consumed: list[Message]) -> list[Message] | None:
+        """The records among what was consumed; None if the consumer failed (renewed)."""
         try:
-            return data_messages(self._consumer.consume(n, timeout=0), log) if n > 0 else []
+            return data_messages(consumed, log)
         except KafkaException as e:
             self._renew_consumer(e)
             return None
