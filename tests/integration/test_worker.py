@@ -252,11 +252,14 @@ def test_a_cancel_during_an_approved_action_says_it_was_executing(
     procs.append(w)
     ready(w)
     sid = f"act-{uuid.uuid4().hex[:6]}"
-    run_id = prompt(iso, sid, "steps=1 tool_ms=10 email=start email_ms=3000")
+    # the action runs 15 s: the abort must land while it runs, and a loaded CI machine
+    # took more than 3 s from action.approved to the abort's outcome
+    run_id = prompt(iso, sid, "steps=1 tool_ms=10 email=start email_ms=15000")
     wait_event(iso, run_id, "action.approved", procs=procs)
     with SessionClient("tenant-w", iso) as c:
-        assert c.wait(c.abort(sid), timeout=30).status == "accepted"
-    assert terminal(iso, run_id, timeout=30) == "cancelled"
+        out = c.wait(c.abort(sid), timeout=30)
+    assert out.status == "accepted", out
+    assert terminal(iso, run_id, timeout=60) == "cancelled"
     ack = next(e for e in run_events(iso, run_id) if e.type == "run.cancel_acknowledged")
     assert ack.payload.model_dump()["actions_executing"] == [f"{run_id}:email:start"]
     assert len(outbox(db, run_id)) == 1
