@@ -186,6 +186,8 @@ def replay(s: Settings, url: str) -> dict[str, Any]:
             "load_and_index_events_per_s": round(report.events / (report.load_s + report.index_s)),
             "events_per_s_with_comparison": round(report.events / rebuild_s),
             "equal": report.equal,
+            "loaders": report.loaders,
+            "started_by": report.started_by,
         },
     }
 

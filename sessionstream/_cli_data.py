@@ -151,17 +151,26 @@ def replay_rebuild(
     """Re-project PostgreSQL from the events topic into a fresh schema; compare with live."""
     from sinks.replay import rebuild
 
-    with Progress(console=console, transient=True) as progress:
+    # refreshed by the rebuild's own progress calls: no refresh thread, so the loader
+    # processes can be forked (sinks.rebuild forks only a single-threaded process)
+    with Progress(console=console, transient=True, auto_refresh=False) as progress:
         task = progress.add_task("rebuilding", total=None)
 
         def step(done: int, total: int) -> None:
-            progress.update(task, completed=done, total=total)
+            progress.update(task, completed=done, total=total, refresh=True)
 
         report = rebuild(get_settings(), keep=keep, progress=step, workers=workers)
     for table, n in report.differences.items():
         typer.echo(f"{table}: {'equal' if n == 0 else f'{n} differing rows'}")
+    by = (
+        "in this process"
+        if report.loaders == 1
+        else f"by {report.loaders} {'forked' if report.started_by == 'fork' else 'spawned'}"
+        " processes"
+    )
     typer.echo(
-        f"{report.events} events re-projected into {report.schema} (load {report.load_s:.1f} s,"
+        f"{report.events} events re-projected into {report.schema} (load {report.load_s:.1f} s"
+        f" {by},"
         f" keys and indexes {report.index_s:.1f} s, comparison {report.compare_s:.1f} s)"
         f"{' (kept)' if keep else ' (dropped)'}"
     )

@@ -102,6 +102,27 @@ def test_replay_by_offset_and_rebuild(world: tuple[Settings, str, str]) -> None:
     assert report.equal, report.differences
 
 
+def test_the_cli_rebuild_forks_its_loaders_and_finds_the_projection_equal(
+    world: tuple[Settings, str, str],
+) -> None:
+    """`sessionstream replay rebuild` runs one thread, so its loaders are forked: they
+    share none of the parent's clients or its database connection, which goes on to build
+    the indexes and compare once they are done."""
+    s, _sid, _run = world
+    cli = Path(sys.executable).with_name("sessionstream")
+    out = subprocess.run(
+        [str(cli), "replay", "rebuild", "--workers", "2"],
+        env=settings_env(s),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    for table in ("agent_run_events", "agent_runs", "agent_sessions"):
+        assert f"{table}: equal" in out.stdout, out.stdout
+    assert "by 2 forked processes" in out.stdout, out.stdout
+
+
 def _layout(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> set[str]:
     """The keys, foreign keys, checks and indexes of a schema's tables, schema name left out."""
     rows = conn.execute(
