@@ -12,7 +12,10 @@ cancel the run that started after it: the processor refuses it `run_not_active`.
 `wait()` returns a command's outcome: the events it caused (accepted, with its run id), its
 `command.rejected` (with the reason), or `duplicate` — a command id the processor had
 already applied, recognised because the processor's committed offset on the command's
-partition moved past the command while no event of it appeared.
+partition moved past the command while no event of it appeared. A command's events are
+those after where its events partition ended when it was sent that carry its session, its
+command id and its `ts` (as `producerTs`), so another send under the same id is never
+taken for it.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from sessionstream.kafka import (
     produce,
     read_records,
     reader_config,
+    take,
     unavailable,
 )
 from sessionstream.settings import Settings, get_settings
@@ -64,6 +68,9 @@ from sessionstream.topics import command_topic
 from streams.partitioning import partition_for
 
 __all__ = ["KNOWN_RUN", "CommandHandle", "Outcome", "SessionClient", "outcome_of"]
+
+#: events the outcome tail takes from librdkafka per call
+_DRAIN_BATCH: Final = 500
 
 
 class _KnownRun:
@@ -153,7 +160,8 @@ class SessionClient:
         # keyed by (session, command id): command ids are per session, and a gateway's
         # callers choose their own
         self._pending: dict[tuple[str, str], list[Event]] = {}
-        self._pending_from: dict[tuple[str, str], int] = {}
+        #: where each tracked command's outcome may start, and the `ts` it was sent with
+        self._pending_from: dict[tuple[str, str], tuple[int, int]] = {}
         self._waits: dict[tuple[str, str], _WaitState] = {}
         self._partitions: int | None = None
         #: the outcome tail's fetch.wait.max.ms (a server waiting on many commands: lower)
@@ -221,13 +229,23 @@ class SessionClient:
         return self._produce(handle)
 
     def submit_many(self, commands: list[Command]) -> list[CommandHandle]:
-        """`submit(track=True)` for several commands at once: each events partition's end
-        and the dead-letter topic's are read once for all of them (before any is produced,
-        so every outcome still lies beyond them). What a gateway sends in one round."""
+        """`submit(track=True)` for several commands at once. What a gateway sends in one
+        round.
+
+        Each command's outcome is looked for from a point of its events partition at or
+        before where the partition ends when it is produced. For a partition the outcome
+        tail already reads, that is the high watermark the tail's last fetch reported
+        (librdkafka keeps it: no request, where a fresh read costs a round trip per
+        round); for the others, and for the dead-letter topic, the ends are read once for
+        all. Events before the true end that carry the same session and command id are
+        still not taken for the outcome unless they also carry the command's `ts`: an
+        earlier send of the same id is not this one (see `_track`)."""
         if not commands:
             return []
         n = self._partition_count()
-        ends = self._hwms({partition_for(c.session_id.encode(), n) for c in commands})
+        wanted = {partition_for(c.session_id.encode(), n) for c in commands}
+        ends = {p: e for p in wanted if (e := self._fetched_end(p)) is not None}
+        ends.update(self._hwms(wanted - ends.keys()) if wanted - ends.keys() else {})
         # an older end of the DLQ only makes a dead-letter lookup read a little more
         at, dlq = self._dlq_cache
         if time.monotonic() - at > 1.0:
@@ -393,6 +411,11 @@ class SessionClient:
 
     def _processor_position(self, partition: int, topic: str) -> int:
         """The processor group's committed offset on an input partition (-1: none)."""
+        return self._processor_positions([(topic, partition)]).get((topic, partition), -1)
+
+    def _processor_positions(self, keys: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """The processor group's committed offsets on input partitions, in one request
+        (-1: none, or not known now)."""
         if self._offsets is None:
             # never joined: only its committed offsets are fetched. read_uncommitted, so
             # librdkafka does not ask for *stable* offsets (KIP-447): those are refused
@@ -406,10 +429,11 @@ class SessionClient:
                 )
             )
         try:
-            tp = self._offsets.committed([TopicPartition(topic, partition)], timeout=5)[0]
+            got = self._offsets.committed([TopicPartition(t, p) for t, p in keys], timeout=5)
         except KafkaException:
-            return -1  # coordinator busy (e.g. rebalancing): ask again on the next round
-        return int(tp.offset)
+            # coordinator busy (e.g. rebalancing): ask again on the next round
+            return dict.fromkeys(keys, -1)
+        return {(tp.topic, tp.partition): int(tp.offset) for tp in got}
 
     def _track(self, handle: CommandHandle) -> None:
         """Make sure the tail consumer reads the handle's events partition from its start."""
@@ -425,35 +449,57 @@ class SessionClient:
                 self._tailing[p] = offset
         key = _key(handle)
         self._pending[key] = []
-        # the outcome lies beyond where the partition ended before the command was sent:
-        # anything earlier under the same id (another tenant's refused command) is not it
-        self._pending_from[key] = min(handle.events_from.values())
+        # the outcome lies beyond where the partition ended before the command was sent
+        # (anything earlier under the same id, another tenant's refused command, is not
+        # it), and its events carry the command's `ts` (every event copies it as
+        # `producer_ts`): an earlier send of the same id whose events come after that
+        # point (producers racing, a retry after a timed-out wait) is not this one
+        self._pending_from[key] = (min(handle.events_from.values()), handle.command.ts)
 
     def _drain(self, timeout: float) -> None:
-        """Read what the tail has; keep the events of tracked commands."""
+        """Read what the tail has; keep the events of tracked commands. In batches: each
+        call into librdkafka lets go of the GIL, and in a busy process (a gateway) getting
+        it back can take a switch interval (5 ms) per call."""
         assert self._events is not None
-        msg = self._events.poll(timeout)
-        while msg is not None:
-            err = msg.error()
-            if err is None:
-                try:
-                    event = self.codec.decode_event(msg.value() or b"")
-                except DecodeError as e:
-                    raise IncompatibleEvent(
-                        f"an event at {msg.topic()}[{msg.partition()}]@{msg.offset()} this "
-                        f"version cannot read ({e.reason}): upgrade sessionstream"
-                    ) from e
-                self._saw(event)
-                key = (event.session_id, event.command_id)
-                bucket = self._pending.get(key)
-                offset = msg.offset()
-                if bucket is not None and (offset or 0) >= self._pending_from[key]:
+        batch = take(self._events, _DRAIN_BATCH, timeout)
+        while batch:
+            for msg in batch:
+                self._drain_one(msg)
+            batch = take(self._events, _DRAIN_BATCH, 0) if len(batch) == _DRAIN_BATCH else []
+
+    def _drain_one(self, msg: Any) -> None:
+        err = msg.error()
+        if err is None:
+            try:
+                event = self.codec.decode_event(msg.value() or b"")
+            except DecodeError as e:
+                raise IncompatibleEvent(
+                    f"an event at {msg.topic()}[{msg.partition()}]@{msg.offset()} this "
+                    f"version cannot read ({e.reason}): upgrade sessionstream"
+                ) from e
+            self._saw(event)
+            key = (event.session_id, event.command_id)
+            bucket = self._pending.get(key)
+            if bucket is not None:
+                start, ts = self._pending_from[key]
+                if (msg.offset() or 0) >= start and event.producer_ts in (ts, None):
                     bucket.append(event)
-            elif err.fatal():
-                raise unavailable("reading outcomes", KafkaException(err), self.settings)
-            elif err.code() != KafkaError._PARTITION_EOF:
-                pass  # a broker restarting: librdkafka reconnects, the deadline bounds us
-            msg = self._events.poll(0)
+        elif err.fatal():
+            raise unavailable("reading outcomes", KafkaException(err), self.settings)
+        # else a broker restarting, or a partition's end: librdkafka reconnects, and the
+        # caller's deadline bounds the wait
+
+    def _fetched_end(self, partition: int) -> int | None:
+        """The events partition's high watermark as the tail's last fetch reported it, or
+        None when the tail does not read the partition (or has not fetched it yet)."""
+        if self._events is None or partition not in self._tailing:
+            return None
+        tp = TopicPartition(self.settings.events_topic, partition)
+        try:
+            _low, high = self._events.get_watermark_offsets(tp, cached=True)
+        except KafkaException:
+            return None
+        return int(high) if high is not None and high >= 0 else None
 
     def _tail_position(self, partition: int) -> int:
         assert self._events is not None
@@ -516,6 +562,22 @@ class SessionClient:
         }
         if settling:
             rnd.prefetch(settling)
+        # the processor's positions this round's duplicate checks ask for: one request
+        now = time.monotonic()
+        asking = set()
+        for h in handles:
+            key = _key(h)
+            w = self._waits.get(key)
+            if (
+                h.acked
+                and h.partition is not None
+                and h.topic
+                and not self._pending.get(key)
+                and (w is None or (w.settle_at is None and now >= w.next_check))
+            ):
+                asking.add((h.topic, h.partition))
+        if asking:
+            rnd.prefetch_positions(asking)
         out: list[tuple[CommandHandle, Outcome | SessionstreamError]] = []
         for h in handles:
             try:
@@ -703,6 +765,24 @@ class _Round:
     def prefetch(self, partitions: set[int]) -> None:
         """The last stable offsets of the partitions whose commands' events arrived."""
         self._lso.update(self.client._hwms(partitions, committed=True))
+
+    def prefetch_positions(self, keys: set[tuple[str, int]]) -> None:
+        """The processor's positions on these input partitions, those not read within the
+        last 50 ms in one request."""
+        now = time.monotonic()
+        stale = [
+            k
+            for k in keys
+            if k not in self._position and now - self.client._positions.get(k, (0.0, -1))[0] > 0.05
+        ]
+        if not stale:
+            return
+        got = self.client._processor_positions(stale)
+        at = time.monotonic()
+        for (topic, partition), value in got.items():
+            self.client._positions[(topic, partition)] = (at, value)
+            self._position[(topic, partition)] = value
+            self._hwm.pop(partition, None)
 
     def lso(self, partition: int) -> int:
         if partition not in self._lso:

@@ -583,6 +583,47 @@ def test_the_processors_position_does_not_wait_for_its_open_transaction(iso: Set
         group.close()
 
 
+def test_an_earlier_send_of_the_same_id_decided_later_is_not_the_outcome(
+    iso: Settings, procs: list[Proc]
+) -> None:
+    """Two sends under one session and command id, the second with other content, both
+    produced before the processor decides the first (two producers racing, or a retry
+    with other content after a timed-out wait). The first's events come after where the
+    second's outcome may start, and carry its `ts` as `producerTs`; the second's outcome
+    is its own `command.rejected` (`command_id_reused`), not the first's acceptance."""
+    sid = f"reuse-{uuid.uuid4().hex[:6]}"
+
+    def outcome_of(client: SessionClient, handle: CommandHandle) -> Any:
+        got: list[Any] = []
+        wait_until(
+            lambda: got.extend(client.collect([handle], 0.1)) or got,
+            timeout=60,
+            what=f"the outcome of {handle.command.type}",
+        )
+        return got[0][1]
+
+    with SessionClient("t", iso) as first, SessionClient("t", iso) as second:
+        # the second client's tail reads the session's partition already, so its next
+        # send starts from the end the tail's last fetch reported (no request)
+        p0 = processor(iso)
+        (warm,) = second.submit_many([second.command(sid, "abort", {})])
+        assert outcome_of(second, warm).reason == "no_active_run"
+        p0.stop()
+        cid = str(uuid.uuid4())
+        original = first.command(sid, "prompt", {"text": "the original"}, command_id=cid)
+        first.submit(original, track=False)
+        first.flush()
+        other = second.command(
+            sid, "prompt", {"text": "other content"}, command_id=cid, ts=original.ts + 1
+        )
+        (handle,) = second.submit_many([other])
+        procs.append(processor(iso, "p1"))
+        outcome = outcome_of(second, handle)
+    assert outcome.status == "rejected" and outcome.reason == "command_id_reused", outcome
+    assert [e.type for e in outcome.events] == ["command.rejected"]
+    assert all(e.producer_ts == other.ts for e in outcome.events)
+
+
 def test_collected_outcomes_hold_every_event_of_their_command_while_others_commit(
     iso: Settings, procs: list[Proc]
 ) -> None:
