@@ -163,7 +163,9 @@ def test_steer_reaches_the_next_step_and_a_follow_up_comes_before_the_end(
     procs.append(w)
     ready(w)
     sid = f"steer-{uuid.uuid4().hex[:6]}"
-    run_id = prompt(iso, sid, "steps=3 tool_ms=1500 email=no compact=1")
+    # 3 steps of 3 s: the steer and the follow-up must land while it runs, on a loaded CI
+    # machine too (the approved-action test lost a 3 s window there)
+    run_id = prompt(iso, sid, "steps=3 tool_ms=3000 email=no compact=1")
     wait_event(iso, run_id, "tool.started", procs=procs)
     with SessionClient("tenant-w", iso) as c:
         assert c.wait(c.steer(sid, "do not search that, try the archive")).status == "accepted"
