@@ -245,7 +245,7 @@ class SessionClient:
         n = self._partition_count()
         wanted = {partition_for(c.session_id.encode(), n) for c in commands}
         ends = {p: e for p in wanted if (e := self._fetched_end(p)) is not None}
-        ends.update(self._hwms(wanted - ends.keys()) if wanted - ends.keys() else {})
+        ends.update(self._hwms(wanted - ends.keys()))
         # an older end of the DLQ only makes a dead-letter lookup read a little more
         at, dlq = self._dlq_cache
         if time.monotonic() - at > 1.0:
@@ -804,12 +804,8 @@ class _Round:
         read after it, which is all a duplicate's proof needs)."""
         key = (topic, partition)
         if key not in self._position:
-            at, value = self.client._positions.get(key, (0.0, -1))
-            if time.monotonic() - at > 0.05:
-                value = self.client._processor_position(partition, topic)
-                self.client._positions[key] = (time.monotonic(), value)
-                self._hwm.pop(partition, None)
-            self._position[key] = value
+            self.prefetch_positions({key})  # read now if the last read is too old
+            self._position.setdefault(key, self.client._positions.get(key, (0.0, -1))[1])
         return self._position[key]
 
 
