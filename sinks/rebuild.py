@@ -13,6 +13,7 @@ nothing`: the first one wins), and a run started while another is active raises
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import multiprocessing
 import os
@@ -29,7 +30,13 @@ from psycopg.copy import QueuedLibpqWriter
 
 from schemas.codec import Codec
 from sessionstream.errors import SessionstreamError, SingleWriterViolation
-from sessionstream.kafka import log_bounds, partitions_of, read_messages, reader_config
+from sessionstream.kafka import (
+    METADATA_WAIT_S,
+    log_bounds,
+    partitions_of,
+    read_messages,
+    reader_config,
+)
 from sessionstream.settings import Settings
 from sinks.migrate import migrate
 from sinks.projection import Projection
@@ -156,19 +163,23 @@ def rebuild(
     connection; the keys and indexes are built once all of them committed."""
     live = settings.database_schema or "public"
     schema = schema or f"sessionstream_rebuild_{uuid.uuid4().hex[:8]}"
-    migrate(settings.database_conninfo, schema=schema)
+    _require_projection(settings, live)
+    # the log's shape first: a broker that does not answer leaves no schema behind
     topic = settings.events_topic
     consumer = Consumer(reader_config(settings))
     try:
-        partitions = partitions_of(consumer, topic)
+        partitions = partitions_of(
+            consumer, topic, timeout=METADATA_WAIT_S, bootstrap=settings.kafka_bootstrap
+        )
     finally:
         consumer.close()
     bounds = log_bounds(settings, [(topic, p) for p in partitions])
     total = sum(high - low for low, high in bounds.values())  # markers count: an upper bound
     n_workers = max(1, min(workers or os.cpu_count() or 1, len(partitions)))
     shares = [partitions[i::n_workers] for i in range(n_workers)]
-    with connect(settings, schema) as conn:
-        try:
+    try:
+        migrate(settings.database_conninfo, schema=schema)
+        with connect(settings, schema) as conn:
             # Step 1: the keys and indexes go (committed: every loader sees bare tables)
             deferred = _defer(conn, schema)
             conn.commit()
@@ -185,20 +196,41 @@ def rebuild(
             _restore(conn, deferred)
             conn.commit()
             t2 = time.perf_counter()
-        except BaseException:
-            conn.rollback()
-            if not keep:  # a failed rebuild leaves nothing behind
-                conn.execute(f'drop schema "{schema}" cascade')
-                conn.commit()
-            raise
-        if progress:
-            progress(n, n)
-        diffs = _compare(conn, live, schema)
-        t3 = time.perf_counter()
-        if not keep:
-            conn.execute(f'drop schema "{schema}" cascade')
-            conn.commit()
+            if progress:
+                progress(n, n)
+            diffs = _compare(conn, live, schema)
+            t3 = time.perf_counter()
+    except BaseException:
+        if not keep:  # a failed rebuild leaves nothing behind, unless asked to keep it
+            with contextlib.suppress(psycopg.Error):  # the database may be what failed
+                _drop_schema(settings, schema)
+        raise
+    if not keep:
+        _drop_schema(settings, schema)
     return RebuildReport(schema, n, diffs, t1 - t0, t2 - t1, t3 - t2, n_workers, started_by)
+
+
+def _require_projection(settings: Settings, live: str) -> None:
+    """The live projection the rebuild is compared with must exist: said before anything
+    is built (a wrong `SESSIONSTREAM_DATABASE_SCHEMA`, a sink that never ran)."""
+    with connect(settings, live) as conn:
+        missing = [
+            table
+            for table in COMPARED
+            if conn.execute("select to_regclass(%s)", (f'"{live}".{table}',)).fetchone() == (None,)
+        ]
+    if missing:
+        raise RebuildFailed(
+            f"schema {live!r} has no {', '.join(missing)}: nothing to compare a rebuild with "
+            "(is SESSIONSTREAM_DATABASE_SCHEMA right? has the sink run there?)"
+        )
+
+
+def _drop_schema(settings: Settings, schema: str) -> None:
+    """Drop the rebuild's schema on a connection of its own (the loaders' are gone, the
+    main one may be in a failed transaction)."""
+    with psycopg.connect(settings.database_conninfo, autocommit=True) as conn:
+        conn.execute(f'drop schema if exists "{schema}" cascade')
 
 
 def _load_parallel(

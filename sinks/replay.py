@@ -15,7 +15,7 @@ from confluent_kafka import Consumer
 
 from schemas.codec import Codec
 from schemas.events import Event
-from sessionstream.kafka import partitions_of, read_messages, reader_config
+from sessionstream.kafka import METADATA_WAIT_S, partitions_of, read_messages, reader_config
 from sessionstream.settings import Settings
 from sinks.rebuild import RebuildReport, rebuild
 from streams.partitioning import partition_for
@@ -139,7 +139,14 @@ def session_partition(settings: Settings, session_id: str) -> int:
     topic's partition count, as every producer places its commands."""
     consumer = Consumer(reader_config(settings))
     try:
-        n = len(partitions_of(consumer, settings.events_topic))
+        n = len(
+            partitions_of(
+                consumer,
+                settings.events_topic,
+                timeout=METADATA_WAIT_S,
+                bootstrap=settings.kafka_bootstrap,
+            )
+        )
     finally:
         consumer.close()
     return partition_for(session_id.encode(), n)

@@ -16,6 +16,7 @@ from sessionstream.kafka.dlq import DeadLetter, dead_letter_headers
 from sessionstream.kafka.errors import unavailable
 from sessionstream.kafka.producer import produce
 from sessionstream.kafka.reader import (
+    METADATA_WAIT_S,
     LogRecord,
     data_messages,
     end_offset,
@@ -29,6 +30,7 @@ from sessionstream.kafka.reader import (
 
 __all__ = [
     "KAFKA_LOG",
+    "METADATA_WAIT_S",
     "DeadLetter",
     "LogRecord",
     "aiokafka_config",

@@ -96,19 +96,41 @@ def data_messages(batch: list[Message], logger: logging.Logger = log) -> list[Me
     return out
 
 
-def partitions_of(consumer: Consumer, topic: str, stop: threading.Event | None = None) -> list[int]:
+#: how long a one-shot tool (replay, rebuild) waits for a topic's metadata
+METADATA_WAIT_S = 30.0
+
+
+def partitions_of(
+    consumer: Consumer,
+    topic: str,
+    stop: threading.Event | None = None,
+    *,
+    timeout: float | None = None,
+    bootstrap: str = "",
+) -> list[int]:
     """The topic's partitions; a broker restarting (or a topic not created yet) is waited
-    out until `stop` is set (then: empty)."""
+    out until `stop` is set (then: empty), or for `timeout` seconds (then `KafkaUnavailable`
+    naming the topic: a one-shot tool must not wait forever for a misspelt topic)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
     while True:
+        why: object
         try:
             t = consumer.list_topics(topic, timeout=10).topics.get(topic)
             if t is not None and t.error is None and t.partitions:
                 return sorted(t.partitions)
-            log.warning("topic %s not available yet (%s); retrying", topic, t and t.error)
+            why = t and t.error
+            log.warning("topic %s not available yet (%s); retrying", topic, why)
         except KafkaException as e:
             if e.args[0].fatal():
                 raise
-            log.warning("metadata of %s: %s; retrying", topic, e.args[0])
+            why = e.args[0]
+            log.warning("metadata of %s: %s; retrying", topic, why)
+        if deadline is not None and time.monotonic() > deadline:
+            raise KafkaUnavailable(
+                f"topic {topic} is not available after {timeout:g}s ({why}): does it exist? "
+                "(`sessionstream topics create` makes the protocol's topics)",
+                bootstrap=bootstrap,
+            )
         if stop is None:
             time.sleep(0.5)
         elif stop.wait(0.5):

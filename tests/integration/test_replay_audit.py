@@ -10,17 +10,18 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer
 
 from schemas.codec import Codec
 from sessionstream._procs import settings_env
 from sessionstream.client import SessionClient
-from sessionstream.errors import SingleWriterViolation
-from sessionstream.kafka import client_config, read_topic
+from sessionstream.errors import KafkaUnavailable, SingleWriterViolation
+from sessionstream.kafka import client_config, partitions_of, read_topic, reader_config
 from sessionstream.settings import Settings
 from sessionstream.topics import ensure_topics
 from sinks.audit import run_audit
 from sinks.migrate import migrate
+from sinks.rebuild import RebuildFailed
 from sinks.replay import events_of_run, events_of_session, read_range, rebuild, session_partition
 from sinks.sink import connect
 from streams.decider import decide
@@ -200,6 +201,7 @@ def test_a_second_active_run_in_the_log_stops_the_rebuild_and_leaves_nothing(
                 s.events_topic, key=e.key.encode(), value=codec.encode_event(e), partition=p
             )
     assert producer.flush(30) == 0
+    migrate(s.database_conninfo, schema=s.database_schema)  # the live projection (empty)
     schema = f"{s.database_schema}_rb"
     with pytest.raises(SingleWriterViolation, match=rf"{s.events_topic}\[1\]@1"):
         rebuild(s, schema=schema, workers=2)
@@ -208,6 +210,36 @@ def test_a_second_active_run_in_the_log_stops_the_rebuild_and_leaves_nothing(
             "select count(*) from pg_namespace where nspname = %s", (schema,)
         ).fetchone()
     assert left == (0,)
+
+
+def test_a_rebuild_without_a_live_projection_says_so_and_builds_nothing(
+    settings: Settings,
+) -> None:
+    """The rebuild is compared with the live projection: a schema the sink never filled (a
+    wrong SESSIONSTREAM_DATABASE_SCHEMA) is named before any schema is made or any event
+    read, and nothing is left behind."""
+    s = isolated_settings(settings, "rebuild-nolive", partitions=1)
+    ensure_topics(s)
+    schema = f"{s.database_schema}_rb"
+    with pytest.raises(RebuildFailed, match=rf"schema '{s.database_schema}' has no agent_run"):
+        rebuild(s, schema=schema, workers=1)
+    with psycopg.connect(s.database_url) as conn:
+        left = conn.execute(
+            "select count(*) from pg_namespace where nspname = %s", (schema,)
+        ).fetchone()
+    assert left == (0,)
+
+
+def test_a_missing_topic_is_an_error_for_a_tool_not_a_wait_forever(settings: Settings) -> None:
+    """replay and rebuild ask for the events topic's partitions with a bound: a misspelt
+    topic is named in the error (it waited forever before)."""
+    missing = f"it.missing.{uuid.uuid4().hex[:8]}"
+    consumer = Consumer(reader_config(settings))
+    try:
+        with pytest.raises(KafkaUnavailable, match=rf"topic {missing} is not available after 1s"):
+            partitions_of(consumer, missing, timeout=1.0, bootstrap=settings.kafka_bootstrap)
+    finally:
+        consumer.close()
 
 
 def test_replay_by_offset_of_one_session_or_run_decodes_only_those(
