@@ -251,6 +251,35 @@ def _wait_for_leaders(admin: AdminClient, topics: list[str], timeout: float) -> 
         time.sleep(0.1)
 
 
+#: UNKNOWN_TOPIC_OR_PART: from a broker whose metadata has not caught up with a new topic
+_UNKNOWN_TOPIC = 3
+
+
+def _describe_topics(
+    admin: AdminClient, names: list[str], timeout: float
+) -> dict[str, dict[str, str]]:
+    """The topics' effective configs. On a cluster, a topic just created (listed by the
+    broker that answered the metadata request) may be unknown for a moment to the broker
+    asked for its configs: asked again until `timeout`."""
+    deadline = time.monotonic() + timeout
+    configs: dict[str, dict[str, str]] = {}
+    todo = list(names)
+    while todo:
+        resources = [ConfigResource(ConfigResource.Type.TOPIC, n) for n in todo]
+        retry = []
+        for res, fut in admin.describe_configs(resources, request_timeout=timeout).items():
+            try:
+                configs[res.name] = {k: v.value for k, v in fut.result().items()}
+            except KafkaException as e:
+                if e.args[0].code() != _UNKNOWN_TOPIC or time.monotonic() > deadline:
+                    raise
+                retry.append(res.name)
+        todo = retry
+        if todo:
+            time.sleep(0.1)
+    return configs
+
+
 @dataclass(frozen=True)
 class TopicReport:
     """What `check_topics` found: partition counts and effective configs per topic."""
@@ -282,10 +311,7 @@ def check_topics(settings: Settings, timeout: float = 30.0) -> TopicReport:
             + ", ".join(f"{k}={v}" for k, v in counts.items())
             + " — a session's events and state must sit on its commands' partition number",
         )
-    resources = [ConfigResource(ConfigResource.Type.TOPIC, s.name) for s in specs]
-    configs: dict[str, dict[str, str]] = {}
-    for res, fut in admin.describe_configs(resources).items():
-        configs[res.name] = {k: v.value for k, v in fut.result().items()}
+    configs = _describe_topics(admin, [s.name for s in specs], timeout)
     for spec in specs:
         _check_config(spec, configs[spec.name])
     partitions = {s.name: len(meta.topics[s.name].partitions) for s in specs}

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient
 
 from schemas.codec import Codec
 from schemas.commands import Command
@@ -438,6 +439,35 @@ def test_misconfigured_topics_stop_the_processor_at_startup(
             check_topics(s)
     finally:  # the processor created the other topics: none may pile up on the broker
         _delete_topics(s)
+
+
+def test_a_topics_configs_are_asked_again_while_a_broker_does_not_know_it(
+    kafka_admin: AdminClient,
+) -> None:
+    """On a cluster, the broker asked for a just-created topic's configs may not know it
+    yet (UNKNOWN_TOPIC_OR_PART; seen on the 3-node profile right after `ensure_topics`):
+    `check_topics` asks again until its timeout, and only then fails."""
+    from confluent_kafka.admin import NewTopic
+
+    from sessionstream.topics import _describe_topics
+
+    name = f"it-late-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(KafkaException) as gone:  # never there: the error, after the timeout
+        _describe_topics(kafka_admin, [name], timeout=0.5)
+    assert gone.value.args[0].code() == 3
+    creator = threading.Timer(
+        1.0,
+        lambda: kafka_admin.create_topics(
+            [NewTopic(name, 1, 1, config={"cleanup.policy": "compact"})]
+        )[name].result(timeout=30),
+    )
+    creator.start()
+    try:
+        got = _describe_topics(kafka_admin, [name], timeout=30)
+        assert got[name]["cleanup.policy"] == "compact"
+    finally:
+        creator.join()
+        kafka_admin.delete_topics([name])[name].result(timeout=30)
 
 
 def test_a_commands_topic_stamped_by_producers_stops_the_processor(
