@@ -101,7 +101,9 @@ class Worker:
         )
         return self.c.wait(self.c.submit(cmd), 30)
 
-    def acquire(self, lease_ms: int = LEASE_MS) -> Outcome:
+    def acquire(self, lease_ms: int = 30_000) -> Outcome:
+        """A lease of `lease_ms`: long unless the test wants it to run out (`LEASE_MS`): a
+        2 s lease ran out on a loaded CI machine between a test's steps."""
         out = self.send("lease.acquire", {"leaseMs": lease_ms})
         granted = [e for e in out.events if e.type == "run.lease_granted"]
         if granted:
