@@ -20,7 +20,10 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
+from sessionstream._procs import delete_world
+from sessionstream.kafka.config import client_config
 from sessionstream.settings import Settings, read_credentials_file
+from tests.integration.procs import ISOLATED
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -112,16 +115,74 @@ def up(profile: str) -> tuple[Profile, str]:
     return Profile(profile, values), output
 
 
+#: the topics tests name for themselves: isolated worlds (`it.<kind>.<tag>`) and
+#: topic_factory's / the cluster tests' (`it-...`)
+TEST_TOPIC_PREFIXES = ("it.", "it-")
+
+
+def _admin(where: Profile) -> AdminClient:
+    """An admin client of the profile (its admin credentials on a secured one)."""
+    s = where.settings("admin") if "CREDENTIALS_DIR" in where.values else where.settings()
+    return AdminClient(client_config(s))
+
+
+def named_test_topics(where: Profile) -> set[str]:
+    names = _admin(where).list_topics(timeout=30).topics
+    return {t for t in names if t.startswith(TEST_TOPIC_PREFIXES)}
+
+
+def remove_test_topics(where: Profile, keep: frozenset[str] = frozenset()) -> list[str]:
+    """Delete the tests' topics on the profile but `keep`; the names deleted.
+
+    A profile's state outlives the test session (on a CI machine too): topics left behind
+    pile up, and every broker restart loads and recovers each of their partitions (838 of
+    them took 146 s on a loaded machine and made a fault test's restart miss its limit)."""
+    names = sorted(named_test_topics(where) - keep)
+    admin = _admin(where)  # alive until its futures are done
+    if names:
+        for name, fut in admin.delete_topics(names, operation_timeout=60).items():
+            try:
+                fut.result(timeout=120)
+            except KafkaException as e:  # deleted meanwhile: gone is what we want
+                print(f"{name}: {e}")
+    return names
+
+
+def release_worlds(where: Profile) -> None:
+    """Delete the isolated worlds made on this profile now, while it still runs (the
+    session's end, which deletes the others, comes after the profile is stopped)."""
+    mine = [s for s in ISOLATED if s.kafka_bootstrap == where.bootstrap]
+    if mine:
+        failed = delete_world(mine)
+        ISOLATED[:] = [s for s in ISOLATED if s.kafka_bootstrap != where.bootstrap]
+        if failed:
+            print(f"[{where.name}] not deleted: {failed}")
+
+
 @contextmanager
 def running(profile: str) -> Iterator[Profile]:
-    """The profile up for the block; stopped afterwards if this `up` started any of it."""
+    """The profile up for the block; stopped afterwards if this `up` started any of it.
+
+    The tests' topics made during the block are deleted before it ends; a profile this
+    `up` started also loses the test topics earlier runs left (killed runs, old versions).
+    """
     where, output = up(profile)
     started = "ready on" in output  # a node that was down (already running: says so)
+    before: frozenset[str] = frozenset()
     try:
+        if started:
+            left = remove_test_topics(where)
+            print(f"[{profile}] removed {len(left)} test topics left by earlier runs")
+        else:
+            before = frozenset(named_test_topics(where))  # a running profile may be someone's
         yield where
     finally:
-        if started:
-            stack(profile, "down", check=False)
+        try:
+            release_worlds(where)
+            remove_test_topics(where, keep=before)
+        finally:
+            if started:
+                stack(profile, "down", check=False)
 
 
 # -- the cluster profile's partitions, replicas and transaction coordinators ------------------

@@ -283,6 +283,12 @@ def test_the_pipeline_loses_nothing_while_brokers_die(
         for node in (1, 2, 3) if SOAK else (_leader_of_commands(admin, iso),):
             rows.append(_round("clean restart", node, "stop-node", pipe, progress, admin, load))
         assert load.error is None, load.error
+    except BaseException:
+        # a failed round: no helper thread outlives the test (they would poll a cluster
+        # that is stopped next, beside the rest of the suite)
+        progress.halt.set()
+        verifier.halt.set()
+        raise
     finally:
         load.halt.set()
         load.join(120)
