@@ -116,9 +116,13 @@ def replay_offsets(
         if session is None:
             _fail("give --partition, or --session (its partition is then found)")
         partition = session_partition(settings, session)
-    events = [
-        e for _o, e in read_range(settings, partition, from_, to, session_id=session, run_id=run)
-    ]
+    try:
+        events = [
+            e
+            for _o, e in read_range(settings, partition, from_, to, session_id=session, run_id=run)
+        ]
+    except ValueError as bad:  # a partition the topic does not have
+        _fail(str(bad))
     if not fold:
         _print(events, as_json, f"partition {partition} from {from_}")
         return

@@ -112,6 +112,13 @@ def read_range(
         if session_id is None:
             raise ValueError("read_range needs a partition or a session")
         partition = session_partition(settings, session_id)
+    else:  # a missing topic or partition would be read forever, never reaching its end
+        partitions = _partitions(settings)
+        if partition not in partitions:
+            raise ValueError(
+                f"{topic} has no partition {partition} (it has {len(partitions)}: "
+                f"0-{len(partitions) - 1})"
+            )
     prefix = None if session_id is None else f"{session_id}/".encode()
     run = None if run_id is None else f"/{run_id}/".encode()
     for msg in read_messages(
@@ -134,19 +141,22 @@ def read_range(
         yield msg.offset() or 0, decode(msg.value() or b"")
 
 
-def session_partition(settings: Settings, session_id: str) -> int:
-    """The events (and commands) partition of a session: murmur2 of its id over the events
-    topic's partition count, as every producer places its commands."""
+def _partitions(settings: Settings) -> list[int]:
+    """The events topic's partitions (`KafkaUnavailable` after `METADATA_WAIT_S` when the
+    topic is missing)."""
     consumer = Consumer(reader_config(settings))
     try:
-        n = len(
-            partitions_of(
-                consumer,
-                settings.events_topic,
-                timeout=METADATA_WAIT_S,
-                bootstrap=settings.kafka_bootstrap,
-            )
+        return partitions_of(
+            consumer,
+            settings.events_topic,
+            timeout=METADATA_WAIT_S,
+            bootstrap=settings.kafka_bootstrap,
         )
     finally:
         consumer.close()
-    return partition_for(session_id.encode(), n)
+
+
+def session_partition(settings: Settings, session_id: str) -> int:
+    """The events (and commands) partition of a session: murmur2 of its id over the events
+    topic's partition count, as every producer places its commands."""
+    return partition_for(session_id.encode(), len(_partitions(settings)))

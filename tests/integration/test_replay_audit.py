@@ -242,6 +242,15 @@ def test_a_missing_topic_is_an_error_for_a_tool_not_a_wait_forever(settings: Set
         consumer.close()
 
 
+def test_replay_of_a_partition_the_topic_does_not_have_is_an_error(settings: Settings) -> None:
+    """`replay offsets --partition 5` on a 2-partition topic: an error naming the count (it
+    read forever before, waiting for the end of a partition that does not exist)."""
+    s = isolated_settings(settings, "replay-nopart", partitions=2)
+    ensure_topics(s)
+    with pytest.raises(ValueError, match=r"has no partition 5 \(it has 2: 0-1\)"):
+        list(read_range(s, 5, 0))
+
+
 def test_replay_by_offset_of_one_session_or_run_decodes_only_those(
     world: tuple[Settings, str, str],
 ) -> None:
