@@ -179,6 +179,14 @@ def test_rebuild_skips_a_duplicated_event_as_the_sink_does_and_restores_every_in
             conn.execute(f'drop schema "{reference}" cascade')
 
 
+def _schema_exists(s: Settings, schema: str) -> bool:
+    with psycopg.connect(s.database_url) as conn:
+        row = conn.execute(
+            "select count(*) from pg_namespace where nspname = %s", (schema,)
+        ).fetchone()
+    return row != (0,)
+
+
 def test_a_second_active_run_in_the_log_stops_the_rebuild_and_leaves_nothing(
     settings: Settings,
 ) -> None:
@@ -205,11 +213,7 @@ def test_a_second_active_run_in_the_log_stops_the_rebuild_and_leaves_nothing(
     schema = f"{s.database_schema}_rb"
     with pytest.raises(SingleWriterViolation, match=rf"{s.events_topic}\[1\]@1"):
         rebuild(s, schema=schema, workers=2)
-    with psycopg.connect(s.database_url) as conn:
-        left = conn.execute(
-            "select count(*) from pg_namespace where nspname = %s", (schema,)
-        ).fetchone()
-    assert left == (0,)
+    assert not _schema_exists(s, schema)
 
 
 def test_a_rebuild_without_a_live_projection_says_so_and_builds_nothing(
@@ -223,11 +227,7 @@ def test_a_rebuild_without_a_live_projection_says_so_and_builds_nothing(
     schema = f"{s.database_schema}_rb"
     with pytest.raises(RebuildFailed, match=rf"schema '{s.database_schema}' has no agent_run"):
         rebuild(s, schema=schema, workers=1)
-    with psycopg.connect(s.database_url) as conn:
-        left = conn.execute(
-            "select count(*) from pg_namespace where nspname = %s", (schema,)
-        ).fetchone()
-    assert left == (0,)
+    assert not _schema_exists(s, schema)
 
 
 def test_a_missing_topic_is_an_error_for_a_tool_not_a_wait_forever(settings: Settings) -> None:
