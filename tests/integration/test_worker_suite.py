@@ -63,6 +63,35 @@ def _holders(evs: list[Event], runs: set[str]) -> dict[str, str]:
     return holder
 
 
+def _accepted_from_non_holder(evs: list[Event], runs: set[str], worker: str) -> list[Event]:
+    """`worker`'s writes to `runs` the log accepted while another worker held the lease, or
+    none did after it lost it (the single-writer rule). Read from the log itself, not from
+    the clock: a command the worker produced just before it was frozen may be appended
+    after the test's fault time, while its lease still held, and is rightly accepted."""
+    holder: dict[str, str | None] = {}
+    lost: set[str] = set()
+    out = []
+    for e in evs:
+        if e.run_id not in runs:
+            continue
+        if e.type == "run.lease_granted":
+            holder[e.run_id] = e.payload_as(LeaseGranted).worker_id
+            if holder[e.run_id] != worker:
+                lost.add(e.run_id)
+        elif e.type in ("run.lease_expired", "run.lease_released", "run.finished"):
+            holder[e.run_id] = None
+            if e.type == "run.lease_expired":
+                lost.add(e.run_id)
+        elif (
+            e.run_id in lost
+            and holder.get(e.run_id) != worker
+            and e.type != "run.stale_write_recorded"
+            and e.payload.model_dump().get("worker_id") == worker
+        ):
+            out.append(e)
+    return out
+
+
 def _leased_once(evs: list[Event], runs: set[str]) -> set[str]:
     """The runs of `runs` some worker has been granted a lease on."""
     return {e.run_id for e in evs if e.type == "run.lease_granted" and e.run_id in runs}
@@ -165,17 +194,10 @@ def _round(
     assert sum(1 for r in aborted if status[r] == "cancelled") >= len(aborted) // 2, (
         "the aborts reached their runs"
     )
-    if fault == "stop":
-        # resumed, the frozen worker only left stale records behind
-        from_victim_after = [
-            e
-            for e in evs
-            if e.run_id in victim_runs
-            and e.ts > faulted_at
-            and e.payload.model_dump().get("worker_id") == victim
-            and e.type not in ("run.stale_write_recorded", "run.lease_expired")
-        ]
-        assert not from_victim_after, [e.type for e in from_victim_after]
+    # resumed (stop) or restarted (kill), the victim's writes to the runs taken from it are
+    # fenced: only stale records of them follow the takeover
+    fenced = _accepted_from_non_holder(evs, victim_runs, victim)
+    assert not fenced, [(e.run_id, e.seq, e.type) for e in fenced]
     summary = {
         "round": n,
         "fault": fault,
