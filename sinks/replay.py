@@ -108,17 +108,19 @@ def read_range(
     codec = codec or Codec()
     decode = codec.decode_event
     topic = settings.events_topic
+    if partition is None and session_id is None:
+        raise ValueError("read_range needs a partition or a session")
+    # one metadata read: the session's partition, or a check of the one given (a missing
+    # topic or partition would be read forever, never reaching its end)
+    partitions = _partitions(settings)
     if partition is None:
-        if session_id is None:
-            raise ValueError("read_range needs a partition or a session")
-        partition = session_partition(settings, session_id)
-    else:  # a missing topic or partition would be read forever, never reaching its end
-        partitions = _partitions(settings)
-        if partition not in partitions:
-            raise ValueError(
-                f"{topic} has no partition {partition} (it has {len(partitions)}: "
-                f"0-{len(partitions) - 1})"
-            )
+        assert session_id is not None
+        partition = partition_for(session_id.encode(), len(partitions))
+    elif partition not in partitions:
+        raise ValueError(
+            f"{topic} has no partition {partition} (it has {len(partitions)}: "
+            f"0-{len(partitions) - 1})"
+        )
     prefix = None if session_id is None else f"{session_id}/".encode()
     run = None if run_id is None else f"/{run_id}/".encode()
     for msg in read_messages(

@@ -126,8 +126,8 @@ def _admin(where: Profile) -> AdminClient:
     return AdminClient(client_config(s))
 
 
-def named_test_topics(where: Profile) -> set[str]:
-    names = _admin(where).list_topics(timeout=30).topics
+def named_test_topics(admin: AdminClient) -> set[str]:
+    names = admin.list_topics(timeout=30).topics
     return {t for t in names if t.startswith(TEST_TOPIC_PREFIXES)}
 
 
@@ -137,8 +137,8 @@ def remove_test_topics(where: Profile, keep: frozenset[str] = frozenset()) -> li
     A profile's state outlives the test session (on a CI machine too): topics left behind
     pile up, and every broker restart loads and recovers each of their partitions (838 of
     them took 146 s on a loaded machine and made a fault test's restart miss its limit)."""
-    names = sorted(named_test_topics(where) - keep)
     admin = _admin(where)  # alive until its futures are done
+    names = sorted(named_test_topics(admin) - keep)
     if names:
         for name, fut in admin.delete_topics(names, operation_timeout=60).items():
             try:
@@ -174,7 +174,7 @@ def running(profile: str) -> Iterator[Profile]:
             left = remove_test_topics(where)
             print(f"[{profile}] removed {len(left)} test topics left by earlier runs")
         else:
-            before = frozenset(named_test_topics(where))  # a running profile may be someone's
+            before = frozenset(named_test_topics(_admin(where)))  # may be someone's
         yield where
     finally:
         try:
