@@ -19,6 +19,7 @@ __all__ = [
     "LEASE_EXPIRIES",
     "REJECTIONS",
     "SINK_BATCH_SECONDS",
+    "SINK_CONSUMER_REPLACED",
     "SINK_EVENTS",
     "SINK_LAG",
     "TRANSACTIONS",
@@ -70,6 +71,10 @@ COMMAND_AGE = Histogram(
 
 # -- sink --------------------------------------------------------------------------------
 SINK_EVENTS = Counter("sessionstream_sink_events", "Events written to PostgreSQL")
+SINK_CONSUMER_REPLACED = Counter(
+    "sessionstream_sink_consumer_replaced",
+    "Times the sink replaced a consumer stuck outside the group's steady state",
+)
 SINK_BATCH_SECONDS = Histogram(
     "sessionstream_sink_batch_seconds",
     "One PostgreSQL transaction of the sink",

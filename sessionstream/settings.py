@@ -197,6 +197,11 @@ class Settings(BaseSettings):
     partitions: int = Field(default=4, ge=1)
     """Partition count of the commands and events topics (the two must be equal)."""
 
+    sink_stall_s: float = Field(default=60.0, ge=5.0)
+    """A sink whose consumer is out of the group's steady state this long (rejoining, or its
+    client silent) replaces its consumer: a new member joins and resumes from PostgreSQL's
+    offsets. Covers a consumer that never rejoins after a coordinator restart."""
+
     metrics_port: int | None = None
     """Port of the Prometheus ``/metrics`` endpoint of processor, sink and worker (off if unset)."""
 

@@ -6,11 +6,16 @@ the offsets stored in PostgreSQL, so whatever Kafka's committed offsets say (the
 committed afterwards, only so that lag shows in the usual tools), no event is skipped and
 none is written twice. A lost database is retried with backoff; a single-writer violation
 stops the sink loudly.
+
+A consumer that stays out of the group's steady state for `sink_stall_s` (it lost its
+partitions and never rejoined, or its client stopped reporting) is replaced by a new one:
+librdkafka's statistics say which state the group membership is in.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 import time
@@ -59,6 +64,7 @@ class SinkStats:
     batches: int = 0
     events: int = 0
     retries: int = 0
+    consumers_replaced: int = 0
     last_batch_ms: float = 0.0
     batch_ms: list[float] = field(default_factory=list)
 
@@ -89,6 +95,15 @@ class Sink:
         self.ready = threading.Event()
         self._conn: psycopg.Connection[tuple[object, ...]] | None = None
         self._consumer: Consumer | None = None
+        self.stall_s = settings.sink_stall_s
+        # the group membership as librdkafka's statistics last reported it
+        self._steady_since: float | None = None  # None: not steady (or not reported yet)
+        self._unsteady_since = time.monotonic()
+        self._last_stats = time.monotonic()
+        self._join_state = "init"
+        # the end of the last batch written: the loop did not poll while it wrote (a
+        # database outage can hold it for minutes), so silence and rejoining count from here
+        self._wrote_at = 0.0
 
     # -- database ---------------------------------------------------------------------------
     def _db(self) -> psycopg.Connection[tuple[object, ...]]:
@@ -133,11 +148,64 @@ class Sink:
         self._retrying(
             "migrating", lambda _conn: migrate(self.settings.database_conninfo, schema=self.schema)
         )
+        self._subscribe()
+
+    def _subscribe(self) -> None:
         # offsets live in PostgreSQL with the rows: the group only assigns partitions
+        now = time.monotonic()
+        self._steady_since, self._unsteady_since, self._last_stats = None, now, now
+        self._join_state = "init"
         self._consumer = Consumer(
-            group_consumer_config(self.settings, self.group, **{"fetch.wait.max.ms": 20})
+            group_consumer_config(
+                self.settings,
+                self.group,
+                **{
+                    "fetch.wait.max.ms": 20,
+                    "statistics.interval.ms": int(min(5.0, self.stall_s / 3) * 1000),
+                    "stats_cb": self._on_stats,
+                },
+            )
         )
         self._consumer.subscribe([self.settings.events_topic], on_assign=self._on_assign)
+
+    def _on_stats(self, raw: str) -> None:
+        cgrp = json.loads(raw).get("cgrp") or {}
+        now = time.monotonic()
+        self._last_stats = now
+        self._join_state = f"{cgrp.get('state', '?')}/{cgrp.get('join_state', '?')}"
+        if cgrp.get("state") == "up" and cgrp.get("join_state") == "steady":
+            if self._steady_since is None:
+                self._steady_since = now
+        elif self._steady_since is not None:
+            self._steady_since, self._unsteady_since = None, now
+
+    def _stalled(self) -> str | None:
+        """Why the consumer must be replaced, or None while it is healthy."""
+        now = time.monotonic()
+        silent = now - max(self._last_stats, self._wrote_at)
+        if silent > self.stall_s:
+            return f"its client reported nothing for {silent:.0f}s"
+        unsteady = now - max(self._unsteady_since, self._wrote_at)
+        if self._steady_since is None and unsteady > self.stall_s:
+            return (
+                f"it has been out of the group's steady state for {unsteady:.0f}s "
+                f"(now {self._join_state})"
+            )
+        return None
+
+    def _replace_consumer(self, why: str) -> None:
+        """A new member in place of a stuck one; the old one closes in the background (a
+        stuck client may not close promptly) and its partitions come back after its session
+        ends. Writing resumes from PostgreSQL's offsets, so nothing is skipped or doubled."""
+        log.warning("the sink's consumer is stuck: %s; replacing it", why)
+        metrics.SINK_CONSUMER_REPLACED.inc()
+        self.stats.consumers_replaced += 1
+        old, self._consumer = self._consumer, None
+        if old is not None:
+            threading.Thread(
+                target=_close_quietly, args=(old,), name="close-stuck-consumer", daemon=True
+            ).start()
+        self._subscribe()
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         stored = self._retrying("reading sink offsets", self.stored_offsets)
@@ -196,6 +264,9 @@ class Sink:
         stop = stop or threading.Event()
         try:
             while not stop.is_set():
+                why = self._stalled()
+                if why is not None:
+                    self._replace_consumer(why)
                 batch = self._collect()
                 if not batch:
                     continue
@@ -204,6 +275,7 @@ class Sink:
                     continue
                 t0 = time.perf_counter()
                 nxt = self._retrying("writing a batch", partial(self._write, pending), stop)
+                self._wrote_at = time.monotonic()
                 ms = (time.perf_counter() - t0) * 1000
                 self.stats.batches += 1
                 self.stats.events += len(pending)
@@ -234,9 +306,13 @@ class Sink:
 
     def close(self) -> None:
         if self._consumer is not None:
-            with contextlib.suppress(KafkaException, RuntimeError):
-                self._consumer.close()
+            _close_quietly(self._consumer)
             self._consumer = None
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def _close_quietly(consumer: Consumer) -> None:
+    with contextlib.suppress(KafkaException, RuntimeError):
+        consumer.close()

@@ -35,6 +35,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,7 @@ from streams.step import FORWARDED_HEADER, CommandStep, DedupRecord, StepOutcome
 #: decoded in front of it)
 BLOCK_CACHE_BYTES = 32 << 20
 
-__all__ = ["ProcessorStats", "TransactionalProcessor", "default_instance_id"]
+__all__ = ["ProcessorStats", "TransactionalProcessor", "default_instance_id", "init_transactions"]
 
 log = logging.getLogger("sessionstream.processor")
 
@@ -82,6 +83,21 @@ RENEW_WINDOW_S = 60.0
 #: the errors that mean a newer producer has our transactional id
 _FENCING = frozenset(
     {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+)
+#: how long a producer that replaces a failed one may keep getting retriable answers to
+#: init_transactions (a restarted broker still loading its transaction coordinator) before
+#: the processor gives up; at start the bound is one init_transactions call (60 s)
+RENEW_PATIENCE_S = 600.0
+#: answers of a broker whose transaction coordinator is not (yet) serving: asked again
+_COORDINATOR_BUSY = frozenset(
+    {
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.NOT_COORDINATOR,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+    }
 )
 #: longest wait for send_offsets_to_transaction before the producer is given up
 SEND_OFFSETS_LIMIT_S = 30.0
@@ -169,6 +185,32 @@ def default_instance_id() -> str:
     return socket.gethostname()
 
 
+def init_transactions(
+    make: Callable[[], Producer], patience_s: float, *, bootstrap: str
+) -> Producer:
+    """A producer from `make`, its transactions initialised. Retriable answers (a restarted
+    broker still loading its transaction coordinator, a timeout) are asked again until
+    `patience_s` has passed — by the same producer when librdkafka marks the error
+    retriable (it allows calling init_transactions again then), else by a new one; after
+    that, or on any other error, KafkaUnavailable."""
+    deadline = time.monotonic() + patience_s
+    producer = make()
+    while True:
+        try:
+            producer.init_transactions(60)
+            return producer
+        except KafkaException as e:
+            kerr = e.args[0]
+            left = deadline - time.monotonic()
+            retriable = isinstance(kerr, KafkaError) and not kerr.fatal() and kerr.retriable()
+            busy = isinstance(kerr, KafkaError) and kerr.code() in _COORDINATOR_BUSY
+            if not (retriable or busy) or left <= 0:
+                raise KafkaUnavailable(f"init_transactions failed: {e}", bootstrap=bootstrap) from e
+            log.warning("init_transactions: %s; asking again (%.0fs left)", kerr.str(), left)
+            if not retriable:
+                producer = make()
+
+
 class TransactionalProcessor:
     """Runs the decider over the commands, worker-commands and timers topics; one instance
     per process."""
@@ -252,20 +294,13 @@ class TransactionalProcessor:
         )
         return consumer
 
-    def _transactional_producer(self) -> Producer:
+    def _transactional_producer(self, patience_s: float = 0.0) -> Producer:
         """A producer with our stable transactional id; `init_transactions` fences (and
-        aborts the open transaction of) any earlier producer with that id."""
+        aborts the open transaction of) any earlier producer with that id. Retriable
+        answers are asked again until `patience_s` has passed."""
         s = self.settings
-        producer = Producer(
-            transactional_producer_config(s, f"{s.processor_group}-{self.instance_id}")
-        )
-        try:
-            producer.init_transactions(60)
-        except KafkaException as e:
-            raise KafkaUnavailable(
-                f"init_transactions failed: {e}", bootstrap=s.kafka_bootstrap
-            ) from e
-        return producer
+        conf = transactional_producer_config(s, f"{s.processor_group}-{self.instance_id}")
+        return init_transactions(lambda: Producer(conf), patience_s, bootstrap=s.kafka_bootstrap)
 
     # -- rebalance --------------------------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -618,7 +653,7 @@ class TransactionalProcessor:
             ) from error
         log.warning("producer failed (%s); a new producer takes over our transactional id", kerr)
         self._renewed_at = now
-        self._producer = self._transactional_producer()
+        self._producer = self._transactional_producer(patience_s=RENEW_PATIENCE_S)
 
     def _renew_consumer(self, error: KafkaException) -> None:
         """Our consumer failed fatally: as a static member it was fenced. librdkafka fences

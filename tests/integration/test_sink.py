@@ -167,3 +167,53 @@ def test_partial_unique_index_rejects_a_second_active_run(iso: Settings, procs: 
         )
         conn.execute(insert, ("r2", "running"))  # once the first ended, the next may start
         conn.commit()
+
+
+def test_a_consumer_stuck_outside_the_group_is_replaced(
+    iso: Settings, procs: list[Proc], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A sink whose consumer lost its partitions and never rejoins (seen once after a
+    coordinator restart: no JoinGroup for minutes) replaces it and writes on, exactly once.
+    The stuck member is made here by unsubscribing the live consumer, on the sink's own
+    thread, behind the sink's back; nothing else in the sink knows."""
+    from sinks.sink import Sink
+
+    class Unsubscribing(Sink):
+        unsubscribe = threading.Event()
+        stuck: object = None
+
+        def _collect(self) -> list:  # type: ignore[type-arg]
+            if self.unsubscribe.is_set() and self.stuck is None:
+                assert self._consumer is not None
+                self.stuck = self._consumer
+                self._consumer.unsubscribe()  # leaves the group; nothing rejoins it
+            return super()._collect()
+
+    s = iso.model_copy(update={"sink_stall_s": 5.0})
+    procs.append(processor(s))
+    snk = Unsubscribing(s)
+    stop = threading.Event()
+    t = threading.Thread(target=snk.run, args=(stop,), name="sink-under-test", daemon=True)
+    t.start()
+    try:
+        _load(s, 120, 12, threading.Event())
+        wait_processed(s, procs=procs)
+        wait_sink_caught_up(s)
+        assert snk.stats.consumers_replaced == 0
+        caplog.set_level("WARNING", logger="sessionstream.sink")
+        snk.unsubscribe.set()
+        wait_until(lambda: snk.stuck is not None, timeout=30, what="the consumer unsubscribed")
+        # more events arrive while the sink has no partitions
+        with SessionClient("tenant-b", s) as c:
+            for i in range(60):
+                c.submit(c.command(f"late{i % 6}", "prompt", {"text": f"t{i}"}), track=False)
+        wait_processed(s, procs=procs)
+        wait_sink_caught_up(s, timeout=90)
+        assert snk.stats.consumers_replaced >= 1
+        assert snk._consumer is not snk.stuck
+        assert any("replacing it" in r.getMessage() for r in caplog.records), caplog.text
+    finally:
+        stop.set()
+        t.join(30)
+    assert not t.is_alive()
+    assert assert_rows_equal_log(s) > 100

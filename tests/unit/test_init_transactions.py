@@ -1,0 +1,69 @@
+"""The processor's patience with init_transactions: a restarted broker that is still
+loading its transaction coordinator is asked again; anything else stops it."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from sessionstream.errors import KafkaUnavailable
+from streams.processor.loop import init_transactions
+
+
+class Answers:
+    """Producers whose init_transactions answer from a shared script (None: success)."""
+
+    def __init__(self, *answers: KafkaError | None) -> None:
+        self.answers = list(answers)
+        self.made: list[Answers.Producer] = []
+
+    class Producer:
+        def __init__(self, script: Answers) -> None:
+            self.script, self.calls = script, 0
+
+        def init_transactions(self, timeout: float) -> None:
+            self.calls += 1
+            answer = self.script.answers.pop(0)
+            if answer is not None:
+                raise KafkaException(answer)
+
+    def make(self) -> Answers.Producer:
+        self.made.append(Answers.Producer(self))
+        return self.made[-1]
+
+
+def load_in_progress(retriable: bool) -> KafkaError:
+    return KafkaError(KafkaError.COORDINATOR_LOAD_IN_PROGRESS, "loading", retriable=retriable)
+
+
+def test_a_retriable_answer_is_asked_again_by_the_same_producer() -> None:
+    a = Answers(load_in_progress(True), KafkaError(KafkaError._TIMED_OUT, retriable=True), None)
+    got: object = init_transactions(a.make, 600, bootstrap="b")  # type: ignore[arg-type]
+    assert got is a.made[0] and len(a.made) == 1 and a.made[0].calls == 3
+
+
+def test_a_busy_coordinator_not_marked_retriable_gets_a_new_producer() -> None:
+    # seen after a broker restart under load: COORDINATOR_LOAD_IN_PROGRESS after 60 s
+    a = Answers(load_in_progress(False), None)
+    got: object = init_transactions(a.make, 600, bootstrap="b")  # type: ignore[arg-type]
+    assert len(a.made) == 2 and got is a.made[1]
+
+
+def test_without_patience_the_first_failure_stops_the_processor() -> None:
+    a = Answers(load_in_progress(True))
+    with pytest.raises(KafkaUnavailable, match="init_transactions failed"):
+        init_transactions(a.make, 0, bootstrap="b")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        KafkaError(KafkaError._FENCED, "fenced", fatal=True),
+        KafkaError(KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "denied"),
+    ],
+)
+def test_other_errors_stop_it_at_once(error: KafkaError) -> None:
+    a = Answers(error, None)
+    with pytest.raises(KafkaUnavailable):
+        init_transactions(a.make, 600, bootstrap="b")  # type: ignore[arg-type]
+    assert len(a.made) == 1 and a.made[0].calls == 1
