@@ -80,6 +80,11 @@ class CancelReport:
     actions_executing: list[str] = field(default_factory=list)
 
 
+def _observe(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 class ModelCall:
     """One model request; `complete` is aborted (RunCancelled) when the run is cancelled."""
 
@@ -89,9 +94,15 @@ class ModelCall:
 
     async def complete(self, prompt: str) -> str:
         task = asyncio.ensure_future(self.model.complete(prompt, signal=self.signal))
+        # a request given up on (our caller cancelled) ends on its own: its error is
+        # observed here, not reported by asyncio as "never retrieved"
+        task.add_done_callback(_observe)
         waiter = asyncio.ensure_future(self.signal.wait())
         try:
             await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            task.cancel()  # our caller was cancelled: the request goes with it
+            raise
         finally:
             waiter.cancel()
         if not task.done():

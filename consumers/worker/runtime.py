@@ -156,10 +156,17 @@ class Worker:
         self._schedule_consider()
 
     async def _shutdown(self) -> None:
+        self.ready.clear()  # no run is taken any more
         for ex in list(self.executions.values()):
             ex.release("worker shutting down")
         if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=5)
+            _, pending = await asyncio.wait(set(self._tasks), timeout=5)
+            # still waiting (e.g. for a grant from a broker that is down): their releases
+            # were sent; they end here rather than be destroyed with the loop
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=2)
         for handle in self._timers.values():
             handle.cancel()
         self._publish_presence(leaving=True)

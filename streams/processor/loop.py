@@ -74,7 +74,13 @@ from streams.step import FORWARDED_HEADER, CommandStep, DedupRecord, StepOutcome
 #: decoded in front of it)
 BLOCK_CACHE_BYTES = 32 << 20
 
-__all__ = ["ProcessorStats", "TransactionalProcessor", "default_instance_id", "init_transactions"]
+__all__ = [
+    "ProcessorStats",
+    "Stopping",
+    "TransactionalProcessor",
+    "default_instance_id",
+    "init_transactions",
+]
 
 log = logging.getLogger("sessionstream.processor")
 
@@ -185,28 +191,44 @@ def default_instance_id() -> str:
     return socket.gethostname()
 
 
+class Stopping(Exception):
+    """Asked to stop while waiting for a transaction coordinator that does not answer."""
+
+
 def init_transactions(
-    make: Callable[[], Producer], patience_s: float, *, bootstrap: str
+    make: Callable[[], Producer],
+    patience_s: float,
+    *,
+    bootstrap: str,
+    stop: threading.Event | None = None,
 ) -> Producer:
     """A producer from `make`, its transactions initialised. Retriable answers (a restarted
     broker still loading its transaction coordinator, a timeout) are asked again until
     `patience_s` has passed — by the same producer when librdkafka marks the error
     retriable (it allows calling init_transactions again then), else by a new one; after
-    that, or on any other error, KafkaUnavailable."""
+    that, or on any other error, KafkaUnavailable. While patient it asks in 10 s steps and
+    raises Stopping once `stop` is set."""
     deadline = time.monotonic() + patience_s
     producer = make()
+    said = 0.0
     while True:
         try:
-            producer.init_transactions(60)
+            producer.init_transactions(60 if patience_s <= 0 else 10)
             return producer
         except KafkaException as e:
             kerr = e.args[0]
-            left = deadline - time.monotonic()
+            now = time.monotonic()
             retriable = isinstance(kerr, KafkaError) and not kerr.fatal() and kerr.retriable()
             busy = isinstance(kerr, KafkaError) and kerr.code() in _COORDINATOR_BUSY
-            if not (retriable or busy) or left <= 0:
+            if not (retriable or busy) or now >= deadline:
                 raise KafkaUnavailable(f"init_transactions failed: {e}", bootstrap=bootstrap) from e
-            log.warning("init_transactions: %s; asking again (%.0fs left)", kerr.str(), left)
+            if stop is not None and stop.is_set():
+                raise Stopping("stopped while waiting for the transaction coordinator") from e
+            if now - said >= 30:
+                said = now
+                log.warning(
+                    "init_transactions: %s; asking again (%.0fs left)", kerr.str(), deadline - now
+                )
             if not retriable:
                 producer = make()
 
@@ -241,6 +263,7 @@ class TransactionalProcessor:
         self.ready = threading.Event()
         self._step: CommandStep | None = None
         self._producer: Producer | None = None
+        self._stop = threading.Event()  # run()'s, once it runs
         self._consumer: Consumer | None = None
         self._renewed_at: float | None = None
         self._consumer_renewed_at: float | None = None
@@ -300,7 +323,9 @@ class TransactionalProcessor:
         answers are asked again until `patience_s` has passed."""
         s = self.settings
         conf = transactional_producer_config(s, f"{s.processor_group}-{self.instance_id}")
-        return init_transactions(lambda: Producer(conf), patience_s, bootstrap=s.kafka_bootstrap)
+        return init_transactions(
+            lambda: Producer(conf), patience_s, bootstrap=s.kafka_bootstrap, stop=self._stop
+        )
 
     # -- rebalance --------------------------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -381,7 +406,7 @@ class TransactionalProcessor:
             self.start()
         assert self._consumer is not None and self._step is not None
         step = self._step
-        stop = stop or threading.Event()
+        stop = self._stop = stop or threading.Event()
         try:
             while not stop.is_set():
                 messages = self._poll()
@@ -411,6 +436,10 @@ class TransactionalProcessor:
                             )
                             decided += time.perf_counter() - t0
                 self._begin(batch, decided)
+        except Stopping as e:
+            # the producer failed and no new one could start: nothing in flight can commit
+            log.info("%s", e)
+            self._inflight = None
         finally:
             if self._inflight is not None:
                 self._settle()

@@ -201,3 +201,34 @@ async def test_no_action_starts_once_the_lease_may_have_passed(answered: bool) -
 async def _record(ran: list[str]) -> str:
     ran.append("email")
     return "sent"
+
+
+async def test_a_model_call_whose_caller_is_cancelled_takes_the_request_with_it() -> None:
+    from consumers.worker._signal import AbortSignal
+    from consumers.worker.context import ModelCall
+
+    seen: list[str] = []
+
+    class Slow:
+        async def complete(self, prompt: str, *, signal: AbortSignal) -> str:
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                seen.append("request cancelled")
+                raise
+            return "late"
+
+    loop = asyncio.get_running_loop()
+    unretrieved: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, ctx: unretrieved.append(ctx))
+    try:
+        call = asyncio.create_task(ModelCall(Slow(), AbortSignal()).complete("hi"))  # type: ignore[arg-type]
+        await asyncio.sleep(0.01)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        await until(lambda: bool(seen))
+        assert seen == ["request cancelled"]
+    finally:
+        loop.set_exception_handler(None)
+    assert not unretrieved, unretrieved

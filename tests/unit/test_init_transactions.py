@@ -3,11 +3,13 @@ loading its transaction coordinator is asked again; anything else stops it."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from sessionstream.errors import KafkaUnavailable
-from streams.processor.loop import init_transactions
+from streams.processor.loop import Stopping, init_transactions
 
 
 class Answers:
@@ -20,9 +22,11 @@ class Answers:
     class Producer:
         def __init__(self, script: Answers) -> None:
             self.script, self.calls = script, 0
+            self.timeouts: list[float] = []
 
         def init_transactions(self, timeout: float) -> None:
             self.calls += 1
+            self.timeouts.append(timeout)
             answer = self.script.answers.pop(0)
             if answer is not None:
                 raise KafkaException(answer)
@@ -40,6 +44,8 @@ def test_a_retriable_answer_is_asked_again_by_the_same_producer() -> None:
     a = Answers(load_in_progress(True), KafkaError(KafkaError._TIMED_OUT, retriable=True), None)
     got: object = init_transactions(a.make, 600, bootstrap="b")  # type: ignore[arg-type]
     assert got is a.made[0] and len(a.made) == 1 and a.made[0].calls == 3
+    # patient: short steps, so that a stop is noticed
+    assert a.made[0].timeouts == [10, 10, 10]
 
 
 def test_a_busy_coordinator_not_marked_retriable_gets_a_new_producer() -> None:
@@ -67,3 +73,18 @@ def test_other_errors_stop_it_at_once(error: KafkaError) -> None:
     with pytest.raises(KafkaUnavailable):
         init_transactions(a.make, 600, bootstrap="b")  # type: ignore[arg-type]
     assert len(a.made) == 1 and a.made[0].calls == 1
+
+
+def test_a_stop_during_the_wait_ends_it() -> None:
+    stop = threading.Event()
+    stop.set()
+    a = Answers(load_in_progress(True), None)
+    with pytest.raises(Stopping):
+        init_transactions(a.make, 600, bootstrap="b", stop=stop)  # type: ignore[arg-type]
+    assert a.made[0].calls == 1
+
+
+def test_at_start_one_call_of_60_s() -> None:
+    a = Answers(None)
+    init_transactions(a.make, 0, bootstrap="b")  # type: ignore[arg-type]
+    assert a.made[0].timeouts == [60]
