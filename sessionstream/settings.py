@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dotenv import dotenv_values
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -27,7 +27,14 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-__all__ = ["ENV_PREFIX", "Settings", "get_settings", "read_credentials_file", "redact_conninfo"]
+__all__ = [
+    "ENV_PREFIX",
+    "LIBRDKAFKA_DEBUG_CONTEXTS",
+    "Settings",
+    "get_settings",
+    "read_credentials_file",
+    "redact_conninfo",
+]
 
 ENV_PREFIX = "SESSIONSTREAM_"
 
@@ -74,6 +81,34 @@ class _CredentialsFileSource(PydanticBaseSettingsSource):
         return {k: v for k, v in read_credentials_file(path).items() if k in fields}
 
 
+#: librdkafka's ``debug`` contexts (CONFIGURATION.md, 2.x)
+LIBRDKAFKA_DEBUG_CONTEXTS = frozenset(
+    [
+        "generic",
+        "broker",
+        "topic",
+        "metadata",
+        "feature",
+        "queue",
+        "msg",
+        "protocol",
+        "cgrp",
+        "security",
+        "fetch",
+        "interceptor",
+        "plugin",
+        "consumer",
+        "admin",
+        "eos",
+        "mock",
+        "assignor",
+        "conf",
+        "telemetry",
+        "all",
+    ]
+)
+
+
 class Settings(BaseSettings):
     """sessionstream's settings; field ``x`` is read from ``SESSIONSTREAM_X``."""
 
@@ -96,6 +131,11 @@ class Settings(BaseSettings):
 
     kafka_sasl_mechanism: Literal["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"] = "SCRAM-SHA-512"
     """SASL mechanism (only read with a ``SASL_*`` protocol)."""
+
+    kafka_debug: str | None = None
+    """librdkafka debug contexts for every confluent-kafka client of the process, e.g.
+    ``cgrp,consumer`` or ``eos``; its lines are logged at DEBUG, so run with
+    ``--log-level DEBUG`` too. Off when unset."""
 
     kafka_username: str | None = None
     """SASL user name: the Kafka principal ``User:<name>`` whose ACLs apply."""
@@ -239,6 +279,20 @@ class Settings(BaseSettings):
         from psycopg.conninfo import make_conninfo
 
         return make_conninfo(self.database_url, password=self.database_password.get_secret_value())
+
+    @field_validator("kafka_debug")
+    @classmethod
+    def _known_debug_contexts(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        contexts = [c.strip() for c in value.split(",") if c.strip()]
+        unknown = [c for c in contexts if c not in LIBRDKAFKA_DEBUG_CONTEXTS]
+        if unknown:
+            raise ValueError(
+                f"unknown librdkafka debug context(s) {', '.join(unknown)}; "
+                f"known: {', '.join(sorted(LIBRDKAFKA_DEBUG_CONTEXTS))}"
+            )
+        return ",".join(contexts)
 
     @model_validator(mode="after")
     def _sasl_needs_credentials(self) -> Settings:

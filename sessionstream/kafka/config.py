@@ -56,8 +56,11 @@ def security_config(settings: Settings) -> dict[str, str]:
 
 
 def client_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
-    """bootstrap.servers, credentials and the logger; `overrides` win."""
+    """bootstrap.servers, credentials, the logger and librdkafka's debug contexts when
+    asked for; `overrides` win."""
     conf: dict[str, Any] = {"bootstrap.servers": settings.kafka_bootstrap, "logger": KAFKA_LOG}
+    if settings.kafka_debug:
+        conf["debug"] = settings.kafka_debug
     conf.update(security_config(settings))
     conf.update(overrides)
     return conf

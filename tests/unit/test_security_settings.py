@@ -122,3 +122,17 @@ def test_database_password_joins_the_url_for_psycopg_only() -> None:
     assert redact_conninfo(s.database_conninfo) == "ss_sink@127.0.0.1:5432/sessionstream_secure"
     assert Settings().database_conninfo == Settings().database_url
     assert redact_conninfo("postgresql://u:pw@h:1/d") == "u@h:1/d"
+
+
+def test_librdkafka_debug_contexts_reach_every_client_and_typos_are_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from confluent_kafka import Consumer
+
+    assert "debug" not in client_config(Settings())
+    monkeypatch.setenv("SESSIONSTREAM_KAFKA_DEBUG", " cgrp, consumer ")
+    s = Settings()
+    assert client_config(s)["debug"] == "cgrp,consumer"
+    Consumer(client_config(s, **{"group.id": "g"})).close()  # librdkafka takes it
+    with pytest.raises(ValidationError, match=r"unknown librdkafka debug context.*cgrpp"):
+        Settings(kafka_debug="cgrpp,fetch")
