@@ -96,11 +96,7 @@ class Sink:
         self._conn: psycopg.Connection[tuple[object, ...]] | None = None
         self._consumer: Consumer | None = None
         self.stall_s = settings.sink_stall_s
-        # the group membership as librdkafka's statistics last reported it
-        self._steady_since: float | None = None  # None: not steady (or not reported yet)
-        self._unsteady_since = time.monotonic()
-        self._last_stats = time.monotonic()
-        self._join_state = "init"
+        self._watch_new_consumer()
         # the end of the last batch written: the loop did not poll while it wrote (a
         # database outage can hold it for minutes), so silence and rejoining count from here
         self._wrote_at = 0.0
@@ -152,9 +148,7 @@ class Sink:
 
     def _subscribe(self) -> None:
         # offsets live in PostgreSQL with the rows: the group only assigns partitions
-        now = time.monotonic()
-        self._steady_since, self._unsteady_since, self._last_stats = None, now, now
-        self._join_state = "init"
+        self._watch_new_consumer()
         self._consumer = Consumer(
             group_consumer_config(
                 self.settings,
@@ -168,16 +162,22 @@ class Sink:
         )
         self._consumer.subscribe([self.settings.events_topic], on_assign=self._on_assign)
 
+    def _watch_new_consumer(self) -> None:
+        """The group membership as librdkafka's statistics last reported it: a new consumer
+        is not steady yet."""
+        now = time.monotonic()
+        self._steady, self._unsteady_since, self._last_stats = False, now, now
+        self._join_state = "init"
+
     def _on_stats(self, raw: str) -> None:
         cgrp = json.loads(raw).get("cgrp") or {}
         now = time.monotonic()
         self._last_stats = now
         self._join_state = f"{cgrp.get('state', '?')}/{cgrp.get('join_state', '?')}"
-        if cgrp.get("state") == "up" and cgrp.get("join_state") == "steady":
-            if self._steady_since is None:
-                self._steady_since = now
-        elif self._steady_since is not None:
-            self._steady_since, self._unsteady_since = None, now
+        steady = cgrp.get("state") == "up" and cgrp.get("join_state") == "steady"
+        if self._steady and not steady:
+            self._unsteady_since = now
+        self._steady = steady
 
     def _stalled(self) -> str | None:
         """Why the consumer must be replaced, or None while it is healthy."""
@@ -186,7 +186,7 @@ class Sink:
         if silent > self.stall_s:
             return f"its client reported nothing for {silent:.0f}s"
         unsteady = now - max(self._unsteady_since, self._wrote_at)
-        if self._steady_since is None and unsteady > self.stall_s:
+        if not self._steady and unsteady > self.stall_s:
             return (
                 f"it has been out of the group's steady state for {unsteady:.0f}s "
                 f"(now {self._join_state})"
