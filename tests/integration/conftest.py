@@ -19,7 +19,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from sessionstream._probe import NotAnswering, NotListening, kafka_answers, postgres_answers
 from sessionstream.settings import Settings
 from tests.integration.helpers import wait_until
-from tests.integration.procs import Proc
+from tests.integration.procs import MADE, Proc
 
 TopicFactory = Callable[..., str]
 
@@ -104,6 +104,22 @@ def _remove_isolated_worlds() -> Iterator[None]:
     from tests.integration.procs import remove_isolated
 
     remove_isolated()
+
+
+@pytest.fixture(autouse=True)
+def _forget_procs() -> None:
+    MADE.clear()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test's report ends with the tail of every process log it made: a CI run
+    keeps only its output, and a timeout says nothing of why the process was late."""
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.when == "call" and rep.failed and MADE:
+        for p in MADE:
+            rep.sections.append((f"log of {' '.join(p.args)} ({p.log})", p.tail()))
 
 
 @pytest.fixture

@@ -39,6 +39,11 @@ def remove_isolated() -> None:
     ISOLATED.clear()
 
 
+#: every Proc made during the current test, so a failed test's report carries the tails of
+#: their logs (conftest clears it before each test and reads it when one fails)
+MADE: list[Proc] = []
+
+
 class Proc(Service):
     """One `sessionstream ...` subprocess with its log in a temp file."""
 
@@ -48,6 +53,11 @@ class Proc(Service):
         )
         self.log = Path(tempfile.mkstemp(prefix="ss-proc-", suffix=".log")[1])
         self.cwd = REPO
+        MADE.append(self)
+
+    def tail(self, lines: int = 25, width: int = 300) -> str:
+        """The last `lines` lines of the log, each cut at `width` characters."""
+        return "\n".join(line[:width] for line in self.log_text().splitlines()[-lines:])
 
     def start(self) -> Proc:
         super().start()

@@ -253,14 +253,21 @@ def test_counts_are_exact_through_duplicates_and_kill9(iso: Settings) -> None:
     app = Analytics(iso).start()
     try:
         want = expected_json(first.expected)
-        wait_until(
-            lambda: (
-                app.try_get("/stats/active") is not None and observed_json(app.snapshot()) == want
-            ),
-            timeout=120,
-            interval=0.5,
-            what="analytics to report the first history's numbers",
-        )
+        try:
+            wait_until(
+                lambda: (
+                    app.try_get("/stats/active") is not None
+                    and observed_json(app.snapshot()) == want
+                ),
+                timeout=120,
+                interval=0.5,
+                what="analytics to report the first history's numbers",
+            )
+        except AssertionError:
+            # up but wrong (the diff), or never up (the first line): not a bare timeout
+            assert app.try_get("/stats/active") is not None, "analytics never answered"
+            assert observed_json(app.snapshot()) == want, app.try_get("/stats/progress")
+            raise
         assert "ghost" not in app.snapshot()["runs"]["totals"]
 
         # byte-identical re-emissions (same keys, same bytes) change nothing
