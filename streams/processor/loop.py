@@ -55,6 +55,7 @@ from schemas.commands import Command
 from sessionstream import metrics
 from sessionstream.errors import KafkaUnavailable, SingleWriterViolation
 from sessionstream.kafka import (
+    KAFKA_LOG,
     data_messages,
     dead_letter_headers,
     group_consumer_config,
@@ -86,6 +87,10 @@ log = logging.getLogger("sessionstream.processor")
 
 #: a producer fenced again this soon after being replaced means a second live instance
 RENEW_WINDOW_S = 60.0
+#: a consumer fenced this soon after librdkafka reported its own session timeout fenced
+#: itself (librdkafka#3437: it rejoins under a new member id and the coordinator fences the
+#: old one); seen 0-2.5 s apart on the 3-node cluster, so 5 session timeouts is generous
+SELF_FENCE_S = 30.0
 #: the errors that mean a newer producer has our transactional id
 _FENCING = frozenset(
     {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
@@ -121,6 +126,33 @@ MAX_POLL_INTERVAL_MS = int((SEND_OFFSETS_LIMIT_S + COMMIT_LIMIT_S) * 1000) + 30_
 #: batch (they wait for one commit besides their own, not two). A fuller poll is a backlog,
 #: and the next poll gets them. Deciding ~60 commands costs about one commit here.
 LIGHT_BATCH = 64
+
+
+class GroupLog:
+    """The group consumer's librdkafka logger: each line goes to `sessionstream.kafka` as
+    for every client, and the time of the consumer's last own session timeout (facility
+    SESSTMOUT) is kept: a fence that follows one is the consumer's own doing."""
+
+    def __init__(self) -> None:
+        self.session_timeout_at: float | None = None
+
+    def log(self, level: int, msg: str, *args: Any) -> None:
+        if args and args[0] == "SESSTMOUT":
+            self.session_timeout_at = time.monotonic()
+        KAFKA_LOG.log(level, msg, *args)
+
+
+def consumer_fence_is_foreign(
+    now: float, renewed_at: float | None, session_timeout_at: float | None
+) -> bool:
+    """Whether a fatal fence of our static member means a second live instance with our
+    group.instance.id. Not when the consumer's own session timed out within
+    `SELF_FENCE_S` (librdkafka#3437, any number of times: each broker fault can cause
+    one); otherwise yes when the consumer was already renewed within `RENEW_WINDOW_S` (two
+    instances fence each other back and forth)."""
+    if session_timeout_at is not None and now - session_timeout_at < SELF_FENCE_S:
+        return False
+    return renewed_at is not None and now - renewed_at < RENEW_WINDOW_S
 
 
 class _Commit:
@@ -267,6 +299,7 @@ class TransactionalProcessor:
         self._consumer: Consumer | None = None
         self._renewed_at: float | None = None
         self._consumer_renewed_at: float | None = None
+        self._group_log = GroupLog()
         self._forward_logged_at = 0.0
         #: the transaction committing on its own thread while the next batch is decided
         self._inflight: _Commit | None = None
@@ -306,6 +339,7 @@ class TransactionalProcessor:
                     "group.instance.id": f"processor-{self.instance_id}",
                     "max.poll.interval.ms": MAX_POLL_INTERVAL_MS,
                     "fetch.wait.max.ms": 10,
+                    "logger": self._group_log,
                 },
             )
         )
@@ -689,11 +723,12 @@ class TransactionalProcessor:
         itself that way when its session times out during a broker restart — it rejoins
         under a new member id and the coordinator fences the old one (librdkafka#3437) —
         and the consumer would never poll again. A new consumer with the same
-        group.instance.id takes the membership back; fenced again soon after means a second
-        live instance has our id, and this one stops."""
+        group.instance.id takes the membership back. Fenced again soon after, with no
+        session timeout of its own just before, means a second live instance has our id,
+        and this one stops (`consumer_fence_is_foreign`)."""
         now = time.monotonic()
         last = self._consumer_renewed_at
-        if last is not None and now - last < RENEW_WINDOW_S:
+        if consumer_fence_is_foreign(now, last, self._group_log.session_timeout_at):
             raise KafkaUnavailable(
                 f"processor consumer failed fatally: {error.args[0]}",
                 bootstrap=self.settings.kafka_bootstrap,

@@ -158,6 +158,40 @@ def test_kill9_processor_three_times_under_load(iso: Settings, procs: list[Proc]
     assert all("(8 from a checkpoint, 0 in full)" in ln for ln in lines), lines
 
 
+def test_a_second_live_processor_with_the_same_instance_id_is_refused(
+    iso: Settings, procs: list[Proc]
+) -> None:
+    """A user starts `--instance twin` twice. The group coordinator fences one member for
+    the other, and the transaction coordinator one producer for the other, back and forth:
+    one of them must stop with a clear error (exit 2), the other go on alone, and every
+    command still get its outcome exactly once."""
+    first = processor(iso, "twin")
+    procs.append(first)
+    first.wait_log("assigned", timeout=60)
+    sent: list[str] = []
+    stop = threading.Event()
+    loader = threading.Thread(target=_load, args=(iso, 40, 1500, sent, stop))
+    second = processor(iso, "twin")
+    procs.append(second)
+    loader.start()  # while the two fence each other
+    try:
+        wait_until(
+            lambda: not first.alive() or not second.alive(),
+            timeout=120,
+            interval=0.2,
+            what="one of two processors with the same instance id to stop",
+        )
+    finally:
+        loader.join()
+    gone, alive = (first, second) if not first.alive() else (second, first)
+    assert gone.popen is not None and gone.popen.wait(10) == 2
+    assert "failed fatally" in gone.log_text(), gone.tail()
+    assert alive.alive(), alive.tail()
+    wait_processed(iso, procs=[alive])
+    # every command has its outcome; no event twice, no gap, one active run a session
+    _assert_log(iso, set(sent))
+
+
 def test_two_processors_then_one_killed(iso: Settings, procs: list[Proc]) -> None:
     a = processor(iso, "a")
     b = processor(iso, "b")
