@@ -277,7 +277,11 @@ def _describe(e: Event) -> str:
 
 
 def _worker(iso: Settings, procs: list[Proc], model_url: str) -> None:
-    procs.append(processor(iso))
+    p = processor(iso)
+    procs.append(p)
+    # the first test of a fresh stack to use transactions: its coordinator is created and
+    # loaded now, so a slow start shows here, apart from the outcome's own wait
+    p.wait_log("assigned [", timeout=120)
     ws = iso.model_copy(update={"model_base_url": model_url, "model_name": "echo"})
     w = Proc(ws, "worker", "--worker-id", "w-adapters").start()
     procs.append(w)
