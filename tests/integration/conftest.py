@@ -8,9 +8,13 @@ fails the run with that hint; it is never a skip.
 
 from __future__ import annotations
 
+import contextlib
 import re
+import subprocess
+import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -19,7 +23,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from sessionstream._probe import NotAnswering, NotListening, kafka_answers, postgres_answers
 from sessionstream.settings import Settings
 from tests.integration.helpers import wait_until
-from tests.integration.procs import MADE, Proc
+from tests.integration.procs import MADE, REPO, Proc
 
 TopicFactory = Callable[..., str]
 
@@ -106,20 +110,65 @@ def _remove_isolated_worlds() -> Iterator[None]:
     remove_isolated()
 
 
+#: when the current test started (local time, as the broker's log writes it)
+_STARTED: list[str] = [""]
+#: the default profile's broker log (`stack.sh where`); absent for a user's own Kafka
+_BROKER_LOG: list[Path | None] = []
+_BROKER_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+\] (WARN|ERROR|INFO)")
+
+
 @pytest.fixture(autouse=True)
 def _forget_procs() -> None:
     MADE.clear()
+    _STARTED[0] = time.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _broker_log() -> Path | None:
+    if not _BROKER_LOG:
+        out = subprocess.run(
+            ["bash", str(REPO / "stack/stack.sh"), "where"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        ).stdout
+        node = re.search(r"^KAFKA_NODE_1_DIR='([^']+)'", out, re.M)
+        log = Path(node.group(1)) / "logs" / "server.log" if node else None
+        _BROKER_LOG.append(log if log is not None and log.exists() else None)
+    return _BROKER_LOG[0]
+
+
+def broker_view(since: str, lines: int = 25) -> str:
+    """The broker's warnings, errors and coordinator lines since `since`: what a client's
+    timeout cannot say (a coordinator still loading, a group never joined)."""
+    log = _broker_log()
+    if log is None:
+        return ""
+    keep = []
+    with log.open(errors="replace") as f:
+        for line in f:
+            m = _BROKER_LINE.match(line)
+            if not m or m.group(1) < since:
+                continue
+            if m.group(2) != "INFO" or "oordinator" in line:
+                keep.append(line.rstrip()[:300])
+    return "\n".join(keep[-lines:])
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    """A failed test's report ends with the tail of every process log it made: a CI run
-    keeps only its output, and a timeout says nothing of why the process was late."""
+    """A failed test's report ends with the tail of every process log it made and the
+    broker's own view of that time: a CI run keeps only its output, and a timeout says
+    nothing of why the process was late."""
     outcome = yield
     rep = outcome.get_result()
-    if rep.when == "call" and rep.failed and MADE:
+    if rep.when == "call" and rep.failed:
         for p in MADE:
             rep.sections.append((f"log of {' '.join(p.args)} ({p.log})", p.tail()))
+        with contextlib.suppress(Exception):  # a diagnosis must not hide the failure
+            view = broker_view(_STARTED[0])
+            if view:
+                rep.sections.append(("broker log: warnings, errors, coordinators", view))
 
 
 @pytest.fixture
