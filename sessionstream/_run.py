@@ -31,11 +31,16 @@ def stop_on_signals() -> threading.Event:
 def run_processor(instance: str | None) -> int:
     settings = get_settings()
     from streams.processor import TransactionalProcessor
+    from streams.processor.loop import Stopping
 
     proc = TransactionalProcessor(settings, instance_id=instance)
     stop = stop_on_signals()
     try:
-        proc.start()
+        try:
+            proc.start(stop)
+        except Stopping as e:
+            log.info("processor stopped before it started: %s", e)
+            return 0
         log.info(
             "processor %s consuming %s",
             proc.instance_id,

@@ -97,8 +97,12 @@ _FENCING = frozenset(
 )
 #: how long a producer that replaces a failed one may keep getting retriable answers to
 #: init_transactions (a restarted broker still loading its transaction coordinator) before
-#: the processor gives up; at start the bound is one init_transactions call (60 s)
+#: the processor gives up
 RENEW_PATIENCE_S = 600.0
+#: the same at start: a broker started just before the processor (a fresh stack, `docker
+#: compose up`) may still be loading its transaction coordinator; the topics were already
+#: read by then, so the broker answers and a wrong address has failed before this
+START_PATIENCE_S = 300.0
 #: answers of a broker whose transaction coordinator is not (yet) serving: asked again
 _COORDINATOR_BUSY = frozenset(
     {
@@ -315,13 +319,16 @@ class TransactionalProcessor:
     def _now(self) -> int:
         return int(self.clock() * 1000)
 
-    def start(self) -> None:
-        """Create/verify topics, fence predecessors, join the group. Raises on bad topics."""
+    def start(self, stop: threading.Event | None = None) -> None:
+        """Create/verify topics, fence predecessors, join the group. Raises on bad topics;
+        raises Stopping when `stop` is set while the transaction coordinator is awaited."""
         s = self.settings
+        if stop is not None:
+            self._stop = stop
         ensure_topics(s)
         counts = check_topics(s).partitions
         self._step = CommandStep(self.codec, self.config, partitions=counts[s.commands_topic])
-        self._producer = self._transactional_producer()
+        self._producer = self._transactional_producer(patience_s=START_PATIENCE_S)
         self._consumer = self._group_consumer()
 
     def _group_consumer(self) -> Consumer:
@@ -437,7 +444,7 @@ class TransactionalProcessor:
         once N committed, the records that arrived while N committed, so those wait for
         one commit besides their own, not two."""
         if self._consumer is None:
-            self.start()
+            self.start(stop)
         assert self._consumer is not None and self._step is not None
         step = self._step
         stop = self._stop = stop or threading.Event()

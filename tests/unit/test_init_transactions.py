@@ -84,7 +84,40 @@ def test_a_stop_during_the_wait_ends_it() -> None:
     assert a.made[0].calls == 1
 
 
-def test_at_start_one_call_of_60_s() -> None:
+def test_without_patience_one_call_of_60_s() -> None:
     a = Answers(None)
     init_transactions(a.make, 0, bootstrap="b")  # type: ignore[arg-type]
     assert a.made[0].timeouts == [60]
+
+
+def test_a_starting_processor_waits_for_a_loading_coordinator_and_can_be_stopped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A broker started just before the processor may still load its transaction
+    coordinator: the processor asks for START_PATIENCE_S (not one 60 s call, after which it
+    used to exit 2), and SIGTERM (the stop event given to start) ends the wait."""
+    from types import SimpleNamespace
+
+    from sessionstream.settings import Settings
+    from streams.processor import loop
+
+    asked: list[tuple[float, threading.Event | None]] = []
+
+    def recording(
+        make: object, patience_s: float, *, bootstrap: str, stop: threading.Event | None
+    ) -> object:
+        asked.append((patience_s, stop))
+        raise Stopping("stopped while waiting for the transaction coordinator")
+
+    s = Settings()
+    monkeypatch.setattr(loop, "ensure_topics", lambda settings: [])
+    monkeypatch.setattr(
+        loop, "check_topics", lambda settings: SimpleNamespace(partitions={s.commands_topic: 4})
+    )
+    monkeypatch.setattr(loop, "init_transactions", recording)
+    proc = loop.TransactionalProcessor(s, instance_id="t")
+    stop = threading.Event()
+    with pytest.raises(Stopping):
+        proc.start(stop)
+    assert asked == [(loop.START_PATIENCE_S, stop)]
+    assert loop.START_PATIENCE_S >= 120
