@@ -25,6 +25,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from schemas.commands import WORKER_COMMAND_TYPES
 from sessionstream.errors import KafkaUnavailable, TopicMisconfigured
 from sessionstream.kafka import client_config
+from sessionstream.kafka.errors import unavailable
 from sessionstream.settings import Settings
 
 __all__ = [
@@ -186,7 +187,7 @@ def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
                 created.append(name)
             except KafkaException as e:
                 if e.args[0].code() != 36:  # TOPIC_ALREADY_EXISTS: another process won the race
-                    raise
+                    raise unavailable(f"cannot create topic {name}", e, settings) from e
     if created:
         _wait_for_leaders(admin, created, timeout)
     return created
@@ -311,7 +312,10 @@ def check_topics(settings: Settings, timeout: float = 30.0) -> TopicReport:
             + ", ".join(f"{k}={v}" for k, v in counts.items())
             + " — a session's events and state must sit on its commands' partition number",
         )
-    configs = _describe_topics(admin, [s.name for s in specs], timeout)
+    try:
+        configs = _describe_topics(admin, [s.name for s in specs], timeout)
+    except KafkaException as e:
+        raise unavailable("cannot read the topics' configs", e, settings) from e
     for spec in specs:
         _check_config(spec, configs[spec.name])
     partitions = {s.name: len(meta.topics[s.name].partitions) for s in specs}

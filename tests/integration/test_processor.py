@@ -527,6 +527,24 @@ def test_a_commands_topic_stamped_by_producers_stops_the_processor(
         _delete_topics(s)
 
 
+def test_a_topic_the_broker_refuses_to_create_is_a_clear_error(settings: Settings) -> None:
+    """The broker's refusal reaches the user as sessionstream's error, naming the topic and
+    the broker's reason, not as a driver exception (`processor` and `topics create` print
+    it and exit 2 / 1)."""
+    from sessionstream.errors import KafkaUnavailable
+    from sessionstream.topics import ensure_topics
+
+    # one broker here: a replication factor of 5 is refused (INVALID_REPLICATION_FACTOR)
+    s = settings.model_copy(
+        update={f: f"it.refused.{uuid.uuid4().hex[:8]}.{f}" for f in TOPIC_FIELDS}
+        | {"replication_factor": 5}
+    )
+    with pytest.raises(KafkaUnavailable) as err:
+        ensure_topics(s)
+    assert "cannot create topic it.refused." in str(err.value)
+    assert "replication factor" in str(err.value).lower(), err.value
+
+
 def test_a_group_member_reading_other_topics_stops_the_processor(iso: Settings) -> None:
     """A member of the processor group subscribed to the commands topic only (a processor
     of the version before the worker-commands topic, in a rolling upgrade): the range
