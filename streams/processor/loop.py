@@ -444,7 +444,11 @@ class TransactionalProcessor:
         once N committed, the records that arrived while N committed, so those wait for
         one commit besides their own, not two."""
         if self._consumer is None:
-            self.start(stop)
+            try:
+                self.start(stop)
+            except Stopping as e:
+                log.info("processor stopped before it started: %s", e)
+                return
         assert self._consumer is not None and self._step is not None
         step = self._step
         stop = self._stop = stop or threading.Event()
