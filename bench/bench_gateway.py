@@ -44,6 +44,10 @@ from sessionstream.gateway.keys import create_key
 from sessionstream.kafka import reader_config, take
 from sessionstream.settings import Settings
 from sinks.migrate import migrate
+from streams.partitioning import partition_for
+
+#: partitions of the benchmark's topics
+PARTITIONS = 4
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -236,6 +240,13 @@ def summarize(
         sec: {"p50": round(sorted(v)[len(v) // 2]), "p99": round(sorted(v)[int(len(v) * 0.99)])}
         for sec, v in sorted(by_second.items())
     }
+    # the same by commands partition: a stall of one partition and of the whole pipeline
+    # look alike in the overall percentiles
+    by_partition: dict[int, list[float]] = {}
+    for k, t in load.sent_at.items():
+        if k in first:
+            p = partition_for(k.split("/")[0].encode(), PARTITIONS)
+            by_partition.setdefault(p, []).append(first[k] - t)
     return {
         "sse_clients": args.sse,
         "sse_connected": load.sse_connected,
@@ -249,6 +260,9 @@ def summarize(
         "gateway_internal": load.internal,
         "post_ms_by_second": series,
         "command_to_event_direct_ms": percentiles(cmd_direct),
+        "command_to_event_direct_ms_by_partition": {
+            p: percentiles(v) for p, v in sorted(by_partition.items())
+        },
         "event_sse_minus_direct_ms": percentiles(gateway_share),
         "sse_events": len(load.sse_seen),
         "sse_events_missing": missing,
@@ -343,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-save", action="store_true", help="do not write bench/results")
     args = ap.parse_args(argv)
 
-    s = isolated_settings(Settings(), "gw", prefix="bench", partitions=4).model_copy(
+    s = isolated_settings(Settings(), "gw", prefix="bench", partitions=PARTITIONS).model_copy(
         update={
             "gateway_port": free_port(),
             "gateway_rate_per_s": 1e6,
