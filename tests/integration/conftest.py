@@ -9,6 +9,7 @@ fails the run with that hint; it is never a skip.
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import subprocess
 import time
@@ -112,8 +113,6 @@ def _remove_isolated_worlds() -> Iterator[None]:
 
 #: when the current test started (local time, as the broker's log writes it)
 _STARTED: list[str] = [""]
-#: the default profile's broker log (`stack.sh where`); absent for a user's own Kafka
-_BROKER_LOG: list[Path | None] = []
 _BROKER_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+\] (WARN|ERROR|INFO)")
 
 
@@ -123,19 +122,19 @@ def _forget_procs() -> None:
     _STARTED[0] = time.strftime("%Y-%m-%d %H:%M:%S")
 
 
+@functools.cache
 def _broker_log() -> Path | None:
-    if not _BROKER_LOG:
-        out = subprocess.run(
-            ["bash", str(REPO / "stack/stack.sh"), "where"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        ).stdout
-        node = re.search(r"^KAFKA_NODE_1_DIR='([^']+)'", out, re.M)
-        log = Path(node.group(1)) / "logs" / "server.log" if node else None
-        _BROKER_LOG.append(log if log is not None and log.exists() else None)
-    return _BROKER_LOG[0]
+    """The default profile's broker log (`stack.sh where`); None for a user's own Kafka."""
+    out = subprocess.run(
+        ["bash", str(REPO / "stack/stack.sh"), "where"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    ).stdout
+    node = re.search(r"^KAFKA_NODE_1_DIR='([^']+)'", out, re.M)
+    log = Path(node.group(1)) / "logs" / "server.log" if node else None
+    return log if log is not None and log.exists() else None
 
 
 def broker_view(since: str, lines: int = 25) -> str:
