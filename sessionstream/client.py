@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -172,6 +173,10 @@ class SessionClient:
         self._positions: dict[tuple[str, int], tuple[float, int]] = {}
         self._admin: AdminClient | None = None
         self._runs: dict[str, str | None] = {}  # session -> the run last seen active
+        #: `collect`'s rounds, and its last-stable-offset reads in flight: (the round that
+        #: asked, partition -> future), answered while later rounds go on
+        self._round_no = 0
+        self._lso_asks: list[tuple[int, dict[int, Future[Any]]]] = []
 
     # -- producing --------------------------------------------------------------------------
     @property
@@ -545,23 +550,17 @@ class SessionClient:
         `timeout` for new events: the outcomes (or errors) known now. Those handles are
         released; the others stay tracked for the next round (or `release`). Watermarks
         and the processor's position are read once per partition per round, so the cost
-        grows with partitions, not with commands in flight."""
+        grows with partitions, not with commands in flight; the last stable offsets that
+        settle commands are asked in one round and answered in a later one
+        (`_settle_points`), so an outcome needs at least two rounds."""
         self.producer.poll(0)
         if self._events is not None:
             self._drain(timeout)
         elif timeout > 0:
             time.sleep(timeout)
-        rnd = _Round(self)
-        # the last stable offsets this round needs for commands whose events arrived: one request
-        settling = {
-            h.partition
-            for h in handles
-            if h.partition is not None
-            and self._pending.get(_key(h))
-            and self._waits.get(_key(h), _WaitState()).settle_at is None
-        }
-        if settling:
-            rnd.prefetch(settling)
+        self._round_no += 1
+        rnd = _Round(self, lso_async=True)
+        self._settle_points(handles)
         # the processor's positions this round's duplicate checks ask for: one request
         now = time.monotonic()
         asking = set()
@@ -588,6 +587,81 @@ class SessionClient:
                 out.append((h, got))
                 self.release(h)
         return out
+
+    def _settle_points(self, handles: list[CommandHandle]) -> None:
+        """Where each command whose events arrived is settled: the last stable offset of
+        its partition, read after its first event was. The reads do not hold up the round
+        (under load one takes 15 ms and more, and every command in flight waited for it):
+        this round asks one request for the commands whose events arrived since, and a
+        later round takes the answer. An answer settles only commands whose events had
+        arrived before it was asked (read earlier, the offset could stop short of their
+        transaction's marker); a failed one is asked again at once, by a request that
+        falls back to the high watermark."""
+        unsettled: list[tuple[CommandHandle, _WaitState]] = []
+        for h in handles:
+            key = _key(h)
+            if h.partition is None or not self._pending.get(key):
+                continue
+            w = self._waits.setdefault(key, _WaitState())
+            if w.settle_at is None:
+                if w.events_round is None:
+                    w.events_round = self._round_no
+                unsettled.append((h, w))
+        if not unsettled and not self._lso_asks:
+            return
+        answered: list[tuple[int, dict[int, int]]] = []
+        failed: set[int] = set()
+        waiting = []
+        for asked, futures in self._lso_asks:
+            if not all(f.done() for f in futures.values()):
+                waiting.append((asked, futures))
+                continue
+            try:
+                answered.append((asked, {p: int(f.result().offset) for p, f in futures.items()}))
+            except KafkaException:
+                failed.update(futures)
+        self._lso_asks = waiting
+        if failed:  # not left waiting for the next round
+            answered.append((self._round_no, self._hwms(failed, committed=True)))
+        still: list[tuple[CommandHandle, _WaitState]] = []
+        for h, w in unsettled:
+            assert h.partition is not None and w.events_round is not None
+            for asked, lso in answered:
+                if asked >= w.events_round and h.partition in lso:
+                    w.settle_at = lso[h.partition]
+                    break
+            else:
+                still.append((h, w))
+        # what the asks in flight will not settle: one more request
+        ask = set()
+        for h, w in still:
+            assert h.partition is not None and w.events_round is not None
+            if not any(
+                asked >= w.events_round and h.partition in futures
+                for asked, futures in self._lso_asks
+            ):
+                ask.add(h.partition)
+        if ask:
+            try:
+                self._lso_asks.append((self._round_no, self._ask_lso(ask)))
+            except KafkaException:  # refused before it was sent: read now, as a failed one
+                lso = self._hwms(ask, committed=True)
+                for h, w in still:
+                    if h.partition in lso:
+                        w.settle_at = lso[h.partition]
+
+    def _ask_lso(self, partitions: set[int]) -> dict[int, Future[Any]]:
+        """The last stable offsets of these events partitions, asked (one request)."""
+        if self._admin is None:
+            self._admin = AdminClient(client_config(self.settings))
+        topic = self.settings.events_topic
+        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+        got = self._admin.list_offsets(
+            {TopicPartition(topic, p): latest for p in partitions},
+            isolation_level=IsolationLevel.READ_COMMITTED,
+            request_timeout=10,
+        )
+        return {tp.partition: f for tp, f in got.items()}
 
     def release(self, handle: CommandHandle) -> None:
         """Stop tracking `handle` (its outcome is known, or no longer wanted)."""
@@ -619,6 +693,8 @@ class SessionClient:
         # processor's next commit too.)
         if mine:
             if w.settle_at is None:
+                if rnd.lso_async:  # `collect` asks for it; a later round has the answer
+                    return None
                 w.settle_at = rnd.lso(p)
             if rnd.tail_position(p) >= w.settle_at:
                 return outcome_of(cid, mine)
@@ -736,6 +812,7 @@ class SessionClient:
         self._pending.clear()
         self._pending_from.clear()
         self._waits.clear()
+        self._lso_asks.clear()
 
     def __enter__(self) -> SessionClient:
         return self
@@ -748,6 +825,8 @@ class SessionClient:
 class _WaitState:
     settle_at: int | None = None
     next_check: float = 0.0
+    #: the `collect` round in which the command's first event was seen
+    events_round: int | None = None
 
 
 class _Round:
@@ -755,16 +834,14 @@ class _Round:
     for a duplicate check must come after the processor's position it relies on, so
     reading a position drops the partition's cached watermark."""
 
-    def __init__(self, client: SessionClient) -> None:
+    def __init__(self, client: SessionClient, *, lso_async: bool = False) -> None:
         self.client = client
+        #: `collect`'s round: the last stable offsets come from `_settle_points`
+        self.lso_async = lso_async
         self._hwm: dict[int, int] = {}
         self._lso: dict[int, int] = {}
         self._position: dict[tuple[str, int], int] = {}
         self._tail: dict[int, int] = {}
-
-    def prefetch(self, partitions: set[int]) -> None:
-        """The last stable offsets of the partitions whose commands' events arrived."""
-        self._lso.update(self.client._hwms(partitions, committed=True))
 
     def prefetch_positions(self, keys: set[tuple[str, int]]) -> None:
         """The processor's positions on these input partitions, those not read within the
