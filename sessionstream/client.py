@@ -643,25 +643,12 @@ class SessionClient:
                 ask.add(h.partition)
         if ask:
             try:
-                self._lso_asks.append((self._round_no, self._ask_lso(ask)))
+                self._lso_asks.append((self._round_no, self._ask_offsets(ask, committed=True)))
             except KafkaException:  # refused before it was sent: read now, as a failed one
                 lso = self._hwms(ask, committed=True)
                 for h, w in still:
                     if h.partition in lso:
                         w.settle_at = lso[h.partition]
-
-    def _ask_lso(self, partitions: set[int]) -> dict[int, Future[Any]]:
-        """The last stable offsets of these events partitions, asked (one request)."""
-        if self._admin is None:
-            self._admin = AdminClient(client_config(self.settings))
-        topic = self.settings.events_topic
-        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
-        got = self._admin.list_offsets(
-            {TopicPartition(topic, p): latest for p in partitions},
-            isolation_level=IsolationLevel.READ_COMMITTED,
-            request_timeout=10,
-        )
-        return {tp.partition: f for tp, f in got.items()}
 
     def release(self, handle: CommandHandle) -> None:
         """Stop tracking `handle` (its outcome is known, or no longer wanted)."""
@@ -764,20 +751,26 @@ class SessionClient:
         never below the last stable offset, so waiting for it is only slower)."""
         if len(partitions) < 2 and not committed:
             return {p: self._hwm(p) for p in partitions}
+        try:
+            got = self._ask_offsets(partitions, committed=committed)
+            return {p: int(f.result(timeout=10).offset) for p, f in got.items()}
+        except KafkaException:
+            return {p: self._hwm(p) for p in partitions}
+
+    def _ask_offsets(self, partitions: set[int], *, committed: bool) -> dict[int, Future[Any]]:
+        """Where these events partitions end (`committed`: their last stable offsets), asked
+        in one request; the answers come as futures."""
         if self._admin is None:
             self._admin = AdminClient(client_config(self.settings))
         topic = self.settings.events_topic
         latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
         isolation = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
-        try:
-            got = self._admin.list_offsets(
-                {TopicPartition(topic, p): latest for p in partitions},
-                isolation_level=isolation,
-                request_timeout=10,
-            )
-            return {tp.partition: int(f.result(timeout=10).offset) for tp, f in got.items()}
-        except KafkaException:
-            return {p: self._hwm(p) for p in partitions}
+        got = self._admin.list_offsets(
+            {TopicPartition(topic, p): latest for p in partitions},
+            isolation_level=isolation,
+            request_timeout=10,
+        )
+        return {tp.partition: f for tp, f in got.items()}
 
     def _hwm(self, partition: int, timeout: float = 10.0, topic: str | None = None) -> int:
         """A partition's high watermark (events topic by default), retrying while

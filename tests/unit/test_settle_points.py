@@ -30,7 +30,8 @@ class Client(SessionClient):
         self.asked: list[dict[int, Future[Any]]] = []
         self.fallback: list[set[int]] = []
 
-    def _ask_lso(self, partitions: set[int]) -> dict[int, Future[Any]]:
+    def _ask_offsets(self, partitions: set[int], *, committed: bool) -> dict[int, Future[Any]]:
+        assert committed
         futures: dict[int, Future[Any]] = {p: Future() for p in partitions}
         self.asked.append(futures)
         return futures
@@ -130,7 +131,7 @@ def test_answers_nobody_waits_for_are_let_go() -> None:
 
 def test_a_request_refused_before_it_was_sent_is_read_at_once() -> None:
     class Refusing(Client):
-        def _ask_lso(self, partitions: set[int]) -> dict[int, Future[Any]]:
+        def _ask_offsets(self, partitions: set[int], *, committed: bool) -> dict[int, Future[Any]]:
             raise KafkaException(KafkaError(KafkaError._TRANSPORT, "no broker"))
 
     c = Refusing()
