@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from schemas.commands import MAX_ID_CHARS
 from sessionstream import __version__
+from sessionstream._gc import settle_collector
 from sessionstream.errors import DatabaseUnavailable, SessionstreamError
 from sessionstream.gateway import views
 from sessionstream.gateway._flight import SingleFlight
@@ -134,6 +135,9 @@ def create_app(settings: Settings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await gw.start()
+        # started: what the process made so far lives as long as it does (a full
+        # collection scanning it paused every request 100 ms at a time)
+        settle_collector()
         try:
             yield
         finally:
