@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--commands", type=int, default=60_000)
     ap.add_argument("--seconds", type=int, default=12)
     ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--raw", type=Path, help="also keep py-spy's raw collapsed stacks here")
     args = ap.parse_args(argv)
     spy_exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     s = isolated_settings("profile")
@@ -78,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"commands/s while sampled: {round((c1 - c0) / (t1 - t0))}")
         offsets.wait(lambda c: all(c[p] >= o for p, o in end.items()), proc, timeout=600)
         summarize(raw, args.top)
+        if args.raw:
+            shutil.copyfile(raw, args.raw)
     finally:
         proc.kill9()
         offsets.close()
