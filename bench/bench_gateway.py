@@ -12,6 +12,9 @@ Printed and saved to bench/results/gateway.md:
 - POST -> outcome (the HTTP response, which waits for the command's events): p50/p99;
 - command -> event at the direct Kafka reader, and at the SSE clients (p50/p99), and the
   gateway's share: SSE arrival - direct arrival of the same event (p50/p99);
+- by wall clock, per command: built in the gateway (its `ts`) -> its first event produced
+  by the processor (the record's timestamp) -> visible to the direct reader (p50/p99),
+  which leaves out the HTTP side of the POST;
 - the gateway's RSS (start, peak, end) and CPU.
 
     .venv/bin/python -m bench.bench_gateway [--sse 200] [--rates 100,250,500] [--seconds 20]
@@ -67,6 +70,10 @@ class DirectTail(threading.Thread):
         self.s = s
         self.seen: dict[str, float] = {}
         self.first_of_command: dict[str, float] = {}
+        #: per command, its first event's wall-clock times (ms): the command's `ts` (set
+        #: by the gateway when it built the command), the event record's timestamp (when
+        #: the processor produced it) and its arrival here
+        self.wall_of_command: dict[str, tuple[int, int, float]] = {}
         self.stop = threading.Event()
         self.ready = threading.Event()
 
@@ -86,7 +93,14 @@ class DirectTail(threading.Thread):
                 key = (msg.key() or b"").decode()
                 self.seen.setdefault(key, now)
                 e = codec.decode_event(msg.value() or b"")
-                self.first_of_command.setdefault(f"{e.session_id}/{e.command_id}", now)
+                cmd = f"{e.session_id}/{e.command_id}"
+                self.first_of_command.setdefault(cmd, now)
+                if cmd not in self.wall_of_command:
+                    self.wall_of_command[cmd] = (
+                        e.producer_ts,
+                        msg.timestamp()[1],
+                        time.time() * 1000,
+                    )
         c.close()
 
 
@@ -227,6 +241,9 @@ def summarize(
     # sees it (from the POST's send, so the gateway's time before producing is in it too)
     first = tail.first_of_command
     cmd_direct = [first[k] - t for k, t in load.sent_at.items() if k in first]
+    # the same commands' wall-clock split (ms -> s): built in the gateway -> its first
+    # event produced by the processor -> visible to the direct reader
+    walls = [tail.wall_of_command[k] for k in load.sent_at if k in tail.wall_of_command]
     # per event: its arrival at an SSE client - its arrival at the direct reader
     gateway_share = [load.sse_seen[k] - tail.seen[k] for k in load.sse_seen if k in tail.seen]
     ours = set(sessions)
@@ -263,6 +280,9 @@ def summarize(
         "command_to_event_direct_ms_by_partition": {
             p: percentiles(v) for p, v in sorted(by_partition.items())
         },
+        "command_built_to_event_visible_ms": percentiles([(a - b) / 1000 for b, _, a in walls]),
+        "command_built_to_event_produced_ms": percentiles([(p - b) / 1000 for b, p, _ in walls]),
+        "event_produced_to_visible_ms": percentiles([(a - p) / 1000 for _, p, a in walls]),
         "event_sse_minus_direct_ms": percentiles(gateway_share),
         "sse_events": len(load.sse_seen),
         "sse_events_missing": missing,
@@ -325,18 +345,21 @@ def markdown(results: list[dict[str, Any]]) -> str:
 
     rows = [
         "| POST/s (achieved) | SSE clients | POST -> outcome p50 / p99 ms | command -> event, "
-        "direct reader p50 / p99 ms | event: SSE - direct p50 / p99 ms | in gateway before "
+        "direct reader p50 / p99 ms | command built in the gateway -> event visible p50 / p99 ms "
+        "| event: SSE - direct p50 / p99 ms | in gateway before "
         "produce p50 / p99 ms | SSE events (missing) | gateway RSS start / peak MB | gateway "
         "CPU s (cores) | machine busy cores before / during |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         post, direct = r["post_to_outcome_ms"], r["command_to_event_direct_ms"]
+        built = r["command_built_to_event_visible_ms"]
         share, internal = r["event_sse_minus_direct_ms"], r["gateway_internal"]
         q = internal.get("queuedToProducedMs") or {"p50": "-", "p99": "-"}
         rows.append(
             f"| {r['rate']:g} ({r['achieved_rate']:g}) | {r['sse_connected']} | "
             f"{ms(post, '50')} / {ms(post, '99')} | {ms(direct, '50')} / {ms(direct, '99')} | "
+            f"{ms(built, '50')} / {ms(built, '99')} | "
             f"{ms(share, '50')} / {ms(share, '99')} | {q['p50']} / {q['p99']} | "
             f"{r['sse_events']} ({r['sse_events_missing']}) | "
             f"{r['gateway_rss_mb']['start']} / {r['gateway_rss_mb']['peak']} | "
