@@ -129,15 +129,19 @@ async def _caller(
 Caller = Annotated[Principal, Depends(_caller)]
 
 
-def create_app(settings: Settings) -> FastAPI:
+def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
+    """The gateway's ASGI app. `settle_gc`: once started, settle the process's garbage
+    collector (`sessionstream._gc`) — for a process that runs the gateway alone
+    (`sessionstream gateway` does), not for an app mounted in someone else's."""
     gw = Gateway(settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await gw.start()
-        # started: what the process made so far lives as long as it does (a full
-        # collection scanning it paused every request 100 ms at a time)
-        settle_collector()
+        if settle_gc:
+            # started: what the process made so far lives as long as it does (a full
+            # collection scanning it paused every request 100 ms at a time)
+            settle_collector()
         try:
             yield
         finally:

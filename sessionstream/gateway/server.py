@@ -15,7 +15,7 @@ log = logging.getLogger("sessionstream.gateway")
 
 
 def run_gateway(settings: Settings, log_level: str = "INFO", access_log: bool = False) -> int:
-    app = create_app(settings)
+    app = create_app(settings, settle_gc=True)
     log.info(
         "gateway on http://%s:%d/ (API /v1, OpenAPI /openapi.json)",
         settings.gateway_host,
