@@ -81,7 +81,14 @@ def delete_world(worlds: list[Settings], *, schemas: bool = True) -> list[str]:
     for s in worlds:
         if s.store_dir is not None:
             shutil.rmtree(s.store_dir, ignore_errors=True)
-    groups = [g for s in worlds for g in (s.processor_group, f"{s.processor_group}-restore")]
+    groups = [
+        g
+        for s in worlds
+        for g in (s.processor_group, f"{s.processor_group}-restore", f"{s.processor_group}-sink")
+    ]
+    # a world's own analytics app (never the deployment's default one)
+    default_app = Settings.model_fields["analytics_app_id"].default
+    groups += [s.analytics_app_id for s in worlds if s.analytics_app_id != default_app]
     for fut in admin.delete_consumer_groups(groups, request_timeout=30).values():
         with contextlib.suppress(Exception):  # a group that never committed is absent
             fut.result(timeout=30)
