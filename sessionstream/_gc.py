@@ -1,7 +1,7 @@
 """The garbage collector's settings for a long-running server process (the gateway).
 
 With CPython's default thresholds (700, 10, 10) the gateway at 500 POST/s and 200 SSE
-clients ran ~1,000 young, ~90 middle and ~9 full collections in 30 s: 2.1-2.4 s of its
+clients ran ~1,000 young, ~90 middle and ~9 full collections in 30 s: 2.1-2.9 s of its
 ~11 s of CPU, each full one 100-115 ms during which no thread of the process runs Python,
 so every request and stream in flight waited (bench/results/gateway.md). Most of what it
 scanned again and again were the objects made at start (modules, the app, the clients),
