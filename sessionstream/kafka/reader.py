@@ -151,17 +151,49 @@ def end_offset(consumer: Consumer, topic: str, partition: int, stop: threading.E
             stop.wait(0.5)
 
 
+#: what ListOffsets answers while a partition's leadership moves (a broker stopped or
+#: killed, a new leader not yet caught up): asked again, within the caller's time
+LEADER_MOVING = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.REPLICA_NOT_AVAILABLE,
+        KafkaError.OFFSET_NOT_AVAILABLE,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError._TRANSPORT,
+    }
+)
+
+
+def watermarks(consumer: Any, tp: _TP, deadline: float) -> tuple[int, int]:
+    """`consumer.get_watermark_offsets(tp)`, asked again every 0.2 s while the answer is
+    one of `LEADER_MOVING` and `deadline` (time.monotonic) has not passed."""
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            low, high = consumer.get_watermark_offsets(tp, timeout=max(left, 0.1), cached=False)
+            return int(low), int(high)
+        except KafkaException as e:
+            if e.args[0].code() not in LEADER_MOVING or left <= 0.2:
+                raise
+            log.info("offsets of %s[%s]: %s; asking again", tp.topic, tp.partition, e.args[0])
+            time.sleep(0.2)
+
+
 def log_bounds(
     settings: Settings, coords: Iterable[tuple[str, int]], timeout: float = 30.0
 ) -> dict[tuple[str, int], tuple[int, int]]:
     """(first offset, end offset) of each (topic, partition), read_committed (the end is
-    the last stable offset)."""
+    the last stable offset). A leader moving meanwhile (`LEADER_MOVING`) is waited out
+    for up to `timeout` in all: a processor restoring just after a broker died must not
+    give up on the first NOT_LEADER."""
     consumer = Consumer(reader_config(settings, read_committed=True))
+    deadline = time.monotonic() + timeout
     try:
         out: dict[tuple[str, int], tuple[int, int]] = {}
         for topic, p in coords:
-            low, high = consumer.get_watermark_offsets(_TP(topic, p), timeout=timeout, cached=False)
-            out[(topic, p)] = (int(low), int(high))
+            out[(topic, p)] = watermarks(consumer, _TP(topic, p), deadline)
         return out
     except KafkaException as e:
         raise KafkaUnavailable(
