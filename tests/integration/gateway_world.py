@@ -4,6 +4,7 @@ test drive over HTTP."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import time
@@ -12,6 +13,7 @@ from typing import Any
 
 import httpx
 import psycopg
+from confluent_kafka import KafkaException
 
 from sessionstream.gateway.keys import create_key
 from sessionstream.settings import Settings
@@ -81,6 +83,11 @@ class GatewayWorld:
         ours = [t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix)]
         for fut in admin.delete_topics(ours, operation_timeout=30).values() if ours else []:
             fut.result(timeout=60)
+        # and its consumer group (faust's consumer has stopped: the group is empty)
+        app = self.settings.analytics_app_id
+        for fut in admin.delete_consumer_groups([app], request_timeout=30).values():
+            with contextlib.suppress(KafkaException):  # it never committed: no group
+                fut.result(timeout=30)
 
     def sink_has(self, session_id: str, what: str) -> bool:
         with self.conn() as conn:

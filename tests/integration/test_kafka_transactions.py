@@ -15,6 +15,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import ProducerFenced
 from aiokafka.structs import TopicPartition as AioTopicPartition
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from tests.integration.conftest import TopicFactory
 from tests.integration.helpers import await_until
@@ -207,6 +208,13 @@ async def test_aiokafka_zombie_is_fenced(kafka_bootstrap: str, topic_factory: To
     assert await _aio_values_until_end(kafka_bootstrap, topic, "read_committed") == [b"successor"]
 
 
+def _delete_group(kafka_bootstrap: str, group: str) -> None:
+    """The test's group holds committed offsets: it stays on the broker unless deleted."""
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    for fut in admin.delete_consumer_groups([group], request_timeout=30).values():
+        fut.result(timeout=30)
+
+
 def test_confluent_consumer_offsets_commit_with_the_transaction(
     kafka_bootstrap: str, topic_factory: TopicFactory
 ) -> None:
@@ -233,6 +241,7 @@ def test_confluent_consumer_offsets_commit_with_the_transaction(
         assert consumer.committed([TopicPartition(source, 0)], 30)[0].offset == 5
     finally:
         consumer.close()
+    _delete_group(kafka_bootstrap, group)
 
 
 async def test_aiokafka_consumer_offsets_commit_with_the_transaction(
@@ -270,3 +279,4 @@ async def test_aiokafka_consumer_offsets_commit_with_the_transaction(
     finally:
         await consumer.stop()
         await producer.stop()
+    _delete_group(kafka_bootstrap, group)
