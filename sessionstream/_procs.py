@@ -11,6 +11,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from pydantic import SecretStr
 
@@ -20,6 +21,7 @@ __all__ = [
     "TOPIC_FIELDS",
     "Service",
     "cpu_seconds",
+    "delete_groups",
     "delete_world",
     "isolated_settings",
     "settings_env",
@@ -58,11 +60,28 @@ def world_topics(s: Settings) -> list[str]:
     return [getattr(s, f) for f in TOPIC_FIELDS]
 
 
+def delete_groups(admin: Any, groups: list[str]) -> list[str]:
+    """Delete these consumer groups (best effort); returns the failures, a group that does
+    not exist (one that never committed) not being one."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    failed: list[str] = []
+    if not groups:
+        return failed
+    for name, fut in admin.delete_consumer_groups(groups, request_timeout=30).items():
+        try:
+            fut.result(timeout=30)
+        except KafkaException as e:
+            if e.args[0].code() != KafkaError.GROUP_ID_NOT_FOUND:
+                failed.append(f"{name}: {e.args[0]}")
+        except Exception as e:  # the broker is down: nothing to keep
+            failed.append(f"{name}: {e}")
+    return failed
+
+
 def delete_world(worlds: list[Settings], *, schemas: bool = True) -> list[str]:
     """Best effort: delete the worlds' topics, processor groups and (with `schemas`) their
     PostgreSQL schemas. Returns what could not be deleted."""
-    import contextlib
-
     import psycopg
     from confluent_kafka.admin import AdminClient
 
@@ -89,9 +108,7 @@ def delete_world(worlds: list[Settings], *, schemas: bool = True) -> list[str]:
     # a world's own analytics app (never the deployment's default one)
     default_app = Settings.model_fields["analytics_app_id"].default
     groups += [s.analytics_app_id for s in worlds if s.analytics_app_id != default_app]
-    for fut in admin.delete_consumer_groups(groups, request_timeout=30).values():
-        with contextlib.suppress(Exception):  # a group that never committed is absent
-            fut.result(timeout=30)
+    delete_groups(admin, groups)  # best effort: a static member may still hold one
     if schemas:
         try:
             with psycopg.connect(worlds[0].database_url, autocommit=True) as conn:

@@ -4,7 +4,6 @@ test drive over HTTP."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import socket
 import time
@@ -13,8 +12,8 @@ from typing import Any
 
 import httpx
 import psycopg
-from confluent_kafka import KafkaException
 
+from sessionstream._procs import delete_groups
 from sessionstream.gateway.keys import create_key
 from sessionstream.settings import Settings
 from sinks.migrate import migrate
@@ -84,10 +83,7 @@ class GatewayWorld:
         for fut in admin.delete_topics(ours, operation_timeout=30).values() if ours else []:
             fut.result(timeout=60)
         # and its consumer group (faust's consumer has stopped: the group is empty)
-        app = self.settings.analytics_app_id
-        for fut in admin.delete_consumer_groups([app], request_timeout=30).values():
-            with contextlib.suppress(KafkaException):  # it never committed: no group
-                fut.result(timeout=30)
+        delete_groups(admin, [self.settings.analytics_app_id])
 
     def sink_has(self, session_id: str, what: str) -> bool:
         with self.conn() as conn:

@@ -17,6 +17,7 @@ from aiokafka.structs import TopicPartition as AioTopicPartition
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from sessionstream._procs import delete_groups
 from tests.integration.conftest import TopicFactory
 from tests.integration.helpers import await_until
 
@@ -211,8 +212,7 @@ async def test_aiokafka_zombie_is_fenced(kafka_bootstrap: str, topic_factory: To
 def _delete_group(kafka_bootstrap: str, group: str) -> None:
     """The test's group holds committed offsets: it stays on the broker unless deleted."""
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    for fut in admin.delete_consumer_groups([group], request_timeout=30).values():
-        fut.result(timeout=30)
+    assert delete_groups(admin, [group]) == []
 
 
 def test_confluent_consumer_offsets_commit_with_the_transaction(
