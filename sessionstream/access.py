@@ -117,7 +117,7 @@ def kafka_grants(settings: Settings) -> dict[str, list[Grant]]:
             ),
             _group("processor", group),
             _group("processor", f"{group}-restore"),  # the restore reader's group.id
-            # transactional ids are {processor_group}-{instance}
+            # transactional ids are {processor_group}-{instance} and ...-{instance}#1
             Grant("processor", "transactional_id", f"{group}-", "prefixed", "WRITE"),
             Grant("processor", "transactional_id", f"{group}-", "prefixed", "DESCRIBE"),
         ],

@@ -31,12 +31,24 @@ __all__ = [
     "ENV_PREFIX",
     "LIBRDKAFKA_DEBUG_CONTEXTS",
     "Settings",
+    "check_instance_id",
     "get_settings",
     "read_credentials_file",
     "redact_conninfo",
 ]
 
 ENV_PREFIX = "SESSIONSTREAM_"
+
+
+def check_instance_id(instance: str) -> str:
+    """A processor instance id, or ValueError. Not empty, and without ``#``: an instance's
+    second transactional id is ``{group}-{instance}#1``, which must not be another
+    instance's first (host names, the default, never contain one)."""
+    if not instance or "#" in instance:
+        raise ValueError(
+            f"processor instance id {instance!r} must be non-empty and must not contain '#'"
+        )
+    return instance
 
 
 def read_credentials_file(path: Path | str) -> dict[str, str]:
@@ -196,7 +208,9 @@ class Settings(BaseSettings):
 
     processor_instance: str | None = None
     """This processor's stable instance id (default: the host name). Two processors on one
-    host need distinct ids; a restarted one must keep its id so it fences its predecessor."""
+    host need distinct ids; a restarted one must keep its id so it fences its predecessor.
+    It may not contain ``#`` (it separates the id from the number of the instance's second
+    transactional producer)."""
 
     store_dir: Path | None = None
     """The processor's local state store (RocksDB, one per assigned partition, under
@@ -279,6 +293,11 @@ class Settings(BaseSettings):
         from psycopg.conninfo import make_conninfo
 
         return make_conninfo(self.database_url, password=self.database_password.get_secret_value())
+
+    @field_validator("processor_instance")
+    @classmethod
+    def _instance_id(cls, value: str | None) -> str | None:
+        return None if value is None else check_instance_id(value)
 
     @field_validator("kafka_debug")
     @classmethod

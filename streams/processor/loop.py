@@ -16,9 +16,20 @@ Time: the decider's "now" is each command record's timestamp, which the broker s
 append (`message.timestamp.type=LogAppendTime` on the input topics), so the same log
 replays to the same decisions and no producer clock decides anything.
 
-Zombies: the transactional id is stable per instance (`{group}-{instance}`), so a restarted
-instance aborts its predecessor's open transaction at `init_transactions`; a processor that
-lost its partitions is fenced by the group generation when it sends offsets.
+Zombies: the transactional ids are stable per instance (`{group}-{instance}` and
+`{group}-{instance}#1`, see `transactional_ids`), so a restarted instance aborts its
+predecessor's open transactions at `init_transactions`; a processor that lost its partitions
+is fenced by the group generation when it sends offsets.
+
+Two producers, one transaction at a time: consecutive transactions alternate between them.
+The coordinator answers a commit before it has written the commit's markers, and a
+producer that begins its next transaction at once gets AddPartitionsToTxn refused
+CONCURRENT_TRANSACTIONS, which librdkafka retries only after a fixed 20 ms (one
+transaction in eight at 1,000 commands/s, `bench/results/profile.md`). The other producer's
+previous transaction ended a whole transaction earlier. Transactions stay strictly
+sequential (one begins after the one before committed), so the logs' order and the offsets'
+are those of a single producer; the group coordinator keeps the newest offset commit by its
+position in `__consumer_offsets` whichever marker lands first.
 
 Restore (`restore.py`): on assignment, committed offsets are fetched first (read_committed
 asks the broker for stable offsets, so a predecessor's pending transaction is resolved
@@ -61,7 +72,7 @@ from sessionstream.kafka import (
     group_consumer_config,
     transactional_producer_config,
 )
-from sessionstream.settings import Settings
+from sessionstream.settings import Settings, check_instance_id
 from sessionstream.topics import check_topics, ensure_topics
 from streams.decider import DeciderConfig
 from streams.processor.batch import Batch, View, decide_batch, input_classes, produce
@@ -91,6 +102,10 @@ RENEW_WINDOW_S = 60.0
 #: itself (librdkafka#3437: it rejoins under a new member id and the coordinator fences the
 #: old one); seen 0-2.5 s apart on the 3-node cluster, so 5 session timeouts is generous
 SELF_FENCE_S = 30.0
+#: transactional producers per instance, used in turn (see the module's docstring)
+PRODUCERS = 2
+#: the character that separates an instance id from its producer's number
+PRODUCER_MARK = "#"
 #: the errors that mean a newer producer has our transactional id
 _FENCING = frozenset(
     {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
@@ -159,13 +174,24 @@ def consumer_fence_is_foreign(
     return renewed_at is not None and now - renewed_at < RENEW_WINDOW_S
 
 
+def transactional_ids(group: str, instance: str) -> list[str]:
+    """The transactional ids of an instance's producers: `{group}-{instance}` (the id of
+    versions with one producer, so an upgraded instance fences its predecessor), then
+    `{group}-{instance}#1`. Instance ids may not contain `#` (`Settings`), so no
+    instance's ids are another's."""
+    base = f"{group}-{instance}"
+    return [base if n == 0 else f"{base}{PRODUCER_MARK}{n}" for n in range(PRODUCERS)]
+
+
 class _Commit:
     """Steps 3-4 of one batch's transaction on a thread of its own: the input offsets join
     it (`send_offsets_to_transaction`, KIP-447), then it commits. The thread also serves
-    the delivery reports of the changelog records (commit_transaction flushes)."""
+    the delivery reports of the changelog records (commit_transaction flushes). `slot`:
+    which of the processor's producers runs the transaction."""
 
-    def __init__(self, batch: Batch) -> None:
+    def __init__(self, batch: Batch, slot: int) -> None:
         self.batch = batch
+        self.slot = slot
         #: (topic, partition) -> next offset after the records the transaction delivered
         self.delivered: dict[tuple[str, int], int] = {}
         self.phases: dict[str, float] = {}
@@ -283,7 +309,9 @@ class TransactionalProcessor:
         clock: Any = time.time,
     ) -> None:
         self.settings = settings
-        self.instance_id = instance_id or settings.processor_instance or default_instance_id()
+        self.instance_id = check_instance_id(
+            instance_id or settings.processor_instance or default_instance_id()
+        )
         self.codec = Codec()
         #: input topic -> the class of commands it may carry
         self.classes = input_classes(settings)
@@ -298,7 +326,9 @@ class TransactionalProcessor:
         self.partitions: dict[int, PartitionState] = {}
         self.ready = threading.Event()
         self._step: CommandStep | None = None
-        self._producer: Producer | None = None
+        #: the transactional producers, used in turn; `_slot` runs the next transaction
+        self._producers: list[Producer] = []
+        self._slot = 0
         self._stop = threading.Event()  # run()'s, once it runs
         self._consumer: Consumer | None = None
         self._renewed_at: float | None = None
@@ -328,7 +358,10 @@ class TransactionalProcessor:
         ensure_topics(s)
         counts = check_topics(s).partitions
         self._step = CommandStep(self.codec, self.config, partitions=counts[s.commands_topic])
-        self._producer = self._transactional_producer(patience_s=START_PATIENCE_S)
+        self._producers = [
+            self._transactional_producer(slot, patience_s=START_PATIENCE_S)
+            for slot in range(PRODUCERS)
+        ]
         self._consumer = self._group_consumer()
 
     def _group_consumer(self) -> Consumer:
@@ -358,12 +391,13 @@ class TransactionalProcessor:
         )
         return consumer
 
-    def _transactional_producer(self, patience_s: float = 0.0) -> Producer:
-        """A producer with our stable transactional id; `init_transactions` fences (and
-        aborts the open transaction of) any earlier producer with that id. Retriable
-        answers are asked again until `patience_s` has passed."""
+    def _transactional_producer(self, slot: int, patience_s: float = 0.0) -> Producer:
+        """The producer of `slot`, with its stable transactional id; `init_transactions`
+        fences (and aborts the open transaction of) any earlier producer with that id.
+        Retriable answers are asked again until `patience_s` has passed."""
         s = self.settings
-        conf = transactional_producer_config(s, f"{s.processor_group}-{self.instance_id}")
+        tid = transactional_ids(s.processor_group, self.instance_id)[slot]
+        conf = transactional_producer_config(s, tid)
         return init_transactions(
             lambda: Producer(conf), patience_s, bootstrap=s.kafka_bootstrap, stop=self._stop
         )
@@ -528,30 +562,33 @@ class TransactionalProcessor:
 
     def _begin(self, batch: Batch, decided: float) -> None:
         """Steps 1-2: open the transaction, hand it every record of the batch; then the
-        commit (steps 3-4) goes on on its own thread."""
-        assert self._producer is not None and self._consumer is not None
+        commit (steps 3-4) goes on on its own thread. The producers take turns."""
+        assert self._producers and self._consumer is not None
+        slot = self._slot
+        self._slot = (slot + 1) % len(self._producers)
+        producer = self._producers[slot]
         clock = time.perf_counter
-        commit = _Commit(batch)
+        commit = _Commit(batch, slot)
         commit.phases["decide"] = decided
         t0 = self._last_begin = clock()
         try:
             # Step 1: open the transaction
-            self._producer.begin_transaction()
+            producer.begin_transaction()
             t1 = clock()
             # Step 2: the events, changelogs (states, open runs, command ids), fired timers,
             # dead letters and forwarded records
-            produce(self._producer, self.settings, self.codec, batch, commit.on_delivery)
+            produce(producer, self.settings, self.codec, batch, commit.on_delivery)
             for msg, outcome in batch.dead_letters:
-                self._dead_letter(msg, outcome)
+                self._dead_letter(producer, msg, outcome)
             for msg, partition in batch.forwards:
-                self._forward(msg, partition)
+                self._forward(producer, msg, partition)
             metadata = self._consumer.consumer_group_metadata()
         except KafkaException as e:
-            self._abort(e, [batch])
+            self._abort(e, [batch], slot)
             return
         commit.phases["begin"], commit.phases["produce"] = t1 - t0, clock() - t1
         offsets = [TopicPartition(t, p, o) for (t, p), o in batch.offsets.items()]
-        commit.start(self._producer, offsets, metadata)
+        commit.start(producer, offsets, metadata)
         self._inflight = commit
 
     def _settle(self, also: Batch | None = None) -> bool:
@@ -566,7 +603,7 @@ class TransactionalProcessor:
         waited = clock() - t0
         batch = commit.batch
         if error is not None:
-            self._abort(error, [batch] if also is None else [batch, also])
+            self._abort(error, [batch] if also is None else [batch, also], commit.slot)
             return False
         # Step 5: only now does the partition's state move on: its store gets the
         # transaction's states and dedup records with the changelog offsets they reach
@@ -594,8 +631,8 @@ class TransactionalProcessor:
         self.observer.phases(**commit.phases)
         return True
 
-    def _dead_letter(self, msg: Message, outcome: StepOutcome) -> None:
-        assert self._producer is not None and outcome.dead_letter is not None
+    def _dead_letter(self, producer: Producer, msg: Message, outcome: StepOutcome) -> None:
+        assert outcome.dead_letter is not None
         d = outcome.dead_letter
         topic, partition, offset = coords(msg)
         headers = dead_letter_headers(
@@ -606,18 +643,15 @@ class TransactionalProcessor:
             d.reason,
             d.error,
         )
-        self._producer.produce(
-            self.settings.dlq_topic, key=msg.key(), value=msg.value(), headers=headers
-        )
+        producer.produce(self.settings.dlq_topic, key=msg.key(), value=msg.value(), headers=headers)
         log.warning("dead letter %s/%s@%s: %s", topic, partition, offset, d.error)
 
-    def _forward(self, msg: Message, partition: int) -> None:
+    def _forward(self, producer: Producer, msg: Message, partition: int) -> None:
         """A command produced without the murmur2 partitioner sits where its session's
         processor never looks for it: it goes, in this transaction, to the partition its key
         hashes to, and is decided there in its turn."""
-        assert self._producer is not None
         topic, source, offset = coords(msg)
-        self._producer.produce(
+        producer.produce(
             topic,
             key=msg.key(),
             value=msg.value(),
@@ -642,13 +676,14 @@ class TransactionalProcessor:
                 count,
             )
 
-    def _abort(self, error: KafkaException, batches: list[Batch]) -> None:
-        """The transaction failed: abort it (or renew a fatally failed producer) and read
-        `batches` again from their first offsets; their fired timers are due again."""
-        assert self._producer is not None and self._consumer is not None
+    def _abort(self, error: KafkaException, batches: list[Batch], slot: int) -> None:
+        """The transaction of producer `slot` failed: abort it (or renew a fatally failed
+        producer) and read `batches` again from their first offsets; their fired timers are
+        due again."""
+        assert self._consumer is not None
         kerr = error.args[0]
         if kerr.fatal():
-            self._renew_producer(kerr, error)
+            self._renew_producer(kerr, error, slot)
             self._rewind(batches)
             return
         # Anything else is aborted and the batch decided again: abortable errors (our
@@ -660,11 +695,11 @@ class TransactionalProcessor:
         deadline = time.monotonic() + ABORT_LIMIT_S
         while True:
             try:
-                self._producer.abort_transaction(10)
+                self._producers[slot].abort_transaction(10)
                 break
             except KafkaException as e:
                 if e.args[0].fatal():
-                    self._renew_producer(e.args[0], e)
+                    self._renew_producer(e.args[0], e, slot)
                     break
                 if not e.args[0].retriable():
                     raise KafkaUnavailable(
@@ -674,7 +709,7 @@ class TransactionalProcessor:
                 if time.monotonic() > deadline:
                     # after a broker restart librdkafka's coordinator request can stay
                     # queued for good; a new producer's init_transactions aborts for us
-                    self._renew_producer(e.args[0], e, stuck=True)
+                    self._renew_producer(e.args[0], e, slot, stuck=True)
                     break
                 log.warning("abort_transaction: %s; retrying", e.args[0])
         self._rewind(batches)
@@ -699,9 +734,9 @@ class TransactionalProcessor:
                     log.warning("cannot rewind %s[%s] to %s: %s", t, p, o, e.args[0])
 
     def _renew_producer(
-        self, kerr: KafkaError, error: KafkaException, *, stuck: bool = False
+        self, kerr: KafkaError, error: KafkaException, slot: int, *, stuck: bool = False
     ) -> None:
-        """Our producer failed fatally. A broker restart that outlives
+        """Our producer of `slot` failed fatally. A broker restart that outlives
         `transaction.timeout.ms` does that: the coordinator aborts the open transaction
         itself and bumps the epoch, and our next EndTxn gets _FENCED or INVALID_TXN_STATE.
         A new producer with the same transactional id carries on (its `init_transactions`
@@ -725,9 +760,11 @@ class TransactionalProcessor:
                 f"processor transaction failed fatally: {kerr}",
                 bootstrap=self.settings.kafka_bootstrap,
             ) from error
-        log.warning("producer failed (%s); a new producer takes over our transactional id", kerr)
+        log.warning(
+            "producer %s failed (%s); a new producer takes over its transactional id", slot, kerr
+        )
         self._renewed_at = now
-        self._producer = self._transactional_producer(patience_s=RENEW_PATIENCE_S)
+        self._producers[slot] = self._transactional_producer(slot, patience_s=RENEW_PATIENCE_S)
 
     def _renew_consumer(self, error: KafkaException) -> None:
         """Our consumer failed fatally: as a static member it was fenced. librdkafka fences
@@ -763,7 +800,7 @@ class TransactionalProcessor:
         for part in self.partitions.values():
             part.close()
         self.partitions.clear()
-        if self._producer is not None:
+        for producer in self._producers:
             with contextlib.suppress(KafkaException):  # a fatal producer cannot flush
-                self._producer.flush(5)
-            self._producer = None
+                producer.flush(5)
+        self._producers = []

@@ -762,17 +762,27 @@ def test_collected_outcomes_hold_every_event_of_their_command_while_others_commi
 
 
 class _FailsAt:
-    """The processor's real producer, except that its commit_transaction calls numbered
-    `at` fail with an error that requires aborting the transaction (as a partition
-    moving away mid-transaction does): the transaction is aborted and read again."""
+    """The processor's real producers, except that their commit_transaction calls numbered
+    `at` (counted over all of them) fail with an error that requires aborting the
+    transaction (as a partition moving away mid-transaction does): the transaction is
+    aborted and read again."""
 
-    def __init__(self, producer: Any, at: set[int]) -> None:
-        self._p, self.at, self.calls, self.failed = producer, at, 0, 0
+    def __init__(self, at: set[int]) -> None:
+        self.at, self.calls, self.failed = at, 0, 0
+
+    def wrap(self, producer: Any) -> _Failing:
+        return _Failing(producer, self)
+
+
+class _Failing:
+    def __init__(self, producer: Any, plan: _FailsAt) -> None:
+        self._p, self._plan = producer, plan
 
     def commit_transaction(self, *args: Any, **kwargs: Any) -> None:
-        self.calls += 1
-        if self.calls in self.at:
-            self.failed += 1
+        plan = self._plan
+        plan.calls += 1
+        if plan.calls in plan.at:
+            plan.failed += 1
             raise KafkaException(KafkaError(KafkaError._STATE, "injected", txn_requires_abort=True))
         self._p.commit_transaction(*args, **kwargs)
 
@@ -798,8 +808,8 @@ def test_failed_commits_under_light_load_read_their_batches_again(
     monkeypatch.setattr(Batch, "absorb", counting)
     proc = TransactionalProcessor(iso, instance_id=f"light-{uuid.uuid4().hex[:6]}")
     proc.start()
-    failing = _FailsAt(proc._producer, at=set(range(8, 60, 6)))
-    proc._producer = failing  # type: ignore[assignment]
+    failing = _FailsAt(at=set(range(8, 60, 6)))
+    proc._producers = [failing.wrap(p) for p in proc._producers]  # type: ignore[misc]
     stop = threading.Event()
     runner = threading.Thread(target=proc.run, args=(stop,), daemon=True)
     runner.start()
@@ -833,8 +843,55 @@ def test_failed_commits_under_light_load_read_their_batches_again(
     # the next transaction too: librdkafka then bumps the epoch)
     assert failing.failed >= 2, (
         f"{failing.failed} injected failures in {failing.calls} commits of {len(sent)} "
-        f"commands (producer wrapped still: {proc._producer is failing})"
+        f"commands (producers wrapped still: "
+        f"{[isinstance(p, _Failing) for p in proc._producers]})"
     )
     assert proc.stats.aborts >= failing.failed
     assert light, "no records joined a batch after a commit"
     _assert_log(iso, sent)
+
+
+def test_a_restarted_instance_fences_both_of_its_predecessors_producers(iso: Settings) -> None:
+    """Transactions alternate between an instance's two producers, so a crashed instance
+    can leave an open transaction on either transactional id. The second one's, left open
+    with a record in the events partition, would hold every read_committed reader of that
+    partition for its whole timeout (2 minutes here). The restarted instance must abort it
+    at start: a command to that partition gets its outcome at once, the zombie's record is
+    never visible, and the zombie is fenced when it tries to commit."""
+    from sessionstream.kafka import transactional_producer_config
+    from streams.processor.loop import transactional_ids
+
+    instance = f"fence-{uuid.uuid4().hex[:6]}"
+    sid = next(
+        s for s in (f"z-{i}" for i in range(1000)) if partition_for(s.encode(), iso.partitions) == 0
+    )
+    second = transactional_ids(iso.processor_group, instance)[1]
+    assert second != transactional_ids(iso.processor_group, instance)[0]
+    zombie = Producer(
+        transactional_producer_config(iso, second, **{"transaction.timeout.ms": 120_000})
+    )
+    zombie.init_transactions(30)
+    zombie.begin_transaction()
+    zombie.produce(iso.events_topic, key=b"zombie", value=b"not an event", partition=0)
+    assert zombie.flush(30) == 0
+
+    proc = TransactionalProcessor(iso, instance_id=instance)
+    stop = threading.Event()
+    runner = threading.Thread(target=proc.run, args=(stop,), daemon=True)
+    runner.start()
+    try:
+        wait_until(lambda: proc.ready.is_set(), timeout=60, what="partitions assigned")
+        with SessionClient("t", iso) as c:
+            out = c.wait(c.submit(c.command(sid, "prompt", {"text": "after the crash"})), 30)
+            assert out.status == "accepted", out
+    finally:
+        stop.set()
+        runner.join(60)
+    assert all(rec.key != b"zombie" for rec in read_topic(iso, iso.events_topic))
+    with pytest.raises(KafkaException) as fenced:
+        zombie.commit_transaction(30)
+    assert fenced.value.args[0].fatal() or fenced.value.args[0].code() in (
+        KafkaError._FENCED,
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+    ), fenced.value
