@@ -31,6 +31,9 @@ __all__ = [
 #: every topic the settings name (commands, events, state, ...)
 TOPIC_FIELDS = tuple(f for f in Settings.model_fields if f.endswith("_topic"))
 _TICKS = os.sysconf("SC_CLK_TCK")
+#: how long `delete_world` asks again for a group a stopped static member still holds: the
+#: processors' session timeout (6 s, `sessionstream.kafka.config`) and some
+STATIC_MEMBER_PATIENCE_S = 10.0
 
 
 def isolated_settings(
@@ -60,22 +63,33 @@ def world_topics(s: Settings) -> list[str]:
     return [getattr(s, f) for f in TOPIC_FIELDS]
 
 
-def delete_groups(admin: Any, groups: list[str]) -> list[str]:
+def delete_groups(admin: Any, groups: list[str], *, patience_s: float = 0.0) -> list[str]:
     """Delete these consumer groups (best effort); returns the failures, a group that does
-    not exist (one that never committed) not being one."""
+    not exist (one that never committed) not being one. A group that still has members
+    (a stopped static member stays until its session times out) is asked again every
+    0.5 s for up to `patience_s`."""
     from confluent_kafka import KafkaError, KafkaException
 
+    deadline = time.monotonic() + patience_s
     failed: list[str] = []
-    if not groups:
-        return failed
-    for name, fut in admin.delete_consumer_groups(groups, request_timeout=30).items():
-        try:
-            fut.result(timeout=30)
-        except KafkaException as e:
-            if e.args[0].code() != KafkaError.GROUP_ID_NOT_FOUND:
-                failed.append(f"{name}: {e.args[0]}")
-        except Exception as e:  # the broker is down: nothing to keep
-            failed.append(f"{name}: {e}")
+    while groups:
+        busy: dict[str, str] = {}
+        for name, fut in admin.delete_consumer_groups(groups, request_timeout=30).items():
+            try:
+                fut.result(timeout=30)
+            except KafkaException as e:
+                code = e.args[0].code()
+                if code == KafkaError.NON_EMPTY_GROUP:
+                    busy[name] = f"{name}: {e.args[0]}"
+                elif code != KafkaError.GROUP_ID_NOT_FOUND:
+                    failed.append(f"{name}: {e.args[0]}")
+            except Exception as e:  # the broker is down: nothing to keep
+                failed.append(f"{name}: {e}")
+        if busy and time.monotonic() >= deadline:
+            return failed + list(busy.values())
+        groups = list(busy)
+        if groups:
+            time.sleep(0.5)
     return failed
 
 
@@ -108,7 +122,9 @@ def delete_world(worlds: list[Settings], *, schemas: bool = True) -> list[str]:
     # a world's own analytics app (never the deployment's default one)
     default_app = Settings.model_fields["analytics_app_id"].default
     groups += [s.analytics_app_id for s in worlds if s.analytics_app_id != default_app]
-    delete_groups(admin, groups)  # best effort: a static member may still hold one
+    # best effort; a stopped processor is a static member of its group until its session
+    # times out (6 s), so its group is asked again for a while
+    delete_groups(admin, groups, patience_s=STATIC_MEMBER_PATIENCE_S)
     if schemas:
         try:
             with psycopg.connect(worlds[0].database_url, autocommit=True) as conn:

@@ -150,3 +150,41 @@ def test_take_hands_on_what_is_there_without_waiting_for_a_full_batch(
         assert time.monotonic() - t0 >= 0.15
     finally:
         consumer.close()
+
+
+def test_a_group_a_stopped_static_member_holds_is_deleted_once_its_session_ends(
+    kafka_bootstrap: str, kafka_admin: AdminClient, topic_factory: TopicFactory
+) -> None:
+    """Processors are static members: closing one does not leave its group, which stays
+    non-empty until the member's session times out, so a test world's or benchmark's
+    processor group could not be deleted at teardown and stayed on the broker. Asked again
+    for long enough, it goes; asked once, it is reported, not lost silently."""
+    import uuid
+
+    from sessionstream._procs import delete_groups
+
+    topic = topic_factory(partitions=1)
+    group = f"it-static-{uuid.uuid4().hex[:8]}"
+    member = Consumer(
+        {
+            "bootstrap.servers": kafka_bootstrap,
+            "group.id": group,
+            "group.instance.id": "static-1",
+            "session.timeout.ms": 6000,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    member.subscribe([topic])
+    deadline = time.monotonic() + 30
+    while not member.assignment() and time.monotonic() < deadline:
+        member.poll(0.2)
+    assert member.assignment(), "the static member was never assigned"
+    member.commit(offsets=[TopicPartition(topic, 0, 0)], asynchronous=False)
+    member.close()  # a static member does not leave
+
+    once = delete_groups(kafka_admin, [group])
+    assert len(once) == 1 and group in once[0] and "NON_EMPTY" in once[0].upper(), once
+    assert delete_groups(kafka_admin, [group], patience_s=20) == []
+    left = kafka_admin.list_consumer_groups().result(timeout=30)
+    assert group not in {g.group_id for g in left.valid}
