@@ -24,9 +24,10 @@ is fenced by the group generation when it sends offsets.
 Two producers, one transaction at a time: consecutive transactions alternate between them.
 The coordinator answers a commit before it has written the commit's markers, and a
 producer that begins its next transaction at once gets AddPartitionsToTxn refused
-CONCURRENT_TRANSACTIONS, which librdkafka retries only after a fixed 20 ms (one
-transaction in eight at 1,000 commands/s, `bench/results/profile.md`). The other producer's
-previous transaction ended a whole transaction earlier. Transactions stay strictly
+CONCURRENT_TRANSACTIONS, which librdkafka retries only after a fixed 20 ms (measured in
+`bench/results/profile.md`: up to one transaction in four at 1,000 commands/s on a busy
+broker, most of them back to back). The other producer's previous transaction ended a whole
+transaction earlier. Transactions stay strictly
 sequential (one begins after the one before committed), so the logs' order and the offsets'
 are those of a single producer; the group coordinator keeps the newest offset commit by its
 position in `__consumer_offsets` whichever marker lands first.
