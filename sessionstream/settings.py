@@ -297,7 +297,8 @@ class Settings(BaseSettings):
     @field_validator("processor_instance")
     @classmethod
     def _instance_id(cls, value: str | None) -> str | None:
-        return None if value is None else check_instance_id(value)
+        # empty (`VAR=${X:-}` in compose and env files): the host name, as before
+        return None if value is None or not value.strip() else check_instance_id(value)
 
     @field_validator("kafka_debug")
     @classmethod

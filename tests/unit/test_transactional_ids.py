@@ -44,3 +44,9 @@ def test_the_processors_acl_covers_both_ids() -> None:
     for tid in transactional_ids(s.processor_group, "host-1"):
         for g in grants:
             assert g.pattern == "prefixed" and tid.startswith(g.name), (tid, g)
+
+
+def test_an_empty_instance_setting_means_the_host_name() -> None:
+    """`SESSIONSTREAM_PROCESSOR_INSTANCE=` (empty) must not fail every service's settings."""
+    assert Settings(processor_instance="").processor_instance is None
+    assert Settings(processor_instance="  ").processor_instance is None
