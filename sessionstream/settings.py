@@ -30,6 +30,7 @@ from pydantic_settings import (
 __all__ = [
     "ENV_PREFIX",
     "LIBRDKAFKA_DEBUG_CONTEXTS",
+    "PRODUCER_MARK",
     "Settings",
     "check_instance_id",
     "get_settings",
@@ -40,11 +41,15 @@ __all__ = [
 ENV_PREFIX = "SESSIONSTREAM_"
 
 
+#: separates a processor instance id from its second producer's number (`{group}-{instance}#1`)
+PRODUCER_MARK = "#"
+
+
 def check_instance_id(instance: str) -> str:
     """A processor instance id, or ValueError. Not empty, and without ``#``: an instance's
     second transactional id is ``{group}-{instance}#1``, which must not be another
     instance's first (host names, the default, never contain one)."""
-    if not instance or "#" in instance:
+    if not instance or PRODUCER_MARK in instance:
         raise ValueError(
             f"processor instance id {instance!r} must be non-empty and must not contain '#'"
         )

@@ -73,7 +73,7 @@ from sessionstream.kafka import (
     group_consumer_config,
     transactional_producer_config,
 )
-from sessionstream.settings import Settings, check_instance_id
+from sessionstream.settings import PRODUCER_MARK, Settings, check_instance_id
 from sessionstream.topics import check_topics, ensure_topics
 from streams.decider import DeciderConfig
 from streams.processor.batch import Batch, View, decide_batch, input_classes, produce
@@ -105,8 +105,6 @@ RENEW_WINDOW_S = 60.0
 SELF_FENCE_S = 30.0
 #: transactional producers per instance, used in turn (see the module's docstring)
 PRODUCERS = 2
-#: the character that separates an instance id from its producer's number
-PRODUCER_MARK = "#"
 #: the errors that mean a newer producer has our transactional id
 _FENCING = frozenset(
     {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
