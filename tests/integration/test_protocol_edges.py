@@ -38,6 +38,7 @@ pytestmark = pytest.mark.integration
 
 CODEC = Codec()
 LEASE_MS = 2_000
+COMPACTION_LEASE_MS = 10_000
 
 
 @pytest.fixture(scope="module")
@@ -388,9 +389,11 @@ def test_a_takeover_mid_compaction_leaves_a_run_the_next_holder_can_finish(
     s = sid("compact")
     run = start(client, s)
     w1 = Worker(client, s, run, "w1")
-    w1.acquire(LEASE_MS)
+    # the lease must outlast the next command and then run out: 2 s ran out before
+    # compact.start was decided on a loaded CI machine (rejected as a stale write)
+    w1.acquire(COMPACTION_LEASE_MS)
     assert types(w1.send("compact.start")) == ["run.compaction_started"]
-    wait_event(world, s, "run.compaction_abandoned", timeout=30)
+    wait_event(world, s, "run.compaction_abandoned", timeout=30 + COMPACTION_LEASE_MS / 1000)
     w2 = Worker(client, s, run, "w2")
     w2.acquire(30_000)
     act = w2.send("action.request", {"idempotencyKey": f"{s}-mail", "kind": "email"})
