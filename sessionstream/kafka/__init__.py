@@ -13,7 +13,7 @@ from sessionstream.kafka.config import (
     transactional_producer_config,
 )
 from sessionstream.kafka.dlq import DeadLetter, dead_letter_headers
-from sessionstream.kafka.errors import unavailable
+from sessionstream.kafka.errors import kafka_cause, unavailable, unmasked
 from sessionstream.kafka.producer import produce
 from sessionstream.kafka.reader import (
     METADATA_WAIT_S,
@@ -41,6 +41,7 @@ __all__ = [
     "end_offset",
     "faust_credentials",
     "group_consumer_config",
+    "kafka_cause",
     "log_bounds",
     "partitions_of",
     "produce",
@@ -52,4 +53,5 @@ __all__ = [
     "take",
     "transactional_producer_config",
     "unavailable",
+    "unmasked",
 ]

@@ -72,6 +72,7 @@ from sessionstream.kafka import (
     dead_letter_headers,
     group_consumer_config,
     transactional_producer_config,
+    unmasked,
 )
 from sessionstream.settings import PRODUCER_MARK, Settings, check_instance_id
 from sessionstream.topics import check_topics, ensure_topics
@@ -195,6 +196,8 @@ class _Commit:
         self.delivered: dict[tuple[str, int], int] = {}
         self.phases: dict[str, float] = {}
         self.error: KafkaException | None = None
+        #: anything else the commit raised: its outcome is unknown (`wait` raises it)
+        self.failure: Exception | None = None
         self._done = threading.Event()
 
     def on_delivery(self, err: KafkaError | None, msg: Message) -> None:
@@ -211,26 +214,29 @@ class _Commit:
     def _run(self, producer: Producer, offsets: list[TopicPartition], metadata: Any) -> None:
         clock = time.perf_counter
         try:
-            t0 = clock()
-            # Step 3: the input offsets join the transaction
-            if offsets:
-                producer.send_offsets_to_transaction(offsets, metadata, SEND_OFFSETS_LIMIT_S)
-            t1 = clock()
-            # Step 4: commit — events, changelogs, dead letters, forwards, timers and
-            # offsets at once; a retriable error (broker restarting, coordinator moving)
-            # is retried
-            while True:
-                try:
-                    producer.commit_transaction(COMMIT_LIMIT_S)
-                    break
-                except KafkaException as e:
-                    kerr = e.args[0]
-                    if kerr.fatal() or kerr.txn_requires_abort() or not kerr.retriable():
-                        raise
-                    log.warning("commit_transaction: %s; retrying", kerr)
+            with unmasked():
+                t0 = clock()
+                # Step 3: the input offsets join the transaction
+                if offsets:
+                    producer.send_offsets_to_transaction(offsets, metadata, SEND_OFFSETS_LIMIT_S)
+                t1 = clock()
+                # Step 4: commit — events, changelogs, dead letters, forwards, timers and
+                # offsets at once; a retriable error (broker restarting, coordinator moving)
+                # is retried
+                while True:
+                    try:
+                        producer.commit_transaction(COMMIT_LIMIT_S)
+                        break
+                    except KafkaException as e:
+                        kerr = e.args[0]
+                        if kerr.fatal() or kerr.txn_requires_abort() or not kerr.retriable():
+                            raise
+                        log.warning("commit_transaction: %s; retrying", kerr)
             self.phases["send_offsets"], self.phases["commit"] = t1 - t0, clock() - t1
         except KafkaException as e:
             self.error = e
+        except Exception as e:  # never "committed" by default: the waiter raises it
+            self.failure = e
         finally:
             self._done.set()
 
@@ -239,11 +245,16 @@ class _Commit:
         send_offsets_to_transaction forever, its timeout notwithstanding (librdkafka#5456,
         #5511): past `limit_s` the producer is given up as fatally failed, and a new one
         with our transactional id fences it (`_renew_producer`). The stuck call keeps its
-        thread."""
+        thread. Anything but a KafkaException leaves the commit's outcome unknown: it is
+        raised, and the processor stops (a restart restores what was committed)."""
         if not self._done.wait(limit_s):
             return KafkaException(
                 KafkaError(KafkaError._TIMED_OUT, "transaction commit stuck", fatal=True)
             )
+        if self.failure is not None:
+            raise RuntimeError(
+                f"the transaction's commit failed unexpectedly: {self.failure!r}"
+            ) from self.failure
         return self.error
 
 
@@ -357,10 +368,19 @@ class TransactionalProcessor:
         ensure_topics(s)
         counts = check_topics(s).partitions
         self._step = CommandStep(self.codec, self.config, partitions=counts[s.commands_topic])
-        self._producers = [
-            self._transactional_producer(slot, patience_s=START_PATIENCE_S)
-            for slot in range(PRODUCERS)
-        ]
+        # one patience for all of them: a cold broker's coordinators are awaited once
+        deadline = time.monotonic() + START_PATIENCE_S
+        self._producers = []
+        try:
+            for slot in range(PRODUCERS):
+                left = max(0.0, deadline - time.monotonic())
+                self._producers.append(self._transactional_producer(slot, patience_s=left))
+        except BaseException:
+            for producer in self._producers:  # the ones already up leave nothing behind
+                with contextlib.suppress(KafkaException, SystemError):
+                    producer.flush(1)
+            self._producers = []
+            raise
         self._consumer = self._group_consumer()
 
     def _group_consumer(self) -> Consumer:
@@ -528,19 +548,24 @@ class TransactionalProcessor:
         and gathers until `processor_linger_ms` after the last transaction began."""
         assert self._consumer is not None
         consumer, size = self._consumer, self.batch_size
-        first = consumer.poll(0 if self._inflight is not None else 0.05)
-        batch: list[Message] = [first] if first is not None else []
-        if first is not None:
-            batch += consumer.consume(size - 1, timeout=0)
-            until = self._last_begin + self.linger_s
-            while len(batch) < size and (left := until - time.perf_counter()) > 0:
-                batch += consumer.consume(size - len(batch), timeout=left)
+        with unmasked():
+            first = consumer.poll(0 if self._inflight is not None else 0.05)
+            batch: list[Message] = [first] if first is not None else []
+            if first is not None:
+                batch += consumer.consume(size - 1, timeout=0)
+                until = self._last_begin + self.linger_s
+                while len(batch) < size and (left := until - time.perf_counter()) > 0:
+                    batch += consumer.consume(size - len(batch), timeout=left)
         return self._records(batch)
 
     def _more(self, n: int) -> list[Message] | None:
         """Up to `n` more records already fetched (no wait); None if the consumer failed."""
         assert self._consumer is not None
-        return self._records(self._consumer.consume(n, timeout=0)) if n > 0 else []
+        if n <= 0:
+            return []
+        with unmasked():
+            consumed = self._consumer.consume(n, timeout=0)
+        return self._records(consumed)
 
     def _records(self, consumed: list[Message]) -> list[Message] | None:
         """The records among what was consumed; None if the consumer failed (renewed)."""
@@ -571,17 +596,18 @@ class TransactionalProcessor:
         commit.phases["decide"] = decided
         t0 = self._last_begin = clock()
         try:
-            # Step 1: open the transaction
-            producer.begin_transaction()
-            t1 = clock()
-            # Step 2: the events, changelogs (states, open runs, command ids), fired timers,
-            # dead letters and forwarded records
-            produce(producer, self.settings, self.codec, batch, commit.on_delivery)
-            for msg, outcome in batch.dead_letters:
-                self._dead_letter(producer, msg, outcome)
-            for msg, partition in batch.forwards:
-                self._forward(producer, msg, partition)
-            metadata = self._consumer.consumer_group_metadata()
+            with unmasked():
+                # Step 1: open the transaction
+                producer.begin_transaction()
+                t1 = clock()
+                # Step 2: the events, changelogs (states, open runs, command ids), fired
+                # timers, dead letters and forwarded records
+                produce(producer, self.settings, self.codec, batch, commit.on_delivery)
+                for msg, outcome in batch.dead_letters:
+                    self._dead_letter(producer, msg, outcome)
+                for msg, partition in batch.forwards:
+                    self._forward(producer, msg, partition)
+                metadata = self._consumer.consumer_group_metadata()
         except KafkaException as e:
             self._abort(e, [batch], slot)
             return
@@ -694,7 +720,8 @@ class TransactionalProcessor:
         deadline = time.monotonic() + ABORT_LIMIT_S
         while True:
             try:
-                self._producers[slot].abort_transaction(10)
+                with unmasked():
+                    self._producers[slot].abort_transaction(10)
                 break
             except KafkaException as e:
                 if e.args[0].fatal():
@@ -800,6 +827,8 @@ class TransactionalProcessor:
             part.close()
         self.partitions.clear()
         for producer in self._producers:
-            with contextlib.suppress(KafkaException):  # a fatal producer cannot flush
+            # a fatal producer cannot flush; a fenced one may say so with a SystemError
+            # (`unmasked`): the error that stops the processor is the one to report
+            with contextlib.suppress(KafkaException, SystemError):
                 producer.flush(5)
         self._producers = []

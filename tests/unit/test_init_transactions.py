@@ -119,5 +119,44 @@ def test_a_starting_processor_waits_for_a_loading_coordinator_and_can_be_stopped
     stop = threading.Event()
     with pytest.raises(Stopping):
         proc.start(stop)
-    assert asked == [(loop.START_PATIENCE_S, stop)]
+    assert [stopper for _, stopper in asked] == [stop]
+    assert asked[0][0] == pytest.approx(loop.START_PATIENCE_S, abs=1.0)
     assert loop.START_PATIENCE_S >= 120
+
+
+def test_the_second_producer_waits_out_what_is_left_of_one_patience(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cold broker's coordinators are awaited once for both producers (not 2 x 300 s),
+    and a second producer that cannot start leaves the first flushed, not dangling."""
+    from types import SimpleNamespace
+
+    from sessionstream.settings import Settings
+    from streams.processor import loop
+
+    clock = [1000.0]
+    monkeypatch.setattr(loop.time, "monotonic", lambda: clock[0])
+    first = SimpleNamespace(flushed=0)
+    first.flush = lambda timeout: setattr(first, "flushed", first.flushed + 1) or 0
+    asked: list[float] = []
+
+    def recording(
+        make: object, patience_s: float, *, bootstrap: str, stop: threading.Event | None
+    ) -> object:
+        asked.append(patience_s)
+        if len(asked) == 1:
+            clock[0] += 250.0  # the first coordinator took 250 s to load
+            return first
+        raise KafkaUnavailable("init_transactions failed: timed out", bootstrap="b")
+
+    s = Settings()
+    monkeypatch.setattr(loop, "ensure_topics", lambda settings: [])
+    monkeypatch.setattr(
+        loop, "check_topics", lambda settings: SimpleNamespace(partitions={s.commands_topic: 4})
+    )
+    monkeypatch.setattr(loop, "init_transactions", recording)
+    proc = loop.TransactionalProcessor(s, instance_id="t")
+    with pytest.raises(KafkaUnavailable):
+        proc.start(threading.Event())
+    assert asked == [loop.START_PATIENCE_S, loop.START_PATIENCE_S - 250.0]
+    assert first.flushed == 1 and proc._producers == []
