@@ -1,15 +1,15 @@
 """The whole pipeline on the 3-node cluster while brokers die: nothing accepted is lost.
 
-`SESSIONSTREAM_KAFKA_BROKERS=3` profile (RF 3, `min.insync.replicas=2`, transaction log
-RF 3): processor, sink and two reference-agent workers under a paced load
+`SESSIONSTREAM_KAFKA_BROKERS=3` profile (RF 3, `min.insync.replicas=2`, transaction log RF
+3): processor, sink and two reference-agent workers under a paced load
 (`SESSIONSTREAM_CLUSTER_RATE`, default 100 commands/s: see `RATE`), while rounds of faults
 hit the brokers, as Kafka's own `transactions_test.py` does: kill -9 of the node leading a
-commands/events partition, kill -9 of the node that coordinates the processor's
-transactions (each restarted once the pipeline has recovered without it), and clean
-restarts. Then the fault suite's contract (`faults.assert_consistent`): every acknowledged
-command has its outcome, every run ends, no duplicate or gap in (session, run, seq), at
-most one active run per session at every point of the log, the state table is the fold of
-the log, PostgreSQL equals the log.
+commands/events partition, kill -9 of the node that coordinates the transactions of one of
+the processor's two producers, in turn (each restarted once the pipeline has recovered
+without it), and clean restarts. Then the fault suite's contract
+(`faults.assert_consistent`): every acknowledged command has its outcome, every run ends,
+no duplicate or gap in (session, run, seq), at most one active run per session at every
+point of the log, the state table is the fold of the log, PostgreSQL equals the log.
 
 Each round's recovery is recorded: from the fault until the processor has committed past
 its position at the fault on every partition of the commands topic (it decides again
@@ -43,6 +43,7 @@ from sessionstream.settings import Settings
 from sinks.migrate import migrate
 from streams.log_check import check_log, fold_log
 from streams.partitioning import partition_for
+from streams.processor.loop import transactional_ids
 from tests.integration.faults import SOAK, Load, Pipeline, Verifier, assert_consistent
 from tests.integration.helpers import wait_until
 from tests.integration.procs import isolated_settings
@@ -258,7 +259,9 @@ def test_the_pipeline_loses_nothing_while_brokers_die(
     started = time.monotonic()
     try:
         pipe.start()
-        txn_id = f"{iso.processor_group}-fault-p"  # {group}-{instance}
+        # the processor's two producers take turns: the rounds alternate between the
+        # coordinators of their ids, the second (`...#1`) first
+        txn_ids = transactional_ids(iso.processor_group, "fault-p")[::-1]
         verifier.start()
         progress.start()
         load.start()
@@ -273,7 +276,7 @@ def test_the_pipeline_loses_nothing_while_brokers_die(
             rows.append(
                 _round(f"{r + 1}: leader", leader, "kill-node", pipe, progress, admin, load)
             )
-            coordinator = txn_coordinator(admin, txn_id)
+            coordinator = txn_coordinator(admin, txn_ids[r % len(txn_ids)])
             rows.append(
                 _round(
                     f"{r + 1}: coordinator", coordinator, "kill-node", pipe, progress, admin, load
