@@ -23,11 +23,13 @@ def unavailable(
 
 
 def kafka_cause(error: BaseException) -> KafkaException | None:
-    """The KafkaException `error` is, or stands for: the first one along its chain of
-    causes. confluent-kafka's error callback turns a fatal error (a fenced producer) into
-    a KafkaException it leaves set while librdkafka goes on serving callbacks; the next
-    one it calls (a delivery report, a log line) then fails with "SystemError: ...
-    returned a result with an exception set", caused by that KafkaException (the open
+    """The KafkaException `error` is, or stands for: the first one along its explicit
+    causes (`__cause__` only: an exception merely being handled when `error` happened is
+    another error). confluent-kafka's error callback turns a fatal error (a fenced
+    producer) into a KafkaException it leaves set while librdkafka goes on serving
+    callbacks; the next one it calls (a delivery report, a log line) then fails with
+    "SystemError: ... returned a result with an exception set", which CPython makes
+    *caused by* that KafkaException (the problem of the open pull request
     confluent-kafka-python#1146; seen in CI: flush() of a fenced processor producer)."""
     seen: set[int] = set()
     e: BaseException | None = error
@@ -35,7 +37,7 @@ def kafka_cause(error: BaseException) -> KafkaException | None:
         if isinstance(e, KafkaException):
             return e
         seen.add(id(e))
-        e = e.__cause__ or e.__context__
+        e = e.__cause__
     return None
 
 

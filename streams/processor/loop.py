@@ -197,7 +197,8 @@ class _Commit:
         self.phases: dict[str, float] = {}
         self.error: KafkaException | None = None
         #: anything else the commit raised: its outcome is unknown (`wait` raises it)
-        self.failure: Exception | None = None
+        self.failure: BaseException | None = None
+        self.committed = False
         self._done = threading.Event()
 
     def on_delivery(self, err: KafkaError | None, msg: Message) -> None:
@@ -233,9 +234,10 @@ class _Commit:
                             raise
                         log.warning("commit_transaction: %s; retrying", kerr)
             self.phases["send_offsets"], self.phases["commit"] = t1 - t0, clock() - t1
+            self.committed = True
         except KafkaException as e:
             self.error = e
-        except Exception as e:  # never "committed" by default: the waiter raises it
+        except BaseException as e:  # never "committed" by default: the waiter raises it
             self.failure = e
         finally:
             self._done.set()
@@ -251,11 +253,13 @@ class _Commit:
             return KafkaException(
                 KafkaError(KafkaError._TIMED_OUT, "transaction commit stuck", fatal=True)
             )
-        if self.failure is not None:
+        if self.error is not None:
+            return self.error
+        if not self.committed:  # neither committed nor a Kafka error: outcome unknown
             raise RuntimeError(
                 f"the transaction's commit failed unexpectedly: {self.failure!r}"
             ) from self.failure
-        return self.error
+        return None
 
 
 def default_instance_id() -> str:
@@ -505,6 +509,7 @@ class TransactionalProcessor:
         assert self._consumer is not None and self._step is not None
         step = self._step
         stop = self._stop = stop or threading.Event()
+        failed = True
         try:
             while not stop.is_set():
                 messages = self._poll()
@@ -534,13 +539,27 @@ class TransactionalProcessor:
                             )
                             decided += time.perf_counter() - t0
                 self._begin(batch, decided)
+            failed = False
         except Stopping as e:
             # the producer failed and no new one could start: nothing in flight can commit
             log.info("%s", e)
             self._inflight = None
+            failed = False
         finally:
+            self._shutdown(quiet=failed)
+
+    def _shutdown(self, *, quiet: bool) -> None:
+        """The transaction in flight ends (commits or aborts), then everything is closed,
+        whatever that transaction did. `quiet` (the loop is failing already): its error is
+        logged, not raised, so the loop's own error is the one reported."""
+        try:
             if self._inflight is not None:
                 self._settle()
+        except Exception:
+            if not quiet:
+                raise
+            log.warning("the transaction in flight at the stop failed too", exc_info=True)
+        finally:
             self.close()
 
     def _poll(self) -> list[Message] | None:
@@ -812,15 +831,21 @@ class TransactionalProcessor:
         assert self._consumer is not None
         owned = [TopicPartition(t, p) for t in self.classes for p in self.partitions]
         self._on_revoke(self._consumer, owned)
-        with contextlib.suppress(KafkaException, RuntimeError):
+        with contextlib.suppress(KafkaException, SystemError, RuntimeError):
             self._consumer.close()
         self._consumer = self._group_consumer()
 
     def close(self) -> None:
-        if self._inflight is not None:
-            self._settle()
+        try:
+            if self._inflight is not None:
+                self._settle()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        """Consumer, stores and producers closed, whatever fails on the way."""
         if self._consumer is not None:
-            with contextlib.suppress(KafkaException, RuntimeError):
+            with contextlib.suppress(KafkaException, SystemError, RuntimeError):
                 self._consumer.close()
             self._consumer = None
         for part in self.partitions.values():

@@ -18,6 +18,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from sessionstream.kafka import take, unmasked
+from streams.processor.loop import _FENCING
 from tests.integration.conftest import TopicFactory
 
 pytestmark = pytest.mark.integration
@@ -213,8 +214,8 @@ def _fenced_flush(bootstrap: str, topic: str, tid: str) -> KafkaException | None
         old.produce(topic, value=b"x", partition=i % 2, on_delivery=on_delivery)
     new = Producer(conf)
     new.init_transactions(30)  # fences `old`
-    with pytest.raises(KafkaException) as committed:
-        old.commit_transaction(30)
+    with pytest.raises(KafkaException) as committed, unmasked():
+        old.commit_transaction(30)  # commits flush: the same callbacks as flush()
     assert committed.value.args[0].fatal()
     try:
         with unmasked():
@@ -244,4 +245,4 @@ def test_a_fenced_producers_flush_reads_as_the_fence_through_unmasked(
         error = _fenced_flush(kafka_bootstrap, topic, f"{topic}-fenced-{attempt}")
         if error is not None:
             kerr = error.args[0]
-            assert kerr.fatal() and kerr.code() == KafkaError._FENCED, kerr
+            assert kerr.fatal() and kerr.code() in _FENCING, kerr

@@ -5,7 +5,7 @@ commit whose outcome the driver reports oddly is never taken for committed.
 The odd report is real: confluent-kafka's error callback leaves a fenced producer's fatal
 KafkaException set while librdkafka serves the next callback, which then fails with
 "SystemError: <function _Commit.on_delivery ...> returned a result with an exception set"
-(seen in CI on flush(); confluent-kafka-python#1146). The integration tests
+(seen in CI on flush(); the open pull request confluent-kafka-python#1146). The integration tests
 (`test_processor.py`) fence real producers on the real broker; these pin the bookkeeping."""
 
 from __future__ import annotations
@@ -78,6 +78,9 @@ class FakeConsumer:
     def seek(self, tp: Any) -> None:
         raise AssertionError("nothing to rewind in these tests")
 
+    def close(self) -> None:
+        pass
+
 
 # -- the SystemError that stands for a KafkaException ------------------------------------------
 
@@ -99,6 +102,18 @@ def test_unmasked_leaves_other_errors_alone() -> None:
     assert kafka_cause(plain) is plain
 
 
+def test_a_system_error_while_a_kafka_error_is_handled_stays_a_system_error() -> None:
+    """Only an explicit cause counts: a KafkaException that was merely being handled (its
+    `__context__`) is another error, and reading the SystemError as it would, say, renew
+    a producer for a consumer's fault."""
+    with pytest.raises(SystemError):
+        try:
+            raise KafkaException(KafkaError(KafkaError._STATE, "being handled"))
+        except KafkaException:
+            with unmasked():
+                raise SystemError("unrelated")  # noqa: B904 (a context, on purpose)
+
+
 # -- one commit -----------------------------------------------------------------------------
 
 
@@ -117,6 +132,16 @@ def test_a_fence_reported_as_a_system_error_fails_the_commit_fatally() -> None:
 
 def test_a_commit_that_fails_otherwise_is_never_taken_for_committed() -> None:
     commit = commit_with(FakeProducer("a", {"commit": MemoryError("driver trouble")}))
+    with pytest.raises(RuntimeError, match="failed unexpectedly"):
+        commit.wait(10)
+
+
+class Interrupted(BaseException):
+    """Not an Exception: what a commit thread could end with besides a driver error."""
+
+
+def test_a_commit_that_ends_without_committing_is_never_taken_for_committed() -> None:
+    commit = commit_with(FakeProducer("a", {"commit": Interrupted()}))
     with pytest.raises(RuntimeError, match="failed unexpectedly"):
         commit.wait(10)
 
@@ -237,3 +262,28 @@ def test_close_survives_a_flush_that_reports_its_fence_as_a_system_error(
     proc._consumer = None
     proc.close()
     assert p0.calls == ["flush"] and p1.calls == ["flush"] and proc._producers == []
+
+
+def test_a_stop_whose_last_commit_fails_still_closes_everything(
+    proc: TransactionalProcessor,
+) -> None:
+    """The loop failing already (`quiet`): the transaction in flight fails too, its error
+    is logged, and consumer, stores and producers are closed all the same."""
+    p0, p1 = fakes(proc)
+    p0.fail["commit"] = MemoryError("driver trouble")
+    proc._begin(Batch([], []), 0.0)
+    proc._shutdown(quiet=True)
+    assert proc._inflight is None and proc._consumer is None and proc._producers == []
+    assert p0.calls[-1] == "flush" and p1.calls == ["flush"]
+
+
+def test_a_clean_stop_whose_last_commit_fails_says_so_and_still_closes(
+    proc: TransactionalProcessor,
+) -> None:
+    p0, p1 = fakes(proc)
+    p0.fail["commit"] = MemoryError("driver trouble")
+    proc._begin(Batch([], []), 0.0)
+    with pytest.raises(RuntimeError, match="failed unexpectedly"):
+        proc._shutdown(quiet=False)
+    assert proc._consumer is None and proc._producers == []
+    assert p0.calls[-1] == "flush" and p1.calls == ["flush"]

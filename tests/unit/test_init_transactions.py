@@ -4,6 +4,7 @@ loading its transaction coordinator is asked again; anything else stops it."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
@@ -135,7 +136,12 @@ def test_the_second_producer_waits_out_what_is_left_of_one_patience(
     from streams.processor import loop
 
     clock = [1000.0]
-    monkeypatch.setattr(loop.time, "monotonic", lambda: clock[0])
+    # the loop module's own clock only: other threads keep the real one
+    monkeypatch.setattr(
+        loop,
+        "time",
+        SimpleNamespace(monotonic=lambda: clock[0], perf_counter=time.perf_counter, time=time.time),
+    )
     first = SimpleNamespace(flushed=0)
     first.flush = lambda timeout: setattr(first, "flushed", first.flushed + 1) or 0
     asked: list[float] = []
