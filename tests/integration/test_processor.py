@@ -851,6 +851,80 @@ def test_failed_commits_under_light_load_read_their_batches_again(
     _assert_log(iso, sent)
 
 
+class _LosesOutcome:
+    """A real producer whose commit_transaction calls numbered `at` (over all producers)
+    commit, and then report a fatal error: the outcome of a commit the broker did take is
+    lost, as when a commit retried across a broker restart outlives the processor's wait,
+    or the producer turns fatal after its EndTxn went out."""
+
+    def __init__(self, at: set[int]) -> None:
+        self.at, self.calls, self.lost = at, 0, 0
+
+    def wrap(self, producer: Any) -> _Losing:
+        return _Losing(producer, self)
+
+
+class _Losing:
+    def __init__(self, producer: Any, plan: _LosesOutcome) -> None:
+        self._p, self._plan = producer, plan
+
+    def commit_transaction(self, *args: Any, **kwargs: Any) -> None:
+        plan = self._plan
+        plan.calls += 1
+        self._p.commit_transaction(*args, **kwargs)
+        if plan.calls in plan.at:
+            plan.lost += 1
+            raise KafkaException(
+                KafkaError(KafkaError._TIMED_OUT, "injected: the commit's outcome lost", fatal=True)
+            )
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._p, name)
+
+
+def test_a_commit_whose_outcome_was_lost_is_decided_again_identically(iso: Settings) -> None:
+    """A transaction commits, but the processor hears a fatal error instead. It renews the
+    producer and reads the batch again from its first offsets, on a store that never took
+    the batch in: it decides the batch again and writes the same records once more (same
+    keys, same bytes: the decider is deterministic and its clock is the commands' append
+    time), which the log's contract allows (`check_log` counts identical duplicates; any
+    other difference is a violation). Every command still has one outcome, no run has a
+    gap, and the state table is the fold of the log."""
+    proc = TransactionalProcessor(iso, instance_id=f"lost-{uuid.uuid4().hex[:6]}")
+    proc.start()
+    losing = _LosesOutcome(at={6, 15})
+    proc._producers = [losing.wrap(p) for p in proc._producers]  # type: ignore[misc]
+    stop = threading.Event()
+    runner = threading.Thread(target=proc.run, args=(stop,), daemon=True)
+    runner.start()
+    sent: set[str] = set()
+    try:
+        wait_until(
+            lambda: len(proc.partitions) == iso.partitions, timeout=60, what="partitions assigned"
+        )
+        with SessionClient("t", iso) as c:
+            deadline = time.monotonic() + 60
+            i = -1
+            while i < 799 or (losing.lost < 2 and time.monotonic() < deadline):
+                i += 1
+                sid = f"lost-{i % 20}"
+                kind = "prompt" if (i // 20) % 2 == 0 else "abort"
+                cmd = c.command(sid, kind, {"text": "x"} if kind == "prompt" else {})
+                c.submit(cmd, track=False)
+                sent.add(cmd.command_id)
+                c.producer.poll(0)
+                time.sleep(0.002)
+            c.flush()
+        wait_processed(iso)
+    finally:
+        stop.set()
+        runner.join(60)
+    assert losing.lost >= 2, f"{losing.lost} lost outcomes in {losing.calls} commits"
+    _assert_log(iso, sent)
+    # the lost batches were written again: the case this test is about did happen
+    assert check_log(read_topic(iso, iso.events_topic)).identical_duplicates > 0
+
+
 def test_a_restarted_instance_fences_both_of_its_predecessors_producers(iso: Settings) -> None:
     """Transactions alternate between an instance's two producers, so a crashed instance
     can leave an open transaction on either transactional id. The second one's, left open
