@@ -765,10 +765,13 @@ class _FailsAt:
     """The processor's real producers, except that their commit_transaction calls numbered
     `at` (counted over all of them) fail with an error that requires aborting the
     transaction (as a partition moving away mid-transaction does): the transaction is
-    aborted and read again."""
+    aborted and read again. `after_commit`: they commit, and then report a fatal error
+    (the outcome of a commit the broker did take is lost, as when a commit retried across
+    a broker restart outlives the processor's wait)."""
 
-    def __init__(self, at: set[int]) -> None:
+    def __init__(self, at: set[int], *, after_commit: bool = False) -> None:
         self.at, self.calls, self.failed = at, 0, 0
+        self.after_commit = after_commit
 
     def wrap(self, producer: Any) -> _Failing:
         return _Failing(producer, self)
@@ -781,13 +784,66 @@ class _Failing:
     def commit_transaction(self, *args: Any, **kwargs: Any) -> None:
         plan = self._plan
         plan.calls += 1
-        if plan.calls in plan.at:
-            plan.failed += 1
+        if plan.calls not in plan.at:
+            self._p.commit_transaction(*args, **kwargs)
+            return
+        plan.failed += 1
+        if not plan.after_commit:
             raise KafkaException(KafkaError(KafkaError._STATE, "injected", txn_requires_abort=True))
         self._p.commit_transaction(*args, **kwargs)
+        raise KafkaException(
+            KafkaError(KafkaError._TIMED_OUT, "injected: the commit's outcome lost", fatal=True)
+        )
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._p, name)
+
+
+def _trickle(
+    iso: Settings, failing: _FailsAt, name: str, *, at_least: int, sessions: int, pause_s: float
+) -> set[str]:
+    """A processor with `failing`'s producers under light load: at least `at_least`
+    prompts and aborts over `sessions` sessions, and on until two injected failures
+    happened (on a loaded machine the recovery from the first can take seconds, and the
+    batches after it are large: 1,500 commands once ended before the 14th commit; bounded
+    at 60 s). Returns the command ids sent, once the processor has decided them all."""
+    proc = TransactionalProcessor(iso, instance_id=f"{name}-{uuid.uuid4().hex[:6]}")
+    proc.start()
+    proc._producers = [failing.wrap(p) for p in proc._producers]  # type: ignore[misc]
+    stop = threading.Event()
+    runner = threading.Thread(target=proc.run, args=(stop,), daemon=True)
+    runner.start()
+    sent: set[str] = set()
+    try:
+        wait_until(
+            lambda: len(proc.partitions) == iso.partitions, timeout=60, what="partitions assigned"
+        )
+        with SessionClient("t", iso) as c:
+            deadline = time.monotonic() + 60
+            i = -1
+            while i < at_least - 1 or (failing.failed < 2 and time.monotonic() < deadline):
+                i += 1
+                sid = f"{name}-{i % sessions}"
+                kind = "prompt" if (i // sessions) % 2 == 0 else "abort"
+                cmd = c.command(sid, kind, {"text": "x"} if kind == "prompt" else {})
+                c.submit(cmd, track=False)
+                sent.add(cmd.command_id)
+                c.producer.poll(0)
+                time.sleep(pause_s)
+            c.flush()
+        wait_processed(iso)
+    finally:
+        stop.set()
+        runner.join(60)
+    # how many of the planned failures come depends on the recovery (an abort can cost
+    # the next transaction too: librdkafka then bumps the epoch)
+    assert failing.failed >= 2, (
+        f"{failing.failed} injected failures in {failing.calls} commits of {len(sent)} "
+        f"commands (producers wrapped still: "
+        f"{[isinstance(p, _Failing) for p in proc._producers]})"
+    )
+    assert proc.stats.aborts >= failing.failed or failing.after_commit
+    return sent
 
 
 def test_failed_commits_under_light_load_read_their_batches_again(
@@ -806,80 +862,11 @@ def test_failed_commits_under_light_load_read_their_batches_again(
         real_absorb(self, later)
 
     monkeypatch.setattr(Batch, "absorb", counting)
-    proc = TransactionalProcessor(iso, instance_id=f"light-{uuid.uuid4().hex[:6]}")
-    proc.start()
-    failing = _FailsAt(at=set(range(8, 60, 6)))
-    proc._producers = [failing.wrap(p) for p in proc._producers]  # type: ignore[misc]
-    stop = threading.Event()
-    runner = threading.Thread(target=proc.run, args=(stop,), daemon=True)
-    runner.start()
-    sent: set[str] = set()
-    try:
-        wait_until(
-            lambda: len(proc.partitions) == iso.partitions, timeout=60, what="partitions assigned"
-        )
-        with SessionClient("t", iso) as c:
-            # light load: a few commands per transaction, at least 1,500 of them, and on
-            # until two injected failures happened (on a loaded machine the recovery from
-            # the first can take seconds, and the batches after it are large: 1,500
-            # commands once ended before the 14th commit; bounded at 60 s)
-            deadline = time.monotonic() + 60
-            i = -1
-            while i < 1499 or (failing.failed < 2 and time.monotonic() < deadline):
-                i += 1
-                sid = f"light-{i % 30}"
-                kind = "prompt" if (i // 30) % 2 == 0 else "abort"
-                cmd = c.command(sid, kind, {"text": "x"} if kind == "prompt" else {})
-                c.submit(cmd, track=False)
-                sent.add(cmd.command_id)
-                c.producer.poll(0)
-                time.sleep(0.001)
-            c.flush()
-        wait_processed(iso)
-    finally:
-        stop.set()
-        runner.join(60)
-    # how many of the planned failures come depends on the recovery (an abort can cost
-    # the next transaction too: librdkafka then bumps the epoch)
-    assert failing.failed >= 2, (
-        f"{failing.failed} injected failures in {failing.calls} commits of {len(sent)} "
-        f"commands (producers wrapped still: "
-        f"{[isinstance(p, _Failing) for p in proc._producers]})"
+    sent = _trickle(
+        iso, _FailsAt(at=set(range(8, 60, 6))), "light", at_least=1500, sessions=30, pause_s=0.001
     )
-    assert proc.stats.aborts >= failing.failed
     assert light, "no records joined a batch after a commit"
     _assert_log(iso, sent)
-
-
-class _LosesOutcome:
-    """A real producer whose commit_transaction calls numbered `at` (over all producers)
-    commit, and then report a fatal error: the outcome of a commit the broker did take is
-    lost, as when a commit retried across a broker restart outlives the processor's wait,
-    or the producer turns fatal after its EndTxn went out."""
-
-    def __init__(self, at: set[int]) -> None:
-        self.at, self.calls, self.lost = at, 0, 0
-
-    def wrap(self, producer: Any) -> _Losing:
-        return _Losing(producer, self)
-
-
-class _Losing:
-    def __init__(self, producer: Any, plan: _LosesOutcome) -> None:
-        self._p, self._plan = producer, plan
-
-    def commit_transaction(self, *args: Any, **kwargs: Any) -> None:
-        plan = self._plan
-        plan.calls += 1
-        self._p.commit_transaction(*args, **kwargs)
-        if plan.calls in plan.at:
-            plan.lost += 1
-            raise KafkaException(
-                KafkaError(KafkaError._TIMED_OUT, "injected: the commit's outcome lost", fatal=True)
-            )
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._p, name)
 
 
 def test_a_commit_whose_outcome_was_lost_is_decided_again_identically(iso: Settings) -> None:
@@ -890,36 +877,8 @@ def test_a_commit_whose_outcome_was_lost_is_decided_again_identically(iso: Setti
     time), which the log's contract allows (`check_log` counts identical duplicates; any
     other difference is a violation). Every command still has one outcome, no run has a
     gap, and the state table is the fold of the log."""
-    proc = TransactionalProcessor(iso, instance_id=f"lost-{uuid.uuid4().hex[:6]}")
-    proc.start()
-    losing = _LosesOutcome(at={6, 15})
-    proc._producers = [losing.wrap(p) for p in proc._producers]  # type: ignore[misc]
-    stop = threading.Event()
-    runner = threading.Thread(target=proc.run, args=(stop,), daemon=True)
-    runner.start()
-    sent: set[str] = set()
-    try:
-        wait_until(
-            lambda: len(proc.partitions) == iso.partitions, timeout=60, what="partitions assigned"
-        )
-        with SessionClient("t", iso) as c:
-            deadline = time.monotonic() + 60
-            i = -1
-            while i < 799 or (losing.lost < 2 and time.monotonic() < deadline):
-                i += 1
-                sid = f"lost-{i % 20}"
-                kind = "prompt" if (i // 20) % 2 == 0 else "abort"
-                cmd = c.command(sid, kind, {"text": "x"} if kind == "prompt" else {})
-                c.submit(cmd, track=False)
-                sent.add(cmd.command_id)
-                c.producer.poll(0)
-                time.sleep(0.002)
-            c.flush()
-        wait_processed(iso)
-    finally:
-        stop.set()
-        runner.join(60)
-    assert losing.lost >= 2, f"{losing.lost} lost outcomes in {losing.calls} commits"
+    lost = _FailsAt(at={6, 15}, after_commit=True)
+    sent = _trickle(iso, lost, "lost", at_least=800, sessions=20, pause_s=0.002)
     _assert_log(iso, sent)
     # the lost batches were written again: the case this test is about did happen
     assert check_log(read_topic(iso, iso.events_topic)).identical_duplicates > 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
@@ -91,15 +93,30 @@ def test_without_patience_one_call_of_60_s() -> None:
     assert a.made[0].timeouts == [60]
 
 
+def _starting_processor(monkeypatch: pytest.MonkeyPatch, init: Callable[..., object]) -> Any:
+    """A processor whose start() finds its topics and gets its producers from `init` (in
+    place of `init_transactions`)."""
+    from types import SimpleNamespace
+
+    from sessionstream.settings import Settings
+    from streams.processor import loop
+
+    s = Settings()
+    monkeypatch.setattr(loop, "ensure_topics", lambda settings: [])
+    monkeypatch.setattr(
+        loop, "check_topics", lambda settings: SimpleNamespace(partitions={s.commands_topic: 4})
+    )
+    monkeypatch.setattr(loop, "init_transactions", init)
+    return loop.TransactionalProcessor(s, instance_id="t")
+
+
 def test_a_starting_processor_waits_for_a_loading_coordinator_and_can_be_stopped(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A broker started just before the processor may still load its transaction
     coordinator: the processor asks for START_PATIENCE_S (not one 60 s call, after which it
     used to exit 2), and SIGTERM (the stop event given to start) ends the wait."""
-    from types import SimpleNamespace
 
-    from sessionstream.settings import Settings
     from streams.processor import loop
 
     asked: list[tuple[float, threading.Event | None]] = []
@@ -110,13 +127,7 @@ def test_a_starting_processor_waits_for_a_loading_coordinator_and_can_be_stopped
         asked.append((patience_s, stop))
         raise Stopping("stopped while waiting for the transaction coordinator")
 
-    s = Settings()
-    monkeypatch.setattr(loop, "ensure_topics", lambda settings: [])
-    monkeypatch.setattr(
-        loop, "check_topics", lambda settings: SimpleNamespace(partitions={s.commands_topic: 4})
-    )
-    monkeypatch.setattr(loop, "init_transactions", recording)
-    proc = loop.TransactionalProcessor(s, instance_id="t")
+    proc = _starting_processor(monkeypatch, recording)
     stop = threading.Event()
     with pytest.raises(Stopping):
         proc.start(stop)
@@ -132,7 +143,6 @@ def test_the_second_producer_waits_out_what_is_left_of_one_patience(
     and a second producer that cannot start leaves the first flushed, not dangling."""
     from types import SimpleNamespace
 
-    from sessionstream.settings import Settings
     from streams.processor import loop
 
     clock = [1000.0]
@@ -155,13 +165,7 @@ def test_the_second_producer_waits_out_what_is_left_of_one_patience(
             return first
         raise KafkaUnavailable("init_transactions failed: timed out", bootstrap="b")
 
-    s = Settings()
-    monkeypatch.setattr(loop, "ensure_topics", lambda settings: [])
-    monkeypatch.setattr(
-        loop, "check_topics", lambda settings: SimpleNamespace(partitions={s.commands_topic: 4})
-    )
-    monkeypatch.setattr(loop, "init_transactions", recording)
-    proc = loop.TransactionalProcessor(s, instance_id="t")
+    proc = _starting_processor(monkeypatch, recording)
     with pytest.raises(KafkaUnavailable):
         proc.start(threading.Event())
     assert asked == [loop.START_PATIENCE_S, loop.START_PATIENCE_S - 250.0]
