@@ -380,10 +380,7 @@ class TransactionalProcessor:
                 left = max(0.0, deadline - time.monotonic())
                 self._producers.append(self._transactional_producer(slot, patience_s=left))
         except BaseException:
-            for producer in self._producers:  # the ones already up leave nothing behind
-                with contextlib.suppress(KafkaException, SystemError):
-                    producer.flush(1)
-            self._producers = []
+            self._release()  # the producers already up leave nothing behind
             raise
         self._consumer = self._group_consumer()
 
