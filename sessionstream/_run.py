@@ -7,6 +7,7 @@ import signal
 import threading
 from types import FrameType
 
+from sessionstream._gc import settle_collector
 from sessionstream.errors import SessionstreamError, SingleWriterViolation
 from sessionstream.settings import get_settings
 
@@ -41,6 +42,11 @@ def run_processor(instance: str | None) -> int:
         except Stopping as e:
             log.info("processor stopped before it started: %s", e)
             return 0
+        # started (its partitions' states restored): a backlog allocates ~100 tracked
+        # objects per command, and at CPython's thresholds the collections rescanning what
+        # the process made so far took 13 % of its CPU (bench/results/profile.md)
+        frozen = settle_collector()
+        log.info("garbage collector settled: %s start-up objects frozen", frozen)
         log.info(
             "processor %s consuming %s",
             proc.instance_id,

@@ -156,6 +156,8 @@ def test_kill9_processor_three_times_under_load(iso: Settings, procs: list[Proc]
     ]
     assert lines and "restored partitions" in procs[-1].log_text()
     assert all("(8 from a checkpoint, 0 in full)" in ln for ln in lines), lines
+    # the CLI settles the process's collector once started (a backlog's CPU, profile.md)
+    assert "garbage collector settled" in procs[-1].log_text(), procs[-1].tail()
 
 
 def test_a_second_live_processor_with_the_same_instance_id_is_refused(

@@ -13,7 +13,7 @@ import gc, json, weakref
 from sessionstream._gc import YOUNG_THRESHOLD, settle_collector
 
 before = gc.get_freeze_count()
-settle_collector()
+reported = settle_collector()
 
 class Node:
     pass
@@ -26,6 +26,7 @@ gc.collect()
 print(json.dumps({
     "frozen_before": before,
     "frozen": gc.get_freeze_count(),
+    "reported": reported,
     "threshold": list(gc.get_threshold()),
     "young": YOUNG_THRESHOLD,
     "cycle_collected": alive() is None,
@@ -40,6 +41,7 @@ def test_settle_freezes_start_up_objects_and_still_collects_later_cycles() -> No
     got = json.loads(out.stdout)
     assert got["frozen_before"] == 0
     assert got["frozen"] > 1000  # the interpreter's and the imports' objects
+    assert got["reported"] == got["frozen"]
     assert got["threshold"] == [got["young"], 20, 20]
     assert got["young"] > 700  # rarer than CPython's default
     assert got["cycle_collected"]
