@@ -42,9 +42,9 @@ def run_processor(instance: str | None) -> int:
         except Stopping as e:
             log.info("processor stopped before it started: %s", e)
             return 0
-        # started (its partitions' states restored): a backlog allocates ~100 tracked
-        # objects per command, and at CPython's thresholds the collections rescanning what
-        # the process made so far took 13 % of its CPU (bench/results/profile.md)
+        # started (topics checked, producers ready, group joined): a backlog allocates
+        # ~100 tracked objects per command, and at CPython's thresholds the collections
+        # rescanning what the process holds took 13 % of its CPU (bench/results/profile.md)
         frozen = settle_collector()
         log.info("garbage collector settled: %s start-up objects frozen", frozen)
         log.info(
