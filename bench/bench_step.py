@@ -54,7 +54,7 @@ from streams.partitioning import partition_for
 from streams.processor.batch import decide_batch, input_classes, produce
 from streams.processor.partition import PartitionState
 from streams.processor.store import PartitionStore
-from streams.step import CommandStep, DedupRecord
+from streams.step import CommandStep
 
 PARTITIONS = 4
 
@@ -190,11 +190,8 @@ def measure(s: Settings, recs: list[Record], batch_size: int) -> dict[str, Any]:
         produce(producer, s, codec, batch, delivered)
         t2 = clock()
         # what `_settle` does once the transaction committed
-        by_p: dict[int, list[DedupRecord]] = {}
-        for (p, _sid, _h), kept in batch.remembered.items():
-            by_p.setdefault(p, []).append(kept)
-        for p in batch.records.keys() | by_p.keys():
-            parts[p].commit(batch.records.get(p, ()), by_p.get(p, ()), i + 1, i + 1)
+        for p in batch.records.keys() | batch.dedup.keys():
+            parts[p].commit(batch.records.get(p, ()), batch.dedup.get(p, ()), i + 1, i + 1)
         t3 = clock()
         took["decide_batch"] += t1 - t0
         took["produce"] += t2 - t1

@@ -61,6 +61,8 @@ class Batch:
     first: dict[TP, int] = field(default_factory=dict)
     #: (partition, state, record) of every staged state, filled in by `produce`
     records: dict[int, list[tuple[SessionState, bytes]]] = field(default_factory=dict)
+    #: the command ids to remember by partition, filled in by `produce`
+    dedup: dict[int, list[DedupRecord]] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.messages or self.timers)
@@ -219,7 +221,7 @@ def produce(
                 put(state_topic, key=key, value=value, partition=p)
     for (p, sid), record in batch.open_runs.items():
         put(s.open_runs_topic, key=sid.encode(), value=record, partition=p)
-    dedup_by_p: dict[int, list[DedupRecord]] = {}
+    dedup_by_p = batch.dedup = {}
     for (p, _sid, _h), r in batch.remembered.items():
         dedup_by_p.setdefault(p, []).append(r)
     dedup_topic = s.dedup_topic

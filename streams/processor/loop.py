@@ -82,7 +82,7 @@ from streams.processor.partition import PartitionState
 from streams.processor.records import coords
 from streams.processor.restore import RestoreReport, restore
 from streams.processor.stats import ProcessorStats, StatsObserver
-from streams.step import FORWARDED_HEADER, CommandStep, DedupRecord, StepOutcome
+from streams.step import FORWARDED_HEADER, CommandStep, StepOutcome
 
 #: RocksDB's block cache, shared by the processor's stores (the hot states are cached
 #: decoded in front of it)
@@ -652,15 +652,12 @@ class TransactionalProcessor:
         # checkpoint behind, which only lengthens the next restore's tail)
         s = self.settings
         t1 = clock()
-        by_partition: dict[int, list[DedupRecord]] = {}
-        for (p, _sid, _h), r in batch.remembered.items():
-            by_partition.setdefault(p, []).append(r)
-        for p in batch.records.keys() | by_partition.keys():
+        for p in batch.records.keys() | batch.dedup.keys():
             owner = self.partitions.get(p)
             if owner is not None:
                 delta = owner.commit(
                     batch.records.get(p, ()),
-                    by_partition.get(p, ()),
+                    batch.dedup.get(p, ()),
                     commit.delivered.get((s.state_topic, p)),
                     commit.delivered.get((s.dedup_topic, p)),
                 )
