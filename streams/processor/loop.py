@@ -345,7 +345,8 @@ class TransactionalProcessor:
         self._slot = 0
         self._stop = threading.Event()  # run()'s, once it runs
         self._consumer: Consumer | None = None
-        self._renewed_at: float | None = None
+        #: slot -> when its producer was last renewed (a fence is judged per transactional id)
+        self._renewed_at: dict[int, float] = {}
         self._consumer_renewed_at: float | None = None
         self._group_log = GroupLog()
         self._forward_logged_at = 0.0
@@ -779,21 +780,19 @@ class TransactionalProcessor:
         `transaction.timeout.ms` does that: the coordinator aborts the open transaction
         itself and bumps the epoch, and our next EndTxn gets _FENCED or INVALID_TXN_STATE.
         A new producer with the same transactional id carries on (its `init_transactions`
-        settles the old transaction). *Fenced* again soon after: a second live instance has
-        our id, and this one stops; other fatal errors (INVALID_TXN_STATE when the
-        coordinator moved again) renew again. `stuck`: the producer did not fail but
-        cannot finish aborting (no sign of a second instance)."""
+        settles the old transaction). *Fenced* again soon after on the same slot: a second
+        live instance has our id, and this one stops. The window is per slot, because
+        broker kills can fence both slots' ids once each, one soon after the other (seen on
+        the 3-node cluster: a leader kill, then a coordinator kill). Other fatal errors
+        (INVALID_TXN_STATE when the coordinator moved again) renew again. `stuck`: the
+        producer did not fail but cannot finish aborting (no sign of a second instance)."""
         now = time.monotonic()
         # only fencing says "another instance": a coordinator that moved twice within the
         # window answers INVALID_TXN_STATE to the abort each time (seen on the 3-node
         # cluster: a leader kill that took the coordinator, then a coordinator kill)
         fenced = kerr.code() in _FENCING
-        again = (
-            fenced
-            and not stuck
-            and self._renewed_at is not None
-            and now - self._renewed_at < RENEW_WINDOW_S
-        )
+        last = self._renewed_at.get(slot)
+        again = fenced and not stuck and last is not None and now - last < RENEW_WINDOW_S
         if again:
             raise KafkaUnavailable(
                 f"processor transaction failed fatally: {kerr}",
@@ -802,7 +801,7 @@ class TransactionalProcessor:
         log.warning(
             "producer %s failed (%s); a new producer takes over its transactional id", slot, kerr
         )
-        self._renewed_at = now
+        self._renewed_at[slot] = now
         self._producers[slot] = self._transactional_producer(slot, patience_s=RENEW_PATIENCE_S)
 
     def _renew_consumer(self, error: KafkaException) -> None:

@@ -254,6 +254,36 @@ def test_a_second_fence_soon_after_stops_the_processor_with_the_fence_as_its_rea
     assert type(got.value).__name__ == "KafkaUnavailable"
 
 
+def test_each_slot_may_be_fenced_once_and_a_repeat_on_the_same_slot_stops(
+    proc: TransactionalProcessor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Broker kills can fence both transactional ids once each, close together (the 3-node
+    fault test: a leader kill, then the other id's coordinator): not a second instance. A
+    second live instance fences the same id again after we took it back."""
+    made: list[int] = []
+
+    def renew(slot: int, patience_s: float = 0.0) -> FakeProducer:
+        made.append(slot)
+        return FakeProducer(f"p{slot}-renewed", {"commit": masked(fenced())} if slot else {})
+
+    monkeypatch.setattr(proc, "_transactional_producer", renew)
+    p0, p1 = fakes(proc)
+    p0.fail["commit"] = masked(fenced())
+    p1.fail["commit"] = masked(fenced())
+    proc._begin(Batch([], []), 0.0)  # p0 fenced
+    assert not proc._settle()
+    proc._begin(Batch([], []), 0.0)  # p1 fenced, seconds later: renewed too
+    assert not proc._settle()
+    assert made == [0, 1]
+    proc._begin(Batch([], []), 0.0)  # the new p0 commits
+    assert proc._settle()
+    proc._begin(Batch([], []), 0.0)  # the new p1 is fenced again: another instance has it
+    with pytest.raises(Exception, match="failed fatally") as got:
+        proc._settle()
+    assert type(got.value).__name__ == "KafkaUnavailable"
+    assert made == [0, 1]
+
+
 def test_close_survives_a_flush_that_reports_its_fence_as_a_system_error(
     proc: TransactionalProcessor,
 ) -> None:
