@@ -15,11 +15,13 @@ already applied, recognised because the processor's committed offset on the comm
 partition moved past the command while no event of it appeared. A command's events are
 those after where its events partition ended when it was sent that carry its session, its
 command id and its `ts` (as `producerTs`), so another send under the same id is never
-taken for it.
+taken for it. An event this version cannot read is skipped (WARNING); the tracked commands
+of its session that it may belong to raise `IncompatibleEvent` from `wait` / `collect`.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from concurrent.futures import Future
@@ -69,6 +71,8 @@ from sessionstream.topics import command_topic
 from streams.partitioning import partition_for
 
 __all__ = ["KNOWN_RUN", "CommandHandle", "Outcome", "SessionClient", "outcome_of"]
+
+log = logging.getLogger("sessionstream.client")
 
 #: events the outcome tail takes from librdkafka per call
 _DRAIN_BATCH: Final = 500
@@ -164,6 +168,9 @@ class SessionClient:
         #: where each tracked command's outcome may start, and the `ts` it was sent with
         self._pending_from: dict[tuple[str, str], tuple[int, int]] = {}
         self._waits: dict[tuple[str, str], _WaitState] = {}
+        #: tracked commands whose session has an event this version cannot read, past
+        #: where their outcome may start: why their outcome cannot be known
+        self._unreadable: dict[tuple[str, str], str] = {}
         self._partitions: int | None = None
         #: the outcome tail's fetch.wait.max.ms (a server waiting on many commands: lower)
         self._fetch_wait_ms = fetch_wait_ms
@@ -478,10 +485,8 @@ class SessionClient:
             try:
                 event = self.codec.decode_event(msg.value() or b"")
             except DecodeError as e:
-                raise IncompatibleEvent(
-                    f"an event at {msg.topic()}[{msg.partition()}]@{msg.offset()} this "
-                    f"version cannot read ({e.reason}): upgrade sessionstream"
-                ) from e
+                self._cannot_read(msg, e)
+                return
             self._saw(event)
             key = (event.session_id, event.command_id)
             bucket = self._pending.get(key)
@@ -493,6 +498,26 @@ class SessionClient:
             raise unavailable("reading outcomes", KafkaException(err), self.settings)
         # else a broker restarting, or a partition's end: librdkafka reconnects, and the
         # caller's deadline bounds the wait
+
+    def _cannot_read(self, msg: Any, error: DecodeError) -> None:
+        """An event this version cannot read (a newer sessionstream wrote it, or bytes
+        that are no event) is skipped, and the tail goes on. The tracked commands of its
+        session (its key's first part) whose outcome may start at or before it can no
+        longer be known: `wait` and `collect` raise `IncompatibleEvent` for those only."""
+        offset = msg.offset() or 0
+        where = f"{msg.topic()}[{msg.partition()}]@{offset}"
+        reason = (
+            f"an event at {where} this version cannot read ({error.reason}): upgrade sessionstream"
+        )
+        session = (msg.key() or b"").split(b"/", 1)[0].decode(errors="replace")
+        hit = [
+            key
+            for key, (start, _) in self._pending_from.items()
+            if key[0] == session and offset >= start
+        ]
+        for key in hit:
+            self._unreadable[key] = reason
+        log.warning("%s; skipped (%d tracked commands of its session affected)", reason, len(hit))
 
     def _fetched_end(self, partition: int) -> int | None:
         """The events partition's high watermark as the tail's last fetch reported it, or
@@ -656,6 +681,7 @@ class SessionClient:
         self._pending.pop(key, None)
         self._pending_from.pop(key, None)
         self._waits.pop(key, None)
+        self._unreadable.pop(key, None)
 
     def _step(self, handle: CommandHandle, rnd: _Round) -> Outcome | None:
         """The outcome of `handle` if what was read so far proves it, else None."""
@@ -663,6 +689,9 @@ class SessionClient:
             raise KafkaUnavailable(
                 f"command not delivered: {handle.error}", bootstrap=self.settings.kafka_bootstrap
             )
+        unreadable = self._unreadable.get(_key(handle))
+        if unreadable is not None:
+            raise IncompatibleEvent(unreadable)
         if not handle.acked or handle.partition is None:
             return None
         if handle.offset is None:  # acknowledged without one: its upper bound
