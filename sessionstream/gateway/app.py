@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from schemas.commands import MAX_ID_CHARS
 from sessionstream import __version__
 from sessionstream._gc import settle_collector
-from sessionstream.errors import DatabaseUnavailable, SessionstreamError
+from sessionstream.errors import DatabaseUnavailable, IncompatibleEvent, SessionstreamError
 from sessionstream.gateway import views
 from sessionstream.gateway._flight import SingleFlight
 from sessionstream.gateway.auth import Authenticator, Principal
@@ -204,6 +204,8 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
             415: {"description": "not application/json"},
             422: {"description": "dead letter: the processor could not decide it"},
             429: {"description": "rate limited (Retry-After)"},
+            502: {"description": "the session has an event this version cannot read"},
+            503: {"description": "Kafka does not answer"},
         },
     )
     async def post_command(request: Request) -> Response:
@@ -221,6 +223,9 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
             result = await gw.bridge.execute(command, wait_s)
         except InFlight as e:
             raise ApiError(409, "command_in_flight", str(e)) from e
+        if isinstance(result, IncompatibleEvent):
+            # the session's log holds an event a newer version wrote: the outcome is unknown
+            raise ApiError(502, "incompatible_event", str(result).splitlines()[0])
         if isinstance(result, SessionstreamError):
             raise ApiError(503, "kafka_unavailable", str(result).splitlines()[0])
         if result is not None and result.reason == "tenant_mismatch":
@@ -303,6 +308,7 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
             "threads": threads,
             "sseClients": gw.fanout.subscribers,
             "commandsSent": gw.bridge.sent,
+            "commandsRestarts": gw.bridge.restarts,
             "commands": gw.bridge.timings(),
         }
         return JSONResponse(body, status_code=200 if ok else 503)

@@ -11,6 +11,7 @@ producer and one tail consumer however many requests wait.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -30,6 +31,8 @@ log = logging.getLogger("sessionstream.gateway")
 
 #: what a future resolves to: the outcome, None (no outcome within its wait), or the error
 Result = Outcome | SessionstreamError | None
+#: pause before a new client replaces one whose round failed
+RESTART_S = 1.0
 
 
 class InFlight(SessionstreamError):
@@ -59,6 +62,8 @@ class CommandBridge:
         # (session, command id) -> waiter; touched by the event loop only
         self._by_key: dict[tuple[str, str], _Waiter] = {}
         self.sent = 0
+        #: clients replaced after a failed round
+        self.restarts = 0
         #: (queued -> produced, produced -> outcome) in seconds, the latest few thousand
         self._timings: deque[tuple[float, float]] = deque(maxlen=5000)
 
@@ -82,6 +87,8 @@ class CommandBridge:
         A second request for the same session and command id while the first waits shares
         its outcome if it is the same command (a client's retry), and raises `InFlight`
         otherwise."""
+        if not self.alive:  # closed: no round would ever resolve it
+            return SessionstreamError("the gateway's commands thread has stopped")
         loop = asyncio.get_running_loop()
         key = (command.session_id, command.command_id)
         fut: asyncio.Future[Result] = loop.create_future()
@@ -117,43 +124,71 @@ class CommandBridge:
         return out
 
     def _run(self) -> None:
-        # the tail of outcomes waits 5 ms at the broker, not the SDK's 100 ms: many
-        # requests wait on it
-        client = SessionClient("gateway", self.settings, fetch_wait_ms=5)
+        """Until `close`: rounds of sending what is queued and resolving what is known. A
+        round that fails (Kafka gone past the SDK's own deadlines, anything unexpected)
+        fails the requests waiting then with the error, and a new `SessionClient` takes
+        over after `RESTART_S`: one bad round never leaves the gateway without commands."""
         waiting: list[_Waiter] = []
-        try:
-            client.prepare()
-        except SessionstreamError as e:
-            log.warning("gateway: Kafka not ready at start (%s); retried per request", e)
-        try:
-            while not self._stop.is_set():
-                new = self._take(block=not waiting)
-                if new:
-                    self._send(client, new)
-                    waiting.extend(w for w in new if w.handle is not None)
-                if not waiting:
-                    continue
-                by_handle = {id(w.handle): w for w in waiting}
-                for handle, result in client.collect(
-                    [w.handle for w in waiting if w.handle is not None], self.round_s
-                ):
-                    w = by_handle.pop(id(handle))
-                    self._resolve(w, result)
-                now = time.monotonic()
-                for w in list(by_handle.values()):
-                    if now > w.deadline:
-                        assert w.handle is not None
-                        client.release(w.handle)
-                        by_handle.pop(id(w.handle))
-                        self._resolve(w, None)
-                waiting = list(by_handle.values())
-        except Exception:  # the thread must not die silently: fail what waits
-            log.exception("gateway: the commands thread failed")
-            for w in waiting:
-                self._resolve(w, SessionstreamError("the gateway's Kafka thread failed"))
-            raise
-        finally:
-            client.close()
+        while not self._stop.is_set():
+            # the tail of outcomes waits 5 ms at the broker, not the SDK's 100 ms: many
+            # requests wait on it
+            client = SessionClient("gateway", self.settings, fetch_wait_ms=5)
+            failed = False
+            try:
+                try:
+                    client.prepare()
+                except SessionstreamError as e:
+                    log.warning("gateway: Kafka not ready (%s); retried per request", e)
+                self._rounds(client, waiting)
+            except Exception as e:
+                log.exception(
+                    "gateway: a round of the commands thread failed; a new client follows"
+                )
+                error = (
+                    e
+                    if isinstance(e, SessionstreamError)
+                    else SessionstreamError(f"the gateway's Kafka thread failed: {e!r}")
+                )
+                for w in waiting:
+                    self._resolve(w, error)
+                waiting.clear()
+                self.restarts += 1
+                failed = True
+            finally:
+                with contextlib.suppress(Exception):
+                    client.close()
+            if failed:
+                self._stop.wait(RESTART_S)
+        # stopping: nothing is left waiting for a round that will not come
+        stopping = SessionstreamError("the gateway is stopping")
+        with contextlib.suppress(RuntimeError):  # the event loop already closed
+            for w in waiting + self._take(block=False):
+                self._resolve(w, stopping)
+
+    def _rounds(self, client: SessionClient, waiting: list[_Waiter]) -> None:
+        """Rounds until `close`; `waiting` (kept in place) holds the requests sent and not
+        yet resolved, so a round that raises leaves them to `_run` to fail."""
+        while not self._stop.is_set():
+            new = self._take(block=not waiting)
+            if new:
+                self._send(client, new)
+                waiting.extend(w for w in new if w.handle is not None)
+            if not waiting:
+                continue
+            by_handle = {id(w.handle): w for w in waiting}
+            for handle, result in client.collect(
+                [w.handle for w in waiting if w.handle is not None], self.round_s
+            ):
+                w = by_handle.pop(id(handle))
+                self._resolve(w, result)
+            now = time.monotonic()
+            for w in list(by_handle.values()):
+                if now > w.deadline:
+                    assert w.handle is not None
+                    client.release(w.handle)
+                    by_handle.pop(id(w.handle))
+                    self._resolve(w, None)
+            waiting[:] = by_handle.values()
 
     def _take(self, *, block: bool) -> list[_Waiter]:
         out: list[_Waiter] = []
@@ -172,6 +207,10 @@ class CommandBridge:
             for w in new:
                 self._resolve(w, e)
             return
+        except Exception as e:  # not the SDK's: these fail, and the round with them
+            for w in new:
+                self._resolve(w, SessionstreamError(f"the gateway's Kafka thread failed: {e!r}"))
+            raise
         now = time.monotonic()
         for w, h in zip(new, handles, strict=True):
             w.handle = h

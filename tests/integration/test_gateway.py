@@ -439,3 +439,66 @@ def test_openapi_and_the_console_are_served(world: GatewayWorld) -> None:
         health = c.get("/healthz")
         assert health.status_code == 200, health.text
         assert health.json()["threads"] == {"commands": True, "events": True}
+
+
+def test_an_unreadable_event_fails_only_its_sessions_waiting_command(settings: Settings) -> None:
+    """A record on `session.events` the gateway cannot decode (a newer processor's event,
+    or bytes that are no event) arrives while commands of its session and of another wait
+    for their outcomes. The first gets 502 `incompatible_event`, the other its outcome,
+    and the gateway goes on: the next command of the same session is answered, and
+    /healthz is ok. (The commands thread used to die on it: every later POST waited
+    forever.) Its own world: the sink stops on such an event by design."""
+    import signal
+
+    from confluent_kafka import Producer
+
+    w = gateway_world(settings, "gwbad")
+    try:
+        w.start()
+        s = w.settings
+        w.procs[1].stop()  # the sink: it would stop at the record (upgrade the sink)
+        proc = w.procs[0].popen
+        assert proc is not None
+        x, y = _sid(), _sid()
+        with w.client(w.key("acme")) as c:
+            sent = c.get("/healthz").json()["commandsSent"]
+            results: dict[str, httpx.Response] = {}
+
+            def post(sid: str) -> None:
+                results[sid] = c.post(f"/v1/sessions/{sid}/commands?wait=30", json=_prompt())
+
+            proc.send_signal(signal.SIGSTOP)  # no outcome before the record is there
+            try:
+                posts = [threading.Thread(target=post, args=(sid,)) for sid in (x, y)]
+                for t in posts:
+                    t.start()
+                wait_until(
+                    lambda: c.get("/healthz").json()["commandsSent"] >= sent + 2,
+                    timeout=30,
+                    what="both commands produced",
+                )
+                p = Producer({"bootstrap.servers": s.kafka_bootstrap})
+                p.produce(
+                    s.events_topic,
+                    key=f"{x}/r-unknown/0000000001".encode(),
+                    value=b"\x00\x07not an event",
+                    partition=partition_for(x.encode(), s.partitions),
+                )
+                assert p.flush(30) == 0
+            finally:
+                proc.send_signal(signal.SIGCONT)
+            for t in posts:
+                t.join(60)
+            assert results[x].status_code == 502, results[x].text
+            err = results[x].json()["error"]
+            assert err["code"] == "incompatible_event" and "cannot read" in err["message"]
+            assert results[y].status_code == 200 and results[y].json()["status"] == "accepted"
+            # the gateway goes on: the same session's next command is answered
+            busy = c.post(f"/v1/sessions/{x}/commands", json=_prompt("again"))
+            assert busy.status_code == 409 and busy.json()["reason"] == "session_busy", busy.text
+            health = c.get("/healthz")
+            assert health.status_code == 200 and health.json()["commandsRestarts"] == 0
+        assert w.gateway is not None
+        w.gateway.wait_log("this version cannot read", 10)
+    finally:
+        w.stop()

@@ -1,5 +1,5 @@
 """The gateway's parts that need no server: key shape and hash, the token bucket, how a
-request body becomes a command, the SSE queue's bound."""
+request body becomes a command, the SSE queue's bound, the commands thread's recovery."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ import hashlib
 import pytest
 
 from schemas.codec import Codec
+from schemas.commands import Command
 from schemas.events import Event
+from sessionstream.client import CommandHandle, Outcome
+from sessionstream.errors import SessionstreamError
 from sessionstream.gateway._flight import SingleFlight
 from sessionstream.gateway.auth import Principal, TokenBucket, _presented
 from sessionstream.gateway.commands import build_command, outcome_body
@@ -17,6 +20,7 @@ from sessionstream.gateway.errors import ApiError
 from sessionstream.gateway.fanout import Item, Overflow, Stopped, Subscriber, _deliver, _stop
 from sessionstream.gateway.keys import hash_key, parse_key
 from sessionstream.gateway.sse import parse_last_event_id
+from sessionstream.settings import Settings
 
 WHO = Principal("abcdef012345", "acme", "alice")
 
@@ -82,8 +86,6 @@ def test_bad_bodies_are_refused_with_a_code(body: object, code: str) -> None:
 
 
 def test_outcomes_map_to_http_statuses() -> None:
-    from sessionstream.client import Outcome
-
     c = build_command("s1", {"type": "abort"}, WHO)
     assert outcome_body(c, None)[0] == 202
     assert outcome_body(c, Outcome("accepted", c.command_id, run_id="r"))[0] == 200
@@ -176,3 +178,63 @@ async def test_a_failed_tail_ends_every_stream_once() -> None:
     _stop(slow)  # its queue already ends with the overflow marker (and is full)
     items = [slow.queue.get_nowait() for _ in range(slow.queue.qsize())]
     assert isinstance(items[-1], Overflow) and not any(isinstance(i, Stopped) for i in items)
+
+
+# -- the commands thread outlives a failed round ----------------------------------------------
+class _RoundClient:
+    """Stands in for the bridge's `SessionClient`: the first one's first `collect` fails
+    with an error that is not the SDK's; every later round answers each command."""
+
+    made: list[_RoundClient] = []
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        self.closed = False
+        self.rounds = 0
+        _RoundClient.made.append(self)
+
+    def prepare(self) -> None:
+        pass
+
+    def submit_many(self, commands: list[Command]) -> list[CommandHandle]:
+        return [CommandHandle(c) for c in commands]
+
+    def collect(
+        self, handles: list[CommandHandle], timeout: float
+    ) -> list[tuple[CommandHandle, Outcome | SessionstreamError]]:
+        self.rounds += 1
+        if self is _RoundClient.made[0]:
+            raise RuntimeError("boom")
+        return [(h, Outcome("accepted", h.command.command_id, run_id="r")) for h in handles]
+
+    def release(self, handle: CommandHandle) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_failed_round_fails_its_requests_and_a_new_client_serves_the_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sessionstream.gateway import bridge as bridge_mod
+
+    _RoundClient.made = []
+    monkeypatch.setattr(bridge_mod, "SessionClient", _RoundClient)
+    monkeypatch.setattr(bridge_mod, "RESTART_S", 0.01)
+    b = bridge_mod.CommandBridge(Settings(), round_s=0.001)
+
+    async def go() -> tuple[object, object, object]:
+        b.start(asyncio.get_running_loop())
+        first = await b.execute(build_command("s1", {"type": "abort"}, WHO), 5)
+        second = await b.execute(build_command("s1", {"type": "abort"}, WHO), 5)
+        b.close()
+        third = await b.execute(build_command("s1", {"type": "abort"}, WHO), 5)
+        return first, second, third
+
+    first, second, third = asyncio.run(asyncio.wait_for(go(), 10))
+    assert isinstance(first, SessionstreamError) and "boom" in str(first)
+    assert isinstance(second, Outcome) and second.status == "accepted"
+    # closed: refused at once, never left waiting for a round
+    assert isinstance(third, SessionstreamError) and "stopped" in str(third)
+    assert b.restarts == 1 and len(_RoundClient.made) == 2
+    assert all(c.closed for c in _RoundClient.made)
