@@ -16,14 +16,17 @@ its partition sits; a dead first-ranked worker costs one step.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import hashlib
 import logging
 import os
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from consumers.worker._execution import Execution, Handler, RunSpec
 from consumers.worker._feed import ControlFeed, OpenRunsFeed, PresenceFeed
@@ -34,7 +37,8 @@ from schemas.commands import Command
 from schemas.discovery import OpenRun, WorkerPresence
 from schemas.events import Event
 from sessionstream import metrics
-from sessionstream.kafka import command_producer_config, produce
+from sessionstream.errors import SessionstreamError
+from sessionstream.kafka import command_producer_config, produce, unavailable, unmasked
 from sessionstream.settings import Settings
 from sessionstream.topics import command_topic
 
@@ -112,10 +116,14 @@ class Worker:
         self._producer: Producer | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.ready = asyncio.Event()
+        #: what ended a background task of `run` (the producer's pump, the presence beat)
+        self.failure: BaseException | None = None
 
     # -- lifecycle ----------
     async def run(self, stop: asyncio.Event | None = None) -> None:
-        """Until `stop` is set; then running runs are released for other workers."""
+        """Until `stop` is set; then running runs are released for other workers. A
+        background task that fails (the producer turned fatal) stops the worker the same
+        way, and `run` then raises its error (`KafkaUnavailable` for Kafka's)."""
         loop = asyncio.get_running_loop()
         stop = stop or asyncio.Event()
         if self.executor is not None:
@@ -133,15 +141,37 @@ class Worker:
             self.settings.open_runs_topic,
             self.settings.events_topic,
         )
-        pump = asyncio.create_task(self._pump_producer())
-        beat = asyncio.create_task(self._presence_loop())
-        ready = asyncio.create_task(self._await_ready())
+        pump = asyncio.create_task(self._pump_producer(), name="producer pump")
+        beat = asyncio.create_task(self._presence_loop(), name="presence")
+        ready = asyncio.create_task(self._await_ready(), name="ready")
+        for t in (pump, beat, ready):
+            t.add_done_callback(functools.partial(self._background_ended, stop))
         try:
             await stop.wait()
         finally:
             for t in (pump, beat, ready):
                 t.cancel()
             await self._shutdown()
+        if self.failure is not None:
+            if isinstance(self.failure, KafkaException):
+                raise unavailable(
+                    "the worker's producer failed", self.failure, self.settings
+                ) from self.failure
+            raise self.failure
+
+    def _background_ended(self, stop: asyncio.Event, task: asyncio.Task[None]) -> None:
+        """A background task ended. They end only when cancelled: one that failed would
+        leave the worker silent (no presence) or its deliveries unserved, so it stops
+        the worker (its runs are released) rather than run on without it."""
+        if task.cancelled() or task.exception() is None:
+            return
+        error = task.exception()
+        log.critical(
+            "the worker's %s task failed; stopping the worker", task.get_name(), exc_info=error
+        )
+        if self.failure is None:
+            self.failure = error
+        stop.set()
 
     async def _await_ready(self) -> None:
         while not (self.open_runs.caught_up.is_set() and self.presence.caught_up.is_set()):
@@ -158,7 +188,8 @@ class Worker:
     async def _shutdown(self) -> None:
         self.ready.clear()  # no run is taken any more
         for ex in list(self.executions.values()):
-            ex.release("worker shutting down")
+            with self._unsent("a lease release"):
+                ex.release("worker shutting down")
         if self._tasks:
             _, pending = await asyncio.wait(set(self._tasks), timeout=5)
             # still waiting (e.g. for a grant from a broker that is down): their releases
@@ -169,19 +200,33 @@ class Worker:
                 await asyncio.wait(pending, timeout=2)
         for handle in self._timers.values():
             handle.cancel()
-        self._publish_presence(leaving=True)
+        with self._unsent("the presence tombstone"):
+            self._publish_presence(leaving=True)
         for feed in (self.open_runs, self.presence, self.control):
             feed.close()
         if self._producer is not None:
-            await asyncio.to_thread(self._producer.flush, 10)
+            # a producer that turned fatal has nothing more to deliver
+            with contextlib.suppress(KafkaException, SystemError):
+                await asyncio.to_thread(self._producer.flush, 10)
         if self.executor is not None:
             await self.executor.close()
         log.info("worker %s stopped", self.worker_id)
 
+    @contextlib.contextmanager
+    def _unsent(self, what: str) -> Iterator[None]:
+        """At shutdown after the producer failed: what cannot be sent is logged, and the
+        shutdown goes on (the leases then expire on their own)."""
+        try:
+            with unmasked():
+                yield
+        except (KafkaException, SessionstreamError) as e:
+            log.warning("%s was not sent: %s", what, e)
+
     async def _pump_producer(self) -> None:
         while True:
             assert self._producer is not None
-            self._producer.poll(0)
+            with unmasked():  # a fatal error named as itself, not as a SystemError
+                self._producer.poll(0)
             await asyncio.sleep(0.02)
 
     async def _presence_loop(self) -> None:

@@ -265,3 +265,48 @@ def test_a_cancel_during_an_approved_action_says_it_was_executing(
     ack = next(e for e in run_events(iso, run_id) if e.type == "run.cancel_acknowledged")
     assert ack.payload.model_dump()["actions_executing"] == [f"{run_id}:email:start"]
     assert len(outbox(db, run_id)) == 1
+
+
+def test_a_worker_whose_producer_turns_fatal_releases_its_run_and_says_why(
+    iso: Settings, db: str, procs: list[Proc]
+) -> None:
+    """A background task of the worker fails: here its presence beat meets a fatal
+    producer error (injected into the worker's own presence call; the producer itself is
+    real). The task used to die unseen (its error logged, if ever, when collected) and the
+    worker ran on, silent to the others while it held its runs. Now it stops as on
+    SIGTERM — the run it held is released for another worker — and `run` raises the
+    error (the CLI exits 2 with it)."""
+    import asyncio
+
+    from confluent_kafka import KafkaError, KafkaException
+
+    from consumers.worker.reference_agent import reference_agent
+    from consumers.worker.runtime import Worker
+    from sessionstream.errors import KafkaUnavailable
+    from sessionstream.topics import ensure_topics
+
+    ensure_topics(iso)
+    procs.append(processor(iso))
+    w = Worker(iso, reference_agent, "w-fatal", database_url=db, presence_interval_s=0.2)
+    sid = f"fatal-{uuid.uuid4().hex[:6]}"
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        running = asyncio.create_task(w.run(stop))
+        await asyncio.wait_for(w.ready.wait(), 60)
+        run_id = await asyncio.to_thread(prompt, iso, sid, "steps=1 tool_ms=60000 email=no")
+        await asyncio.to_thread(wait_event, iso, run_id, "tool.started", 60.0, procs)
+        assert run_id in w.executions
+
+        def fatal(*, leaving: bool = False) -> None:
+            raise KafkaException(KafkaError(KafkaError._FATAL, "injected", fatal=True))
+
+        w._publish_presence = fatal  # type: ignore[method-assign]
+        with pytest.raises(KafkaUnavailable, match="the worker's producer failed"):
+            await asyncio.wait_for(running, 60)
+        assert stop.is_set() and isinstance(w.failure, KafkaException)
+        await asyncio.to_thread(wait_event, iso, run_id, "run.lease_released", 30.0)
+        # released, not ended: another worker may take it up
+        assert "run.finished" not in [e.type for e in run_events(iso, run_id)]
+
+    asyncio.run(main())
