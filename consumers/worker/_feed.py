@@ -52,6 +52,17 @@ def _decode(codec: Codec, value: bytes | None) -> Event | None:
         return None
 
 
+def _key_text(key: bytes, topic: str) -> str | None:
+    """A record's key as text; one that is not UTF-8 (no producer of ours wrote it) is
+    skipped loudly. It used to end the feed, and with it every worker, on every restart:
+    all of them read the whole compacted topic."""
+    try:
+        return key.decode()
+    except UnicodeDecodeError:
+        log.error("a %s record with a key that is not UTF-8 skipped: %r", topic, key[:80])
+        return None
+
+
 def _reader(settings: Settings, **extra: Any) -> Consumer:
     """An assign-only consumer (its group id is never joined nor committed)."""
     return Consumer(
@@ -63,6 +74,9 @@ class _Thread:
     def __init__(self, name: str) -> None:
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._main, name=name, daemon=True)
+        #: told (on this thread) what ended the feed; the worker stops on it. Unset: the
+        #: process is sent SIGTERM, which stops a `sessionstream worker` the same way
+        self.on_failure: Callable[[BaseException], None] | None = None
 
     def start(self) -> None:
         self.thread.start()
@@ -74,12 +88,14 @@ class _Thread:
     def _main(self) -> None:
         try:
             self.run()
-        except Exception:
-            # a worker whose feed is dead is deaf to cancels and grants: stop the whole
-            # process (gracefully: its leases are released) so a supervisor restarts it
+        except Exception as e:
+            # a worker whose feed is dead is deaf to cancels and grants: stop it
+            # (gracefully: its leases are released) so a supervisor restarts it
             log.critical("%s died; stopping the worker", self.thread.name, exc_info=True)
-            os.kill(os.getpid(), signal.SIGTERM)
-            raise
+            if self.on_failure is not None:
+                self.on_failure(e)
+            else:
+                os.kill(os.getpid(), signal.SIGTERM)
 
     def run(self) -> None:
         raise NotImplementedError
@@ -128,7 +144,9 @@ class OpenRunsFeed(_WholeTopic):
             except ValidationError as e:
                 log.error("undecodable open-runs record skipped: %s", e)
                 return
-        self.loop.call_soon_threadsafe(self.on_open, key.decode(), partition, run)
+        session = _key_text(key, self.topic)
+        if session is not None:
+            self.loop.call_soon_threadsafe(self.on_open, session, partition, run)
 
 
 class PresenceFeed(_WholeTopic):
@@ -148,7 +166,9 @@ class PresenceFeed(_WholeTopic):
             except ValidationError as e:
                 log.error("undecodable presence record skipped: %s", e)
                 return
-        self.loop.call_soon_threadsafe(self.on_presence, key.decode(), p, ts)
+        worker = _key_text(key, self.topic)
+        if worker is not None:
+            self.loop.call_soon_threadsafe(self.on_presence, worker, p, ts)
 
 
 class ControlFeed(_Thread):

@@ -122,8 +122,9 @@ class Worker:
     # -- lifecycle ----------
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Until `stop` is set; then running runs are released for other workers. A
-        background task that fails (the producer turned fatal) stops the worker the same
-        way, and `run` then raises its error (`KafkaUnavailable` for Kafka's)."""
+        background task or feed that fails (the producer turned fatal, a consumer's fatal
+        error) stops the worker the same way, and `run` then raises its error
+        (`KafkaUnavailable` for Kafka's)."""
         loop = asyncio.get_running_loop()
         stop = stop or asyncio.Event()
         if self.executor is not None:
@@ -133,6 +134,7 @@ class Worker:
         self.open_runs = OpenRunsFeed(self.settings, loop, self._on_open_run)
         self.presence = PresenceFeed(self.settings, loop, self._on_presence)
         for feed in (self.control, self.presence, self.open_runs):
+            feed.on_failure = functools.partial(self._feed_failed, loop, stop)
             feed.start()
         self._publish_presence()
         log.info(
@@ -154,10 +156,24 @@ class Worker:
             await self._shutdown()
         if self.failure is not None:
             if isinstance(self.failure, KafkaException):
-                raise unavailable(
-                    "the worker's producer failed", self.failure, self.settings
-                ) from self.failure
+                raise unavailable("the worker failed", self.failure, self.settings) from (
+                    self.failure
+                )
             raise self.failure
+
+    def _feed_failed(
+        self, loop: asyncio.AbstractEventLoop, stop: asyncio.Event, error: BaseException
+    ) -> None:
+        """On a feed's thread: the feed ended with `error` (logged there); the worker
+        stops as on SIGTERM, and `run` raises the error."""
+
+        def fail() -> None:
+            if self.failure is None:
+                self.failure = error
+            stop.set()
+
+        with contextlib.suppress(RuntimeError):  # the loop has closed: run has returned
+            loop.call_soon_threadsafe(fail)
 
     def _background_ended(self, stop: asyncio.Event, task: asyncio.Task[None]) -> None:
         """A background task ended. They end only when cancelled: one that failed would

@@ -302,11 +302,67 @@ def test_a_worker_whose_producer_turns_fatal_releases_its_run_and_says_why(
             raise KafkaException(KafkaError(KafkaError._FATAL, "injected", fatal=True))
 
         w._publish_presence = fatal  # type: ignore[method-assign]
-        with pytest.raises(KafkaUnavailable, match="the worker's producer failed"):
+        with pytest.raises(KafkaUnavailable, match=r"the worker failed: .*injected"):
             await asyncio.wait_for(running, 60)
         assert stop.is_set() and isinstance(w.failure, KafkaException)
         await asyncio.to_thread(wait_event, iso, run_id, "run.lease_released", 30.0)
         # released, not ended: another worker may take it up
         assert "run.finished" not in [e.type for e in run_events(iso, run_id)]
+
+    asyncio.run(main())
+
+
+def test_a_record_key_that_is_not_utf8_is_skipped_and_the_worker_stays_up(
+    iso: Settings, db: str, procs: list[Proc]
+) -> None:
+    """Every worker reads the whole compacted `session.workers` and `session.open-runs`
+    topics. One record there whose key is not UTF-8 used to end the feed, and with it
+    every worker, again on every restart. It is skipped (ERROR logged); the worker runs
+    the next prompt."""
+    from confluent_kafka import Producer
+
+    procs.append(processor(iso))
+    w = start_worker(iso, "w-badkey")
+    procs.append(w)
+    ready(w)
+    p = Producer({"bootstrap.servers": iso.kafka_bootstrap})
+    for topic in (iso.workers_topic, iso.open_runs_topic):
+        p.produce(topic, key=b"\xff\xfe-not-utf8", value=None)  # a tombstone: no value to refuse
+    assert p.flush(30) == 0
+    for topic in (iso.workers_topic, iso.open_runs_topic):
+        w.wait_log(f"a {topic} record with a key that is not UTF-8 skipped", 30)
+    run_id = prompt(iso, f"badkey-{uuid.uuid4().hex[:6]}", "steps=1 tool_ms=50 email=no")
+    assert terminal(iso, run_id, timeout=60) == "completed"
+    w.assert_alive()
+
+
+def test_a_worker_whose_feed_dies_stops_and_run_raises_its_error(
+    iso: Settings, db: str, procs: list[Proc]
+) -> None:
+    """A feed thread that ends with an error stops the worker as SIGTERM does, and `run`
+    raises that error (the CLI exits non-zero): it used to SIGTERM its own process, so a
+    program embedding the worker was killed, and `sessionstream worker` exited 0 as if
+    stopped on purpose."""
+    import asyncio
+
+    from consumers.worker.reference_agent import reference_agent
+    from consumers.worker.runtime import Worker
+    from sessionstream.topics import ensure_topics
+
+    ensure_topics(iso)
+    w = Worker(iso, reference_agent, "w-feed", database_url=db, presence_interval_s=0.2)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        running = asyncio.create_task(w.run(stop))
+        await asyncio.wait_for(w.ready.wait(), 60)
+
+        def broken(key: bytes, value: bytes | None, partition: int, ts: int) -> None:
+            raise RuntimeError("the feed broke")
+
+        w.presence.handle = broken  # type: ignore[method-assign]  # the next beat reaches it
+        with pytest.raises(RuntimeError, match="the feed broke"):
+            await asyncio.wait_for(running, 60)
+        assert stop.is_set()
 
     asyncio.run(main())
