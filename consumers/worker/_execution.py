@@ -11,6 +11,7 @@ as a stale write if someone did) and never starts an approved action after that 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import uuid
@@ -61,6 +62,8 @@ class Host(Protocol):
 
     worker_id: str
     lease_ms: int
+    #: the processor's limit on a command's payload (as JSON): a larger one is rejected
+    max_payload_bytes: int
     acquire_timeout_s: float
     cancel_grace_s: float
     model: Model
@@ -104,6 +107,7 @@ class Execution:
         self._my_cmds: dict[str, str] = {}  # command id -> type
         self._granted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._gate: dict[str, asyncio.Future[tuple[str, str | None]]] = {}
+        self._gate_cmds: dict[str, str] = {}  # action.request command id -> its key
         self._handler: asyncio.Task[str | None] | None = None
         self._complete_cmd: str | None = None
         self._round_end: asyncio.Future[str] | None = None
@@ -158,7 +162,10 @@ class Execution:
         if fut is None or fut.done():
             fut = asyncio.get_running_loop().create_future()
             self._gate[key] = fut
-            self.send("action.request", {"idempotencyKey": key, "kind": kind, "detail": detail})
+            cid = self.send(
+                "action.request", {"idempotencyKey": key, "kind": kind, "detail": detail}
+            )
+            self._gate_cmds[cid] = key
         return await fut
 
     # -- lifecycle ----------
@@ -235,20 +242,32 @@ class Execution:
                 return
             if ctx.aborted or self.cancelling:
                 return
+            complete = {
+                "result": result,
+                "consumedFollowUps": list(ctx.consumed_follow_ups),
+                "consumedSteers": list(ctx.consumed_steers),
+            }
+            size = len(json.dumps(complete, separators=(",", ":"), ensure_ascii=False).encode())
+            if size > self.w.max_payload_bytes:
+                # the processor would refuse it: the run fails now, saying why, rather than
+                # wait for an answer to a completion that can never be recorded
+                self._fail(
+                    f"the result is too large to record: {size} bytes as JSON > "
+                    f"{self.w.max_payload_bytes} (SESSIONSTREAM_MAX_PAYLOAD_BYTES)"
+                )
+                return
             self._round_end = asyncio.get_running_loop().create_future()
             metrics.WORKER_RUNS.labels("completed").inc()
-            self._complete_cmd = self.send(
-                "run.complete",
-                {
-                    "result": result,
-                    "consumedFollowUps": list(ctx.consumed_follow_ups),
-                    "consumedSteers": list(ctx.consumed_steers),
-                },
-            )
+            self._complete_cmd = self.send("run.complete", complete)
             if await self._round_end != "follow_ups":
                 return
             ctx.round += 1
             log.info("run %s: follow-ups delivered, round %s", self.run_id, ctx.round)
+
+    def _fail(self, error: str) -> None:
+        log.warning("run %s: failed: %s", self.run_id, error)
+        self.send("run.fail", {"error": error[:2000]})
+        metrics.WORKER_RUNS.labels("failed").inc()
 
     async def _heartbeat(self) -> None:
         """Renew every third of the lease; give the run up before an unanswered lease ends."""
@@ -367,6 +386,18 @@ class Execution:
             elif r.reason in FENCING_REASONS:
                 log.warning("run %s: %s rejected %s", self.run_id, kind, r.reason)
                 self._stop(f"{kind} rejected: {r.reason}", fenced=True)
+            elif kind == "run.complete" and e.command_id == self._complete_cmd:
+                # refused for what it carries (too large, invalid): nothing will answer it
+                if self._round_end is not None and not self._round_end.done():
+                    self._round_end.set_result("rejected")
+                detail = f": {r.detail}" if r.detail else ""
+                self._fail(f"run.complete rejected: {r.reason}{detail}")
+            elif kind == "action.request" and e.command_id in self._gate_cmds:
+                fut = self._gate.get(self._gate_cmds[e.command_id])
+                if fut is not None and not fut.done():
+                    fut.set_result(("denied", r.reason))
+            else:
+                log.warning("run %s: %s rejected: %s", self.run_id, kind, r.reason)
         elif e.type == "action.denied":
             d = e.payload_as(ActionDecision)
             fut = self._gate.get(d.idempotency_key)

@@ -95,6 +95,7 @@ class Worker:
         self.worker_id = worker_id or default_worker_id()
         self.model: Model = model or FakeModel()
         self.lease_ms = lease_ms or settings.worker_lease_ms
+        self.max_payload_bytes = settings.max_payload_bytes
         self.cancel_grace_s = cancel_grace_s
         self.acquire_timeout_s = acquire_timeout_s
         self.capacity = capacity

@@ -366,3 +366,49 @@ def test_a_worker_whose_feed_dies_stops_and_run_raises_its_error(
         assert stop.is_set()
 
     asyncio.run(main())
+
+
+def test_a_result_too_large_to_record_fails_the_run_with_the_reason(
+    iso: Settings, db: str, procs: list[Proc]
+) -> None:
+    """A handler's result over the worker's `max_payload_bytes`: the worker fails the run
+    at once, saying why. And when the processor is the one to refuse the completion (its
+    limit lower than the worker's: two configurations), the refusal fails the run too.
+    Either used to leave the run `running` until its deadline, then `timed_out`, with no
+    word of the cause."""
+    import asyncio
+
+    from consumers.worker.context import RunContext
+    from consumers.worker.runtime import Worker
+    from sessionstream.topics import ensure_topics
+
+    ensure_topics(iso)
+    procs.append(processor(iso.model_copy(update={"max_payload_bytes": 50_000})))
+
+    async def handler(ctx: RunContext) -> str:
+        return "x" * 120_000
+
+    w = Worker(iso, handler, "w-big", database_url=db)
+
+    def finished(run_id: str) -> RunFinished:
+        e = wait_event(iso, run_id, "run.finished", 60.0, procs)
+        return e.payload_as(RunFinished)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        running = asyncio.create_task(w.run(stop))
+        await asyncio.wait_for(w.ready.wait(), 60)
+        w.max_payload_bytes = 100_000  # below the result: the worker's own check
+        own = await asyncio.to_thread(prompt, iso, f"big-{uuid.uuid4().hex[:6]}", "go")
+        done = await asyncio.to_thread(finished, own)
+        assert done.terminal_status == "failed"
+        assert "the result is too large to record: 120" in (done.error or ""), done
+        w.max_payload_bytes = 1_000_000  # above it, and the processor's 50,000 below
+        refused = await asyncio.to_thread(prompt, iso, f"big-{uuid.uuid4().hex[:6]}", "go")
+        done = await asyncio.to_thread(finished, refused)
+        assert done.terminal_status == "failed"
+        assert (done.error or "").startswith("run.complete rejected: payload_too_large"), done
+        stop.set()
+        await asyncio.wait_for(running, 30)
+
+    asyncio.run(main())

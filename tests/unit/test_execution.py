@@ -13,7 +13,7 @@ from consumers.worker._execution import Execution, RunSpec
 from consumers.worker.context import RunContext
 from consumers.worker.model import FakeModel
 from schemas.commands import Command
-from schemas.events import Event
+from schemas.events import SESSION_LOG, Event
 
 SPEC = RunSpec("s-1", "acme", "r-1", 0, "do it", None)
 
@@ -22,6 +22,7 @@ class Host:
     def __init__(self, handler: Any, lease_ms: int = 3000) -> None:
         self.worker_id = "w1"
         self.lease_ms = lease_ms
+        self.max_payload_bytes = 256 * 1024
         self.acquire_timeout_s = 5.0
         self.cancel_grace_s = 0.5
         self.model = FakeModel()
@@ -232,3 +233,83 @@ async def test_a_model_call_whose_caller_is_cancelled_takes_the_request_with_it(
     finally:
         loop.set_exception_handler(None)
     assert not unretrieved, unretrieved
+
+
+# -- what the processor refuses for its content must not leave the run waiting ------------------
+def _rejected(cmd: Command, reason: str, detail: str | None = None) -> Event:
+    return Event(
+        session_id="s-1",
+        run_id=SESSION_LOG,
+        seq=1,
+        type="command.rejected",
+        payload={"reason": reason, "command_type": cmd.type, "detail": detail},
+        generation=1,
+        command_id=cmd.command_id,
+        ts=1,
+        tenant_id="acme",
+    )
+
+
+async def _granted(host: Host) -> tuple[Execution, asyncio.Task[None]]:
+    ex = Execution(host, SPEC)
+    task = asyncio.create_task(ex.main())
+    await until(lambda: "lease.acquire" in host.types())
+    ex.on_event(grant(host, lease_ms=30_000))
+    return ex, task
+
+
+async def test_a_result_over_the_payload_limit_fails_the_run_at_once_saying_why() -> None:
+    async def handler(ctx: RunContext) -> str:
+        return "x" * 300_000
+
+    host = Host(handler)
+    ex, task = await _granted(host)
+    await until(lambda: "run.fail" in host.types())
+    assert "run.complete" not in host.types()
+    error = str(host.sent[-1].payload.model_dump()["error"])
+    assert "too large" in error and "262144" in error, error
+    ex.on_event(event("run.finished", {"terminal_status": "failed"}))
+    await asyncio.wait_for(task, 5)
+
+
+async def test_a_completion_the_processor_refuses_fails_the_run_rather_than_wait() -> None:
+    """The processor's limit may be lower than the worker's own (another configuration),
+    or it refuses the completion for another reason that is no fencing: no event would
+    ever answer it, and the run used to wait for its deadline (10 min by default)."""
+
+    async def handler(ctx: RunContext) -> str:
+        return "a result"
+
+    host = Host(handler)
+    ex, task = await _granted(host)
+    await until(lambda: "run.complete" in host.types())
+    complete = host.sent[-1]
+    ex.on_event(_rejected(complete, "payload_too_large", "300000 bytes > 1000"))
+    await until(lambda: "run.fail" in host.types())
+    error = str(host.sent[-1].payload.model_dump()["error"])
+    assert error == "run.complete rejected: payload_too_large: 300000 bytes > 1000"
+    ex.on_event(event("run.finished", {"terminal_status": "failed"}))
+    await asyncio.wait_for(task, 5)
+    assert ex.fenced is None
+
+
+async def test_an_action_request_the_processor_refuses_is_a_denial_with_its_reason() -> None:
+    decided: list[object] = []
+
+    async def handler(ctx: RunContext) -> str:
+        from consumers.worker.context import ActionDenied
+
+        try:
+            await ctx.action("email", "k-1", lambda a: _record([]), detail="d" * 10)
+        except ActionDenied as e:
+            decided.append(str(e))
+        return "went on"
+
+    host = Host(handler)
+    ex, task = await _granted(host)
+    await until(lambda: "action.request" in host.types())
+    ex.on_event(_rejected(host.sent[-1], "payload_too_large"))
+    await until(lambda: "run.complete" in host.types())
+    assert decided and "payload_too_large" in str(decided[0])
+    ex.on_event(event("run.finished", {"terminal_status": "completed"}))
+    await asyncio.wait_for(task, 5)
