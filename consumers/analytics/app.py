@@ -78,7 +78,16 @@ def build_app(settings: Settings) -> tuple[Any, Folder]:
         assigned = {
             tp.partition for tp in app.consumer.assignment() if tp.topic == settings.events_topic
         }
-        folder.recovered(assigned, ((k.decode(), v) for k, v in table.items()))
+        try:
+            folder.recovered(assigned, ((k.decode(), v) for k, v in table.items()))
+        except Exception as e:
+            # faust runs this callback in a task whose outcome it never reads: without this
+            # the error vanished, no partition counted as owned, every event was skipped as
+            # `unowned` and the stats read zero. A changelog this version cannot read (a
+            # newer version's facts) stops the app, loudly, for a supervisor to see
+            log.critical("analytics: the table's changelog cannot be recovered: %r", e)
+            await app.crash(e)
+            return
         consumer: Any = app.consumer  # the AnalyticsConsumer of transport_class
         await consumer.resume_source()
         log.info(

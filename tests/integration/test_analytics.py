@@ -303,3 +303,50 @@ def test_counts_are_exact_through_duplicates_and_kill9(iso: Settings) -> None:
         assert observed_json(app.snapshot()) == expected_json(merged(first.expected, rest.expected))
     finally:
         app.stop()
+
+
+def test_a_changelog_it_cannot_recover_stops_the_app_saying_why(iso: Settings) -> None:
+    """A fact in the table's changelog this version cannot read (a newer version's, after
+    a rollback). faust runs the recovery callback in a task whose outcome it never reads:
+    the error vanished, the app served zeros and counted every event as `unowned`. Now
+    the app stops with the reason, for its supervisor to see."""
+    from sessionstream.topics import ensure_topics
+
+    ensure_topics(iso)
+    changelog = f"{iso.analytics_app_id}-analytics-changelog"
+    admin = AdminClient({"bootstrap.servers": iso.kafka_bootstrap})
+    first = Analytics(iso).start()
+    try:
+        wait_until(
+            lambda: (
+                changelog in admin.list_topics(timeout=10).topics
+                and first.try_get("/stats/progress") is not None
+            ),
+            timeout=120,
+            what="the analytics app up, its changelog made",
+        )
+    finally:
+        first.stop()
+    delivered: list[Any] = []
+    p = Producer({"bootstrap.servers": iso.kafka_bootstrap})
+    p.produce(
+        changelog,
+        key=b"run:0:r-future",
+        value=b'{"t":"from-a-newer-version"}',
+        partition=0,
+        on_delivery=lambda err, msg: delivered.append(err),
+    )
+    assert p.flush(30) == 0 and delivered == [None], delivered
+    second = Analytics(iso).start()
+    assert second.proc is not None
+    popen = second.proc.popen
+    assert popen is not None
+    try:
+        try:
+            wait_until(lambda: popen.poll() is not None, timeout=120, what="the app to stop")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; its log:\n{second.proc.tail(40)}") from None
+        assert popen.returncode != 0
+        assert "the table's changelog cannot be recovered" in second.proc.log_text()
+    finally:
+        second.stop()
