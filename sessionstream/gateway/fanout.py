@@ -20,6 +20,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, Message, TopicPartition
@@ -36,6 +37,11 @@ from streams.partitioning import partition_for
 __all__ = ["EventFanout", "Item", "Overflow", "Stopped", "Subscriber"]
 
 log = logging.getLogger("sessionstream.gateway")
+
+
+#: catch-ups read at once; more wait their turn (each holds its thread until its client
+#: has taken what it read, or `sse.STALL_S`)
+CATCH_UP_THREADS = 8
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,11 @@ class EventFanout:
         self._thread = threading.Thread(target=self._run, name="gateway-events", daemon=True)
         self._error: BaseException | None = None
         self.delivered = 0
+        #: the threads that read catch-ups (`catch_up`): their own, so a catch-up that
+        #: waits on its client never holds a thread other work needs
+        self.catch_up_threads = ThreadPoolExecutor(
+            CATCH_UP_THREADS, thread_name_prefix="gateway-catch-up"
+        )
 
     def start(self, timeout: float = 30.0) -> None:
         self._thread.start()
@@ -100,6 +111,7 @@ class EventFanout:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(10)
+        self.catch_up_threads.shutdown(wait=False, cancel_futures=True)
 
     def partition_of(self, session_id: str) -> int:
         return partition_for(session_id.encode(), self.partitions)

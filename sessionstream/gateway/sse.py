@@ -16,6 +16,7 @@ import concurrent.futures
 import json
 import threading
 from collections.abc import AsyncIterator
+from typing import Any
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
@@ -42,6 +43,10 @@ def parse_last_event_id(header: str | None, query: str | None) -> int | None:
     return value
 
 
+def _overflow(sent: int) -> ServerSentEvent:
+    return ServerSentEvent(data=json.dumps({"lastEventId": sent}), event="overflow", id=str(sent))
+
+
 def _sse(item: Item) -> ServerSentEvent:
     return ServerSentEvent(
         data=json.dumps(item.event.model_dump(by_alias=True, mode="json")),
@@ -50,42 +55,60 @@ def _sse(item: Item) -> ServerSentEvent:
     )
 
 
+#: a catch-up whose client takes nothing for this long is given up: its thread is freed and
+#: the stream ends with ``event: overflow`` (the client resumes from its last id)
+STALL_S = 30.0
+
+
 async def _catch_up(
     fanout: EventFanout, session_id: str, tenant_id: str, start: int, end: int
-) -> AsyncIterator[Item]:
-    """`fanout.catch_up` (a blocking read) from a thread, as an async iterator."""
+) -> AsyncIterator[Item | Overflow]:
+    """`fanout.catch_up` (a blocking read) on the fanout's catch-up threads, as an async
+    iterator. A client that stops taking events holds the read for `STALL_S` at most; the
+    iterator then ends with `Overflow`, never with a gap before the live part."""
     q: asyncio.Queue[object] = asyncio.Queue(256)
     loop = asyncio.get_running_loop()
     gone = threading.Event()
 
     def put(x: object) -> bool:
         fut = asyncio.run_coroutine_threadsafe(q.put(x), loop)
+        waited = 0.0
         while True:
             try:
                 fut.result(0.5)
                 return True
             except concurrent.futures.TimeoutError:
-                if gone.is_set():  # the client left: nobody will take it
+                waited += 0.5
+                # the client left, or takes nothing: nobody will take it
+                if gone.is_set() or waited >= STALL_S:
                     fut.cancel()
                     return False
 
     def read() -> None:
-        try:
-            for item in fanout.catch_up(session_id, tenant_id, start, end):
-                if not put(item):
-                    return
-        finally:
-            put(_DONE)
+        for item in fanout.catch_up(session_id, tenant_id, start, end):
+            if not put(item):
+                return
+        put(_DONE)
 
-    task = asyncio.ensure_future(asyncio.to_thread(read))
+    task = loop.run_in_executor(fanout.catch_up_threads, read)
     try:
         while True:
-            got = await q.get()
+            if q.empty() and task.done():
+                break  # the read ended without its last mark taken: given up, or failed
+            getter = asyncio.ensure_future(q.get())
+            both: set[asyncio.Future[Any]] = {getter, task}
+            done, _ = await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
+            if getter not in done:
+                getter.cancel()
+                continue
+            got = getter.result()
             if got is _DONE:
-                break
+                await task
+                return
             assert isinstance(got, Item)
             yield got
         await task  # re-raises a failed read
+        yield Overflow()
     finally:
         gone.set()
 
@@ -102,6 +125,9 @@ def event_stream(
         try:
             if last_id is not None and last_id + 1 < position:
                 async for item in _catch_up(fanout, session_id, tenant_id, last_id + 1, position):
+                    if isinstance(item, Overflow):  # given up: the client resumes from `sent`
+                        yield _overflow(sent)
+                        return
                     sent = item.offset
                     yield _sse(item)
             # tell the client where the live part starts (a comment, no event)
@@ -111,9 +137,7 @@ def event_stream(
                 if isinstance(got, Stopped):
                     return
                 if isinstance(got, Overflow):
-                    yield ServerSentEvent(
-                        data=json.dumps({"lastEventId": sent}), event="overflow", id=str(sent)
-                    )
+                    yield _overflow(sent)
                     return
                 if got.offset <= sent:
                     continue

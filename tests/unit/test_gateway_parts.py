@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import threading
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
@@ -238,3 +240,78 @@ def test_a_failed_round_fails_its_requests_and_a_new_client_serves_the_next(
     assert isinstance(third, SessionstreamError) and "stopped" in str(third)
     assert b.restarts == 1 and len(_RoundClient.made) == 2
     assert all(c.closed for c in _RoundClient.made)
+
+
+# -- catch-ups and the database have threads of their own ---------------------------------------
+class _Fanout:
+    """`catch_up` of `n` events from `start`, on a pool like the fanout's."""
+
+    def __init__(self, n: int) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.n = n
+        self.event = _event(1)  # one, reused: a Codec is slow to make
+        self.read = 0
+        self.closed = threading.Event()
+        self.catch_up_threads = ThreadPoolExecutor(2)
+
+    def catch_up(self, session_id: str, tenant_id: str, start: int, end: int) -> Iterator[Item]:
+        try:
+            for i in range(start, start + self.n):
+                self.read += 1
+                yield Item(i, self.event)
+        finally:
+            self.closed.set()
+
+
+async def test_a_catch_up_whose_client_stops_taking_is_given_up_and_ends_in_overflow(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The read used to wait on a stalled client for as long as it stayed connected,
+    holding its thread. Given up after `STALL_S`: what was read is still handed out in
+    order, then `Overflow` (the client resumes from its last id), never a gap."""
+    from sessionstream.gateway import sse
+
+    monkeypatch.setattr(sse, "STALL_S", 0.5)
+    fanout = _Fanout(1000)
+    it = sse._catch_up(fanout, "s1", "acme", 100, 10_000)  # type: ignore[arg-type]
+    got = [await it.__anext__() for _ in range(10)]
+    await asyncio.to_thread(fanout.closed.wait, 10)  # the stalled read gave up
+    assert fanout.closed.is_set() and fanout.read < 1000
+    got += [x async for x in it]
+    assert isinstance(got[-1], Overflow)
+    offsets = [x.offset for x in got[:-1] if isinstance(x, Item)]
+    assert offsets == list(range(100, 100 + len(offsets))) and len(offsets) >= 10
+
+
+async def test_a_catch_up_read_to_its_end_ends_without_overflow() -> None:
+    fanout = _Fanout(600)  # more than the queue holds: the reader waits for the client
+    got = [x async for x in _catch_up_of(fanout)]
+    assert [x.offset for x in got if isinstance(x, Item)] == list(range(600))
+    assert not any(isinstance(x, Overflow) for x in got)
+
+
+def _catch_up_of(fanout: _Fanout) -> AsyncIterator[Item | Overflow]:
+    from sessionstream.gateway import sse
+
+    return sse._catch_up(fanout, "s1", "acme", 0, 600)  # type: ignore[arg-type]
+
+
+async def test_database_calls_do_not_wait_behind_the_default_executor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every thread of asyncio's default executor busy (as slow SSE catch-ups held them):
+    a database call still runs at once, on the database's own threads."""
+    from sessionstream.gateway.db import Database
+
+    db = Database(Settings())  # never opened: `_call` is stood in for
+    monkeypatch.setattr(db, "_call", lambda fn, *args: fn(None, *args))
+    release = threading.Event()
+    loop = asyncio.get_running_loop()
+    busy = [loop.run_in_executor(None, release.wait, 30) for _ in range(64)]
+    try:
+        assert await asyncio.wait_for(db.run(lambda conn, x: x + 1, 41), 5) == 42
+    finally:
+        release.set()
+        await asyncio.gather(*busy)
+        db.close()
