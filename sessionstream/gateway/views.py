@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 
 from schemas.codec import Codec
-from schemas.events import Event
+from schemas.events import SESSION_LOG, Event
 from sinks.replay import events_of_session, offsets_of_run
 from streams.decider import evolve
 from streams.state import SessionState
@@ -169,6 +169,8 @@ def session_view(
 
 
 def run_view(conn: psycopg.Connection[Any], run_id: str, tenant_id: str) -> dict[str, Any] | None:
+    if run_id == SESSION_LOG:  # no run: every session's own log is stored under it
+        return None
     row = conn.execute(
         f"select {_RUN_COLUMNS} from agent_runs where run_id = %s", (run_id,)
     ).fetchone()
@@ -181,9 +183,13 @@ def run_view(conn: psycopg.Connection[Any], run_id: str, tenant_id: str) -> dict
 def run_events(
     conn: psycopg.Connection[Any], run_id: str, tenant_id: str
 ) -> list[dict[str, Any]] | None:
-    """A run's events in seq order with their offsets; None if unknown or another tenant's."""
+    """A run's events in seq order with their offsets; None if unknown or another tenant's.
+    `_session` is no run: the sessions' own logs (of every tenant) are stored under it."""
+    if run_id == SESSION_LOG:
+        return None
     events = offsets_of_run(conn, run_id)
     conn.rollback()
-    if not events or events[0][1].tenant_id != tenant_id:
+    # every row, not the first: what is not all the tenant's is not shown at all
+    if not events or any(e.tenant_id != tenant_id for _, e in events):
         return None
     return [event_json(e, o) for o, e in events]

@@ -377,6 +377,34 @@ def test_session_state_and_runs_replayed_from_postgres(world: GatewayWorld) -> N
         assert c.get(f"/v1/sessions/{_sid()}").status_code == 404
 
 
+def test_the_session_log_is_no_run_and_shows_no_tenant_anothers_events(
+    world: GatewayWorld,
+) -> None:
+    """Every session's own log (queued prompts, rejections) is stored under the run id
+    `_session`. `GET /v1/runs/_session/events` used to answer it whole for a key whose
+    tenant's row came first: other tenants' queued prompt texts and rejections."""
+    sids = {"acme": _sid(), "globex": _sid()}
+    keys = {t: world.key(t) for t in sids}
+    for tenant, sid in sids.items():
+        with world.client(keys[tenant]) as c:
+            first = c.post(f"/v1/sessions/{sid}/commands", json=_prompt("first"))
+            assert first.status_code == 200, first.text
+            secret = {"text": f"{tenant.upper()} SECRET", "policy": "enqueue"}
+            queued = c.post(
+                f"/v1/sessions/{sid}/commands", json={"type": "prompt", "payload": secret}
+            )
+            assert queued.json()["status"] == "accepted", queued.text
+            busy = c.post(f"/v1/sessions/{sid}/commands", json=_prompt("busy"))
+            assert busy.status_code == 409
+        world.wait_sink(sid, "command.rejected")
+    for tenant in sids:
+        with world.client(keys[tenant]) as c:
+            for path in ("/v1/runs/_session/events", "/v1/runs/_session"):
+                r = c.get(path)
+                assert r.status_code == 404, (tenant, path, r.text[:300])
+                assert "SECRET" not in r.text
+
+
 def test_stats_come_from_the_analytics_app_per_tenant(world: GatewayWorld) -> None:
     tenant = f"t-{uuid.uuid4().hex[:6]}"
     sid = _sid()
