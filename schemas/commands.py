@@ -288,6 +288,31 @@ def command_class(command_type: str) -> CommandClass:
 P = TypeVar("P", bound=Payload)
 
 
+#: the envelope's text fields, and the containers a payload field may be
+_ENVELOPE_TEXT: Final = ("command_id", "session_id", "tenant_id", "run_id", "worker_id", "actor")
+_CONTAINERS: Final = frozenset({list, tuple, dict})
+
+
+def _check_text(where: str, value: Any) -> None:
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError(f"{where} contains a NUL character (U+0000), which is not stored")
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError(
+                    f"{where} contains a lone surrogate: not text UTF-8 can encode"
+                ) from None
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _check_text(where, v)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_text(where, k)
+            _check_text(where, v)
+
+
 def validate_payload(registry: dict[str, type[Payload]], data: Any, kind: str) -> Any:
     """Shared `mode="before"` validation: pick the payload model from `type`."""
     if not isinstance(data, dict):
@@ -329,6 +354,20 @@ class Command(WireModel):
 
     @model_validator(mode="after")
     def _worker_fields(self) -> Command:
+        # every string is text PostgreSQL and UTF-8 can hold: no NUL (a jsonb or text
+        # column refuses it, and one such event stopped the sink for every tenant) and no
+        # lone surrogate (it cannot be encoded: the gateway failed its whole round on one)
+        d = self.__dict__
+        for name in _ENVELOPE_TEXT:
+            v = d[name]
+            if v is not None and ("\x00" in v or not v.isascii()):
+                _check_text(name, v)
+        for field, v in self.payload.__dict__.items():
+            if v.__class__ is str:
+                if "\x00" in v or not v.isascii():
+                    _check_text(f"payload.{field}", v)
+            elif v.__class__ in _CONTAINERS:
+                _check_text(f"payload.{field}", v)
         if self.type in WORKER_COMMAND_TYPES:
             if not self.run_id or not self.worker_id:
                 raise ValueError(f"{self.type} needs runId and workerId")

@@ -19,6 +19,8 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from pydantic import ValidationError
+
 from consumers.worker._signal import RunAborted, RunFenced
 from consumers.worker.context import FollowUp, RunContext, Steer
 from consumers.worker.executor import ActionExecutor
@@ -76,6 +78,16 @@ class Host(Protocol):
     def produce(self, cmd: Command) -> None: ...
 
     def forget(self, ex: Execution) -> None: ...
+
+
+def _storable(text: str) -> str:
+    """`text` with what no command may carry (NUL, lone surrogates) spelled out."""
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _first_error(e: ValidationError) -> str:
+    errors = e.errors()
+    return str(errors[0]["msg"]) if errors else str(e)
 
 
 #: rejections of our own writes that mean "this generation may not write any more"
@@ -237,7 +249,7 @@ class Execution:
             except Exception as e:
                 if not ctx.aborted and not self.cancelling:
                     log.warning("run %s: handler failed: %r", self.run_id, e)
-                    self.send("run.fail", {"error": repr(e)[:2000]})
+                    self.send("run.fail", {"error": _storable(repr(e))[:2000]})
                     metrics.WORKER_RUNS.labels("failed").inc()
                 return
             if ctx.aborted or self.cancelling:
@@ -257,8 +269,12 @@ class Execution:
                 )
                 return
             self._round_end = asyncio.get_running_loop().create_future()
+            try:
+                self._complete_cmd = self.send("run.complete", complete)
+            except ValidationError as e:  # e.g. a NUL character in the result
+                self._fail(f"the result cannot be recorded: {_first_error(e)}")
+                return
             metrics.WORKER_RUNS.labels("completed").inc()
-            self._complete_cmd = self.send("run.complete", complete)
             if await self._round_end != "follow_ups":
                 return
             ctx.round += 1
@@ -266,7 +282,7 @@ class Execution:
 
     def _fail(self, error: str) -> None:
         log.warning("run %s: failed: %s", self.run_id, error)
-        self.send("run.fail", {"error": error[:2000]})
+        self.send("run.fail", {"error": _storable(error)[:2000]})
         metrics.WORKER_RUNS.labels("failed").inc()
 
     async def _heartbeat(self) -> None:

@@ -46,8 +46,12 @@ from sinks.replay import events_of_command
 
 __all__ = ["create_app"]
 
-SessionId = Annotated[str, Path(alias="sessionId", min_length=1, max_length=MAX_ID_CHARS)]
-RunId = Annotated[str, Path(alias="runId", min_length=1, max_length=MAX_ID_CHARS)]
+#: ids as commands carry them: 1-200 characters, no NUL (PostgreSQL refuses one in a query)
+_ID_TEXT = r"^[^\x00]+$"
+SessionId = Annotated[
+    str, Path(alias="sessionId", min_length=1, max_length=MAX_ID_CHARS, pattern=_ID_TEXT)
+]
+RunId = Annotated[str, Path(alias="runId", min_length=1, max_length=MAX_ID_CHARS, pattern=_ID_TEXT)]
 _OWNERS_MAX = 100_000
 _NOT_FOUND = "no such session for this key's tenant"
 

@@ -96,9 +96,24 @@ async def read_json(request: Request, limit: int) -> Any:
         if len(body) > limit:
             raise ApiError(413, "body_too_large", f"the body is larger than {limit} bytes")
     try:
-        return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ApiError(400, "malformed_json", f"the body is not JSON: {e}") from e
+        # UTF-8 only (json.loads of bytes would also take UTF-16 and UTF-32); a number of
+        # more digits than Python converts and nesting deeper than it parses are not JSON
+        # this API takes either
+        return json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise ApiError(400, "malformed_json", f"the body is not UTF-8 JSON: {e}") from e
+
+
+def _given(body: dict[str, Any], camel: str, snake: str) -> Any:
+    """The field under either spelling, None when absent or null: an empty or false value
+    is passed on to be refused (an empty `runId` used to mean "the active run", and an
+    empty `commandId` a fresh one on every retry)."""
+    if camel in body and snake in body:
+        raise ApiError(400, "invalid_command", f"{camel} and {snake} are the same field: give one")
+    value = body[camel] if camel in body else body.get(snake)
+    if value is not None and not isinstance(value, str):
+        raise ApiError(400, "invalid_command", f"{camel} must be a string")
+    return value
 
 
 def build_command(session_id: str, body: Any, who: Principal) -> Command:
@@ -116,23 +131,24 @@ def build_command(session_id: str, body: Any, who: Principal) -> Command:
     if unknown:
         raise ApiError(400, "invalid_command", f"unknown fields: {', '.join(unknown)}")
     type_ = body.get("type")
-    if type_ not in PRODUCER_COMMAND_TYPES:
+    if not isinstance(type_, str) or type_ not in PRODUCER_COMMAND_TYPES:
         raise ApiError(
             400,
             "unknown_type",
             f"type must be one of {', '.join(sorted(PRODUCER_COMMAND_TYPES))}, not {type_!r}",
         )
     payload = body.get("payload")
+    command_id = _given(body, "commandId", "command_id")
     try:
         return Command.model_validate(
             {
-                "commandId": body.get("commandId") or body.get("command_id") or str(uuid.uuid4()),
+                "commandId": str(uuid.uuid4()) if command_id is None else command_id,
                 "sessionId": session_id,
                 "tenantId": who.tenant_id,
                 "actor": who.actor,
                 "type": type_,
                 "ts": int(time.time() * 1000),
-                "runId": body.get("runId") or body.get("run_id"),
+                "runId": _given(body, "runId", "run_id"),
                 "payload": {} if payload is None else payload,
             }
         )

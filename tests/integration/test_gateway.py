@@ -405,6 +405,70 @@ def test_the_session_log_is_no_run_and_shows_no_tenant_anothers_events(
                 assert "SECRET" not in r.text
 
 
+def test_text_no_database_can_store_is_refused_everywhere_and_the_sink_goes_on(
+    world: GatewayWorld,
+) -> None:
+    """A NUL character (or a lone surrogate) in a command. The gateway took it and the
+    processor decided it; PostgreSQL refuses NUL in jsonb and text, so the sink stopped
+    on the first event that carried it — for every tenant, at every restart. Now: 400 at
+    the gateway (a JSON error, also for an id in the path), and a command with it from
+    another producer (raw JSON on the commands topic) is dead-lettered with the reason.
+    The sink goes on: the session's next command reaches PostgreSQL."""
+    import urllib.parse
+
+    from confluent_kafka import Producer
+
+    s = world.settings
+    sid = _sid()
+    with world.client(world.key("acme")) as c:
+        for body in (
+            _prompt("a\u0000b"),
+            {"type": "abort", "commandId": "c\u0000"},
+            _prompt("a\ud800b"),
+        ):
+            r = c.post(  # JSON escapes both, as a browser sends them
+                f"/v1/sessions/{sid}/commands",
+                content=json.dumps(body),
+                headers={"content-type": "application/json"},
+            )
+            assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_command", r.text
+        for path in (
+            "/v1/sessions/{}",
+            "/v1/runs/{}",
+            "/v1/runs/{}/events",
+            "/v1/sessions/{}/events",
+        ):
+            r = c.get(path.format(urllib.parse.quote("a\u0000b")))
+            assert r.status_code == 400, (path, r.status_code, r.text)
+            assert r.json()["error"]["code"] == "invalid_request"
+        cid = f"nul-{uuid.uuid4().hex[:8]}"
+        raw = json.dumps(
+            {
+                "commandId": cid,
+                "sessionId": sid,
+                "tenantId": "acme",
+                "type": "prompt",
+                "ts": int(time.time() * 1000),
+                "payload": {"text": "a\u0000b"},
+            }
+        ).encode()
+        p = Producer({"bootstrap.servers": s.kafka_bootstrap})
+        p.produce(s.commands_topic, key=sid.encode(), value=raw)
+        assert p.flush(30) == 0
+
+        def dead_lettered() -> bytes | None:
+            for rec in read_topic(s, s.dlq_topic):
+                if cid.encode() in (rec.value or b""):
+                    return rec.headers.get("error.message", b"")
+            return None
+
+        why = wait_until(dead_lettered, timeout=60, what="the NUL command in the DLQ")
+        assert b"NUL" in why, why
+        ok = c.post(f"/v1/sessions/{sid}/commands", json=_prompt("after"))
+        assert ok.status_code == 200, ok.text
+    world.wait_sink(sid, "run.started")
+
+
 def test_stats_come_from_the_analytics_app_per_tenant(world: GatewayWorld) -> None:
     tenant = f"t-{uuid.uuid4().hex[:6]}"
     sid = _sid()

@@ -79,6 +79,17 @@ def test_a_body_becomes_a_command_of_the_keys_tenant_and_actor() -> None:
         ({"type": "prompt", "payload": {"text": 5}}, "invalid_command"),
         ({"type": "prompt", "payload": "text"}, "invalid_command"),
         ([], "invalid_command"),
+        # found in review: these were a 500, a command sent anyway, or another meaning
+        ({"type": ["prompt"]}, "unknown_type"),
+        ({"type": {}}, "unknown_type"),
+        ({"type": "abort", "runId": ""}, "invalid_command"),  # was: the active run
+        ({"type": "abort", "runId": 0}, "invalid_command"),
+        ({"type": "abort", "commandId": ""}, "invalid_command"),  # was: a fresh id
+        ({"type": "abort", "commandId": "a", "command_id": "b"}, "invalid_command"),
+        ({"type": "prompt", "payload": {"text": "a\u0000b"}}, "invalid_command"),
+        ({"type": "prompt", "payload": {"text": "a\ud800b"}}, "invalid_command"),
+        ({"type": "abort", "commandId": "c\u0000"}, "invalid_command"),
+        ({"type": "abort", "runId": "\ud800"}, "invalid_command"),
     ],
 )
 def test_bad_bodies_are_refused_with_a_code(body: object, code: str) -> None:
@@ -315,3 +326,31 @@ async def test_database_calls_do_not_wait_behind_the_default_executor(
         release.set()
         await asyncio.gather(*busy)
         db.close()
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "{}".encode("utf-16"),  # UTF-16 JSON: json.loads(bytes) took it
+        b"[" * 100_000,  # deeper than Python parses: RecursionError, a 500
+        b'{"type": "prompt", "payload": {"timeoutMs": ' + b"9" * 5000 + b"}}",  # int limit
+        b"\xff{}",
+        b"",
+    ],
+)
+async def test_bodies_that_are_not_utf8_json_are_malformed_json(raw: bytes) -> None:
+    from starlette.requests import Request
+
+    from sessionstream.gateway.commands import read_json
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request", "body": raw, "more_body": False}
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "headers": [(b"content-type", b"application/json")],
+    }
+    with pytest.raises(ApiError) as e:
+        await read_json(Request(scope, receive), 1 << 20)
+    assert (e.value.status, e.value.code) == (400, "malformed_json")
