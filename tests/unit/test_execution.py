@@ -313,3 +313,17 @@ async def test_an_action_request_the_processor_refuses_is_a_denial_with_its_reas
     assert decided and "payload_too_large" in str(decided[0])
     ex.on_event(event("run.finished", {"terminal_status": "completed"}))
     await asyncio.wait_for(task, 5)
+
+
+async def test_a_result_no_command_may_carry_fails_the_run_saying_why() -> None:
+    async def handler(ctx: RunContext) -> str:
+        return "a\x00b"  # PostgreSQL stores no NUL: the processor would dead-letter it
+
+    host = Host(handler)
+    ex, task = await _granted(host)
+    await until(lambda: "run.fail" in host.types())
+    assert "run.complete" not in host.types()
+    error = str(host.sent[-1].payload.model_dump()["error"])
+    assert error.startswith("the result cannot be recorded") and "NUL" in error, error
+    ex.on_event(event("run.finished", {"terminal_status": "failed"}))
+    await asyncio.wait_for(task, 5)
