@@ -264,6 +264,7 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
         responses={200: {"content": {"text/event-stream": {}}}},
     )
     async def get_session_events(
+        request: Request,
         session_id: SessionId,
         who: Caller,
         last_event_id: Annotated[str | None, Header()] = None,
@@ -273,8 +274,15 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
     ) -> Response:
         after = parse_last_event_id(last_event_id, lastEventId)
         await gw.check_owner(session_id, who)
+        h = request.headers
         return event_stream(
-            gw.fanout, session_id, who.tenant_id, after, settings.gateway_sse_ping_s
+            gw.fanout,
+            session_id,
+            who.tenant_id,
+            after,
+            settings.gateway_sse_ping_s,
+            still_valid=lambda: gw.auth.still_valid(h.get("authorization"), h.get("x-api-key")),
+            recheck_s=settings.gateway_key_cache_s,
         )
 
     @app.get("/v1/runs/{runId}", summary="A run, from PostgreSQL")

@@ -15,6 +15,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from sessionstream.errors import DatabaseUnavailable
 from sessionstream.gateway._flight import SingleFlight
 from sessionstream.gateway.db import Database
 from sessionstream.gateway.errors import ApiError
@@ -87,6 +88,18 @@ class Authenticator:
                 headers={"Retry-After": str(max(1, math.ceil(wait)))},
             )
         return Principal(found.key_id, found.tenant_id, found.actor)
+
+    async def still_valid(self, authorization: str | None, x_api_key: str | None) -> bool:
+        """The key of these headers is still live (no rate-limit token taken): what an open
+        stream asks every `gateway_key_cache_s`. A database that does not answer keeps
+        the stream (an outage is not a revocation)."""
+        key = _presented(authorization, x_api_key)
+        if key is None:
+            return False
+        try:
+            return await self._lookup(key) is not None
+        except DatabaseUnavailable:
+            return True
 
     async def _lookup(self, key: str) -> ApiKey | None:
         if parse_key(key) is None:

@@ -15,7 +15,8 @@ import asyncio
 import concurrent.futures
 import json
 import threading
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
@@ -41,6 +42,11 @@ def parse_last_event_id(header: str | None, query: str | None) -> int | None:
     if value < -1:
         raise ApiError(400, "invalid_last_event_id", "Last-Event-ID must be -1 or more")
     return value
+
+
+def _unauthorized() -> ServerSentEvent:
+    body = {"error": {"code": "unauthorized", "message": "the API key was revoked"}}
+    return ServerSentEvent(data=json.dumps(body), event="unauthorized")
 
 
 def _overflow(sent: int) -> ServerSentEvent:
@@ -114,10 +120,25 @@ async def _catch_up(
 
 
 def event_stream(
-    fanout: EventFanout, session_id: str, tenant_id: str, last_id: int | None, ping_s: float
+    fanout: EventFanout,
+    session_id: str,
+    tenant_id: str,
+    last_id: int | None,
+    ping_s: float,
+    still_valid: Callable[[], Awaitable[bool]] | None = None,
+    recheck_s: float = 5.0,
 ) -> EventSourceResponse:
+    """The stream; `still_valid` is asked every `recheck_s` whether the caller's key is
+    still live: once it is not (revoked), the stream ends with ``event: unauthorized``."""
     if not fanout.alive:
         raise ApiError(503, "events_unavailable", "the gateway's events tail has stopped")
+    checked = [time.monotonic()]
+
+    async def revoked() -> bool:
+        if still_valid is None or time.monotonic() - checked[0] < recheck_s:
+            return False
+        checked[0] = time.monotonic()
+        return not await still_valid()
 
     async def events() -> AsyncIterator[ServerSentEvent]:
         sub, position = fanout.subscribe(session_id, tenant_id)
@@ -128,12 +149,23 @@ def event_stream(
                     if isinstance(item, Overflow):  # given up: the client resumes from `sent`
                         yield _overflow(sent)
                         return
+                    if await revoked():
+                        yield _unauthorized()
+                        return
                     sent = item.offset
                     yield _sse(item)
             # tell the client where the live part starts (a comment, no event)
             yield ServerSentEvent(comment=f"live from offset {max(position, sent + 1)}")
             while True:
-                got = await sub.queue.get()
+                try:
+                    got = await asyncio.wait_for(sub.queue.get(), recheck_s)
+                except TimeoutError:
+                    got = None
+                if await revoked():
+                    yield _unauthorized()
+                    return
+                if got is None:
+                    continue
                 if isinstance(got, Stopped):
                     return
                 if isinstance(got, Overflow):

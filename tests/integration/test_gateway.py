@@ -340,6 +340,31 @@ def test_sse_live_then_resume_with_last_event_id_without_gap_or_repeat(
     assert offsets == sorted(set(offsets)), "no repeat, in log order"
 
 
+def test_a_revoked_key_ends_its_open_event_streams(world: GatewayWorld) -> None:
+    """The key was checked once, when the stream opened, and its pings kept it open: a
+    revoked key went on receiving the session's events for as long as it stayed
+    connected. It is asked again every `gateway_key_cache_s` (0.5 s here)."""
+    sid = _sid()
+    key = world.key("acme")
+    with (
+        world.client(world.key("acme")) as other,
+        world.client(key) as c,
+        c.stream("GET", f"/v1/sessions/{sid}/events") as resp,
+    ):
+        assert resp.status_code == 200
+        stream = SSE(resp)
+        assert other.post(f"/v1/sessions/{sid}/commands", json=_prompt()).status_code == 200
+        _, event, _ = next(stream)
+        assert event == "run.started"
+        assert _cli(world, "keys", "revoke", key).returncode == 0
+        started = time.monotonic()
+        _, event, data = next(stream)  # no event of the session happens meanwhile
+        assert event == "unauthorized" and data["error"]["code"] == "unauthorized"
+        assert time.monotonic() - started < 10
+        with pytest.raises(StopIteration):
+            next(stream)  # and the stream has ended
+
+
 def test_sse_rejects_a_bad_last_event_id(world: GatewayWorld) -> None:
     with world.client(world.key("acme")) as c:
         r = c.get(f"/v1/sessions/{_sid()}/events", headers={"Last-Event-ID": "abc"})
