@@ -97,6 +97,7 @@ async def _catch_up(
         put(_DONE)
 
     task = loop.run_in_executor(fanout.catch_up_threads, read)
+    getter: asyncio.Future[object] | None = None
     try:
         while True:
             if q.empty() and task.done():
@@ -117,6 +118,8 @@ async def _catch_up(
         yield Overflow()
     finally:
         gone.set()
+        if getter is not None and not getter.done():  # the client left while it waited
+            getter.cancel()
 
 
 def event_stream(
@@ -133,9 +136,10 @@ def event_stream(
     if not fanout.alive:
         raise ApiError(503, "events_unavailable", "the gateway's events tail has stopped")
     checked = [time.monotonic()]
+    recheck = max(recheck_s, 0.5)  # a cache of 0 s: asked every half second, not in a spin
 
     async def revoked() -> bool:
-        if still_valid is None or time.monotonic() - checked[0] < recheck_s:
+        if still_valid is None or time.monotonic() - checked[0] < recheck:
             return False
         checked[0] = time.monotonic()
         return not await still_valid()
@@ -157,10 +161,14 @@ def event_stream(
             # tell the client where the live part starts (a comment, no event)
             yield ServerSentEvent(comment=f"live from offset {max(position, sent + 1)}")
             while True:
+                got: Item | Overflow | Stopped | None
                 try:
-                    got = await asyncio.wait_for(sub.queue.get(), recheck_s)
-                except TimeoutError:
-                    got = None
+                    got = sub.queue.get_nowait()  # no timer when events are waiting
+                except asyncio.QueueEmpty:
+                    try:
+                        got = await asyncio.wait_for(sub.queue.get(), recheck)
+                    except TimeoutError:
+                        got = None
                 if await revoked():
                     yield _unauthorized()
                     return
