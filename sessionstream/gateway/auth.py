@@ -107,6 +107,9 @@ class Authenticator:
         now = time.monotonic()
         hit = self._cache.get(key)
         if hit is not None and hit[0] > now:
+            # least recently used goes first: a flood of new keys (each unknown one is
+            # remembered too) no longer pushes out the keys in use
+            self._cache.move_to_end(key)
             return hit[1]
         return await self._flight.do(key, lambda: self._fetch(key))
 

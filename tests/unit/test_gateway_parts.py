@@ -354,3 +354,29 @@ async def test_bodies_that_are_not_utf8_json_are_malformed_json(raw: bytes) -> N
     with pytest.raises(ApiError) as e:
         await read_json(Request(scope, receive), 1 << 20)
     assert (e.value.status, e.value.code) == (400, "malformed_json")
+
+
+async def test_the_key_cache_drops_the_least_recently_used_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A flood of other keys (bad ones are remembered as unknown) used to push out the
+    keys in use first: the cache dropped the oldest lookup, however often it was hit."""
+    from sessionstream.gateway import auth
+
+    monkeypatch.setattr(auth, "_CACHE_MAX", 3)
+    asked: list[str] = []
+
+    class Db:
+        async def run(self, fn: object, key: str) -> None:
+            asked.append(key)  # every key unknown: what matters is what is asked again
+
+    a = auth.Authenticator(Settings(), Db())  # type: ignore[arg-type]
+    keys = [f"ssk_{i:012x}_" + "x" * 43 for i in range(5)]
+    for k in keys[:3]:
+        await a._lookup(k)
+    await a._lookup(keys[0])  # in use: a hit
+    await a._lookup(keys[3])  # a new key: the least recently used (keys[1]) goes
+    await a._lookup(keys[4])  # and then keys[2]
+    assert asked == keys
+    await a._lookup(keys[0])  # still cached
+    assert asked == keys
