@@ -168,24 +168,23 @@ class Worker:
         """On a feed's thread: the feed ended with `error` (logged there); the worker
         stops as on SIGTERM, and `run` raises the error."""
 
-        def fail() -> None:
-            if self.failure is None:
-                self.failure = error
-            stop.set()
-
         with contextlib.suppress(RuntimeError):  # the loop has closed: run has returned
-            loop.call_soon_threadsafe(fail)
+            loop.call_soon_threadsafe(self._stop_on, stop, error)
 
     def _background_ended(self, stop: asyncio.Event, task: asyncio.Task[None]) -> None:
         """A background task ended. They end only when cancelled: one that failed would
         leave the worker silent (no presence) or its deliveries unserved, so it stops
         the worker (its runs are released) rather than run on without it."""
-        if task.cancelled() or task.exception() is None:
+        error = None if task.cancelled() else task.exception()
+        if error is None:
             return
-        error = task.exception()
         log.critical(
             "the worker's %s task failed; stopping the worker", task.get_name(), exc_info=error
         )
+        self._stop_on(stop, error)
+
+    def _stop_on(self, stop: asyncio.Event, error: BaseException) -> None:
+        """Stop the worker for `error` (the first one is what `run` raises)."""
         if self.failure is None:
             self.failure = error
         stop.set()
