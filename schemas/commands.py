@@ -14,6 +14,7 @@ from typing import Any, Final, Literal, TypeVar
 from pydantic import Field, SerializeAsAny, model_validator
 
 from schemas._base import Payload, WireModel
+from schemas.sessions import MAX_SESSION_ID_CHARS, session_id_problem
 
 __all__ = [
     "COMMAND_CLASSES",
@@ -336,7 +337,8 @@ class Command(WireModel):
     a producer command may carry `runId` to address one run only."""
 
     command_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
-    session_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    #: full id: `tenant:own-id` when namespaced (schemas.sessions), at most 401 characters
+    session_id: str = Field(min_length=1, max_length=MAX_SESSION_ID_CHARS)
     tenant_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
     type: CommandType
     ts: int = Field(ge=0, le=MAX_WIRE_INT)
@@ -368,7 +370,13 @@ class Command(WireModel):
                     _check_text(f"payload.{field}", v)
             elif v.__class__ in _CONTAINERS:
                 _check_text(f"payload.{field}", v)
-        if self.type in WORKER_COMMAND_TYPES:
+        if self.type in PRODUCER_COMMAND_TYPES:
+            # only producers name sessions: worker and timer commands copy the id from
+            # the log, and a run of a session named before these rules must still end
+            problem = session_id_problem(self.tenant_id, self.session_id)
+            if problem is not None:
+                raise ValueError(problem)
+        elif self.type in WORKER_COMMAND_TYPES:
             if not self.run_id or not self.worker_id:
                 raise ValueError(f"{self.type} needs runId and workerId")
             if self.type != "lease.acquire" and self.generation is None:

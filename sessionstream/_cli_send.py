@@ -20,6 +20,14 @@ __all__ = ["register"]
 console = Console()
 
 Tenant = Annotated[str, typer.Option(help="tenant the session belongs to")]
+Session = Annotated[
+    str,
+    typer.Argument(
+        help="the session's full id: TENANT:ID is the session the gateway shows tenant "
+        "TENANT's keys as ID (an id without ':' is unscoped)",
+        show_default=False,
+    ),
+]
 Wait = Annotated[float, typer.Option(help="seconds to wait for the outcome (0: don't wait)")]
 AsJson = Annotated[bool, typer.Option("--json", help="print the outcome as JSON")]
 CommandId = Annotated[
@@ -156,7 +164,7 @@ def _out(as_json: bool, result: dict[str, Any]) -> None:
 
 
 def prompt(
-    session: str,
+    session: Session,
     text: str,
     tenant: Tenant = "default",
     policy: Annotated[
@@ -184,7 +192,7 @@ def prompt(
 
 
 def steer(
-    session: str,
+    session: Session,
     text: str,
     tenant: Tenant = "default",
     run: Run = None,
@@ -201,7 +209,7 @@ def steer(
 
 
 def follow_up(
-    session: str,
+    session: Session,
     text: str,
     tenant: Tenant = "default",
     run: Run = None,
@@ -219,7 +227,7 @@ def follow_up(
 
 
 def send(
-    session: str,
+    session: Session,
     text: str,
     tenant: Tenant = "default",
     wait: Wait = 10.0,
@@ -232,7 +240,7 @@ def send(
 
 
 def abort(
-    session: str,
+    session: Session,
     tenant: Tenant = "default",
     reason: Annotated[str, typer.Option(help="recorded with the cancel")] = "user",
     run: Run = None,
@@ -251,7 +259,7 @@ def abort(
 
 
 def tail(
-    session: str,
+    session: Session,
     from_start: Annotated[bool, typer.Option(help="print the session's history first")] = False,
     as_json: AsJson = False,
 ) -> None:

@@ -4,10 +4,27 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 
-__all__ = ["setup_logging"]
+__all__ = ["RedactKeys", "setup_logging"]
+
+#: an API key (sessionstream.gateway.keys): its id may be logged, its secret never
+_KEY = re.compile(r"(ssk_[0-9a-f]{12}_)[A-Za-z0-9_-]+")
+
+
+class RedactKeys(logging.Filter):
+    """Replaces the secret of any API key in a record's message with ``***`` (a key in a
+    URL, a header echoed in an error: whatever path it took into a log line)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        if "ssk_" in msg:
+            redacted = _KEY.sub(r"\1***", msg)
+            if redacted != msg:
+                record.msg, record.args = redacted, None
+        return True
 
 
 class _JsonFormatter(logging.Formatter):
@@ -31,6 +48,7 @@ def setup_logging(level: str = "INFO", json_logs: bool = False) -> None:
         handler.setFormatter(_JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(RedactKeys())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

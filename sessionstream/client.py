@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -50,6 +51,7 @@ from schemas.commands import (
 )
 from schemas.errors import DecodeError
 from schemas.events import SESSION_LOG, CommandRejected, Event
+from schemas.sessions import scoped_session_id
 from sessionstream.errors import (
     CommandTimeout,
     IncompatibleEvent,
@@ -76,6 +78,8 @@ log = logging.getLogger("sessionstream.client")
 
 #: events the outcome tail takes from librdkafka per call
 _DRAIN_BATCH: Final = 500
+#: sessions whose active run a client remembers (`known_run`), at most
+_RUNS_MAX: Final = 100_000
 
 
 class _KnownRun:
@@ -179,7 +183,9 @@ class SessionClient:
         #: (input topic, partition) -> (read at, the processor's committed offset)
         self._positions: dict[tuple[str, int], tuple[float, int]] = {}
         self._admin: AdminClient | None = None
-        self._runs: dict[str, str | None] = {}  # session -> the run last seen active
+        #: session -> the run last seen active; only while it is (a finished run is
+        #: forgotten), at most `_RUNS_MAX` sessions (the least recently started go first)
+        self._runs: OrderedDict[str, str] = OrderedDict()
         #: `collect`'s rounds, and its last-stable-offset reads in flight: (the round that
         #: asked, partition -> future), answered while later rounds go on
         self._round_no = 0
@@ -215,6 +221,11 @@ class SessionClient:
             **fields,
         )
 
+    def session_id(self, local_id: str) -> str:
+        """The full id of this client's tenant's session `local_id` (``acme:s1``): the
+        session the gateway shows that tenant as `local_id` (schemas.sessions)."""
+        return scoped_session_id(self.tenant_id, local_id)
+
     def known_run(self, session_id: str) -> str | None:
         """The run this client last saw active in `session_id` (None: none, or unknown)."""
         return self._runs.get(session_id)
@@ -225,8 +236,11 @@ class SessionClient:
     def _saw(self, event: Event) -> None:
         if event.type == "run.started":
             self._runs[event.session_id] = event.run_id
+            self._runs.move_to_end(event.session_id)
+            if len(self._runs) > _RUNS_MAX:
+                self._runs.popitem(last=False)
         elif event.type == "run.finished" and self._runs.get(event.session_id) == event.run_id:
-            self._runs[event.session_id] = None
+            del self._runs[event.session_id]
 
     def submit(self, command: Command, *, track: bool = True) -> CommandHandle:
         """Produce `command`. With `track`, remember where its outcome will appear."""

@@ -215,13 +215,14 @@ def _front_door(s: Settings, log_dir: Path) -> tuple[Settings, dict[str, Service
 
 
 def _console_url(s: Settings) -> tuple[str, str]:
-    """A key for tenant `acme` (the demo's sessions), in the console's URL: the console
-    keeps it in the browser and drops it from the address bar."""
+    """A key for tenant `acme` (the demo's sessions), in the console's URL's fragment:
+    the console keeps it in the browser and drops it from the address bar."""
     from sinks.sink import connect
 
     with connect(s) as conn:
         key, rec = create_key(conn, "acme", "demo", name="make demo")
-    return f"http://{s.gateway_host}:{s.gateway_port}/?key={key}", rec.key_id
+    # in the fragment: a browser never sends it, so no server or proxy log holds the key
+    return f"http://{s.gateway_host}:{s.gateway_port}/#key={key}", rec.key_id
 
 
 def _revoke(s: Settings, key_id: str) -> None:
@@ -235,7 +236,7 @@ def _revoke(s: Settings, key_id: str) -> None:
 def _scene_race(
     ui: SessionClient, scheduler: SessionClient, watch: Watch, tag: str
 ) -> list[tuple[str, str]]:
-    sid = f"demo-{tag}-trip"
+    sid = ui.session_id(f"demo-{tag}-trip")
     _scene(1, "Two entry points hit one session at the same moment")
     _say(f"  the UI and the scheduler both send a prompt to session {sid}, concurrently")
     prompt = "plan a trip to Lisbon steps=3 tool_ms=1500 model_ms=100 email=end"
@@ -292,7 +293,7 @@ def _scene_race(
 
 
 def _scene_cancel(ui: SessionClient, watch: Watch, tag: str) -> list[tuple[str, str]]:
-    sid = f"demo-{tag}-report"
+    sid = ui.session_id(f"demo-{tag}-report")
     _scene(4, "Cancel during a tool call: nothing keeps running, no email")
     o = ui.wait(ui.prompt(sid, "compile the report steps=1 tool_ms=20000 email=end"), 30)
     _say(_outcome_line("UI prompt (tool takes 20 s, then emails the result)", o))
@@ -326,7 +327,7 @@ def _scene_cancel(ui: SessionClient, watch: Watch, tag: str) -> list[tuple[str, 
 def _scene_takeover(
     ui: SessionClient, watch: Watch, services: dict[str, Service], tag: str
 ) -> list[tuple[str, str]]:
-    sid = f"demo-{tag}-batch"
+    sid = ui.session_id(f"demo-{tag}-batch")
     _scene(5, "A worker dies; another takes the run over with a new generation")
     o = ui.wait(ui.prompt(sid, "process the batch steps=4 tool_ms=800 email=end"), 30)
     assert o.run_id
@@ -349,7 +350,7 @@ def _scene_takeover(
 
 
 def _scene_timeout(ui: SessionClient, watch: Watch, tag: str) -> list[tuple[str, str]]:
-    sid = f"demo-{tag}-slow"
+    sid = ui.session_id(f"demo-{tag}-slow")
     _scene(6, "A run that outlives its deadline")
     o = ui.wait(ui.prompt(sid, "slow job steps=1 tool_ms=15000 email=end", timeout_ms=2500), 30)
     _say(_outcome_line("UI prompt with a 2.5 s deadline (its tool takes 15 s)", o))

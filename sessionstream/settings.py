@@ -398,6 +398,64 @@ class Settings(BaseSettings):
     gateway_sse_ping_s: float = Field(default=15.0, gt=0)
     """Seconds between keep-alive comments on an idle event stream."""
 
+    gateway_sse_queue_bytes: int = Field(default=8 << 20, ge=64 << 10)
+    """Bytes of events (as stored in Kafka) buffered per event stream; one that falls this
+    far behind is disconnected like one past ``gateway_sse_queue`` events."""
+
+    gateway_sse_send_timeout_s: float = Field(default=5.0, gt=0)
+    """An event stream whose client takes nothing for this long (one write waits this
+    long on a full socket) is closed; the client resumes with ``Last-Event-ID``."""
+
+    gateway_sse_per_key: int = Field(default=16, ge=1)
+    """Open event streams per API key; one more is ``429`` with ``Retry-After``."""
+
+    gateway_sse_per_tenant: int = Field(default=64, ge=1)
+    """Open event streams per tenant (all its keys); one more is ``429``."""
+
+    gateway_catch_up_threads: int = Field(default=8, ge=1, le=64)
+    """Threads that read resumed streams' catch-ups from Kafka, a page at a time (a
+    thread is held only while a page is read, never while a client is slow)."""
+
+    gateway_catch_up_per_tenant: int = Field(default=2, ge=1)
+    """Catch-up pages one tenant reads at once: the other threads stay free for the other
+    tenants, however many streams one tenant resumes."""
+
+    gateway_catch_up_page_bytes: int = Field(default=1 << 20, ge=64 << 10)
+    """Bytes of a session's events read into memory per catch-up page (at least one event)."""
+
+    gateway_header_timeout_s: float = Field(default=10.0, gt=0)
+    """A connection must send a request's whole head (line and headers) within this of
+    opening, or of its previous response; else ``408`` and closed."""
+
+    gateway_body_timeout_s: float = Field(default=15.0, gt=0)
+    """A request's whole body must arrive within this of its head; else ``408`` and closed."""
+
+    gateway_idle_timeout_s: int = Field(default=5, ge=1)
+    """A kept-alive connection with no request for this long is closed."""
+
+    gateway_max_connections: int = Field(default=2048, ge=16)
+    """Open connections in all (lowered to what the open-files limit allows); one more is
+    answered ``503`` with ``Retry-After`` and closed."""
+
+    gateway_max_connections_per_address: int = Field(default=128, ge=1)
+    """Open connections from one client address; one more is ``429`` and closed."""
+
+    gateway_unauthenticated_per_s: float = Field(default=5.0, gt=0)
+    """Requests per second one client address may make without a key the gateway already
+    knows (no key, a bad one, or one it must look up): each may cost a database query.
+    Beyond it (after ``gateway_unauthenticated_burst``) ``429`` with ``Retry-After``."""
+
+    gateway_unauthenticated_burst: int = Field(default=20, ge=1)
+    """Such requests one client address may make at once."""
+
+    gateway_forwarded_allow_ips: str = ""
+    """Proxies whose ``X-Forwarded-For`` names the client (comma-separated addresses, or
+    ``*``); empty: the connection's own address is the client, whatever headers say."""
+
+    gateway_docs: bool = False
+    """Serve the API's Swagger UI at ``/docs`` (from the package, no CDN);
+    ``/openapi.json`` is always served."""
+
     gateway_analytics_url: str | None = None
     """Where the gateway reads the live analytics (``sessionstream analytics``); default
     ``http://{analytics_host}:{analytics_port}``."""

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections import OrderedDict
+import logging
 from collections.abc import AsyncIterator
 from importlib import resources
 from typing import Annotated, Any
@@ -18,7 +17,7 @@ from typing import Annotated, Any
 import httpx
 from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -27,7 +26,6 @@ from sessionstream import __version__
 from sessionstream._gc import settle_collector
 from sessionstream.errors import DatabaseUnavailable, IncompatibleEvent, SessionstreamError
 from sessionstream.gateway import views
-from sessionstream.gateway._flight import SingleFlight
 from sessionstream.gateway.auth import Authenticator, Principal
 from sessionstream.gateway.bridge import CommandBridge, InFlight
 from sessionstream.gateway.commands import (
@@ -40,19 +38,24 @@ from sessionstream.gateway.commands import (
 from sessionstream.gateway.db import Database
 from sessionstream.gateway.errors import ApiError, error_response
 from sessionstream.gateway.fanout import EventFanout
-from sessionstream.gateway.sse import event_stream, parse_last_event_id
+from sessionstream.gateway.guard import DOCS_CSP, Guard
+from sessionstream.gateway.limits import StreamCounts
+from sessionstream.gateway.sse import CatchUpSlots, StreamLimits, event_stream, parse_last_event_id
+from sessionstream.gateway.tenancy import Sessions
 from sessionstream.settings import Settings
 from sinks.replay import events_of_command
 
 __all__ = ["create_app"]
 
+log = logging.getLogger("sessionstream.gateway")
+
 #: ids as commands carry them: 1-200 characters, no NUL (PostgreSQL refuses one in a query)
-_ID_TEXT = r"^[^\x00]+$"
+#: and no '/' (the event key's separator; a path segment cannot hold one anyway)
+_ID_TEXT = r"^[^\x00/]+$"
 SessionId = Annotated[
     str, Path(alias="sessionId", min_length=1, max_length=MAX_ID_CHARS, pattern=_ID_TEXT)
 ]
 RunId = Annotated[str, Path(alias="runId", min_length=1, max_length=MAX_ID_CHARS, pattern=_ID_TEXT)]
-_OWNERS_MAX = 100_000
 _NOT_FOUND = "no such session for this key's tenant"
 
 
@@ -63,19 +66,29 @@ class Gateway:
         self.settings = settings
         self.db = Database(settings)
         self.auth = Authenticator(settings, self.db)
+        self.sessions = Sessions(self.db)
         self.bridge = CommandBridge(settings)
-        self.fanout = EventFanout(settings, queue_size=settings.gateway_sse_queue)
+        self.fanout = EventFanout(
+            settings,
+            queue_size=settings.gateway_sse_queue,
+            queue_bytes=settings.gateway_sse_queue_bytes,
+            catch_up_threads=settings.gateway_catch_up_threads,
+        )
+        self.slots = CatchUpSlots(settings.gateway_catch_up_per_tenant)
+        self.streams = StreamCounts(settings.gateway_sse_per_key, settings.gateway_sse_per_tenant)
+        self.stream_limits = StreamLimits(
+            ping_s=settings.gateway_sse_ping_s,
+            send_timeout_s=settings.gateway_sse_send_timeout_s,
+            page_bytes=settings.gateway_catch_up_page_bytes,
+            recheck_s=settings.gateway_key_cache_s,
+        )
         self.http = httpx.AsyncClient(base_url=settings.analytics_url, timeout=5.0)
-        #: session -> tenant, as PostgreSQL said (a session's tenant never changes)
-        self.owners: OrderedDict[str, str] = OrderedDict()
-        #: sessions PostgreSQL did not know, until when (monotonic): asked again after
-        self.unknown: OrderedDict[str, float] = OrderedDict()
-        self._asking: SingleFlight[str, str | None] = SingleFlight()
 
     async def start(self) -> None:
         self.db.open()
         self.bridge.start(asyncio.get_running_loop())
         await asyncio.to_thread(self.fanout.start)
+        await self.sessions.start()
 
     async def stop(self) -> None:
         self.fanout.close()
@@ -83,41 +96,9 @@ class Gateway:
         self.db.close()
         await self.http.aclose()
 
-    async def owner(self, session_id: str, *, recent_unknown: bool = False) -> str | None:
-        """The session's tenant as PostgreSQL says, None if it does not know the session.
-        Known owners are kept (they never change). With `recent_unknown`, a session
-        PostgreSQL did not know a second ago is taken as still unknown (for commands: one
-        to a session another tenant just created still meets the decider's tenant check)."""
-        hit = self.owners.get(session_id)
-        if hit is not None:
-            return hit
-        if recent_unknown and self.unknown.get(session_id, 0.0) > time.monotonic():
-            return None
-        return await self._asking.do(session_id, lambda: self._fetch_owner(session_id))
 
-    async def _fetch_owner(self, session_id: str) -> str | None:
-        tenant = await self.db.run(views.session_tenant, session_id)
-        if tenant is not None:
-            self.owners[session_id] = tenant
-            self.unknown.pop(session_id, None)
-            while len(self.owners) > _OWNERS_MAX:
-                self.owners.popitem(last=False)
-        else:
-            self.unknown[session_id] = time.monotonic() + 1.0
-            self.unknown.move_to_end(session_id)
-            while len(self.unknown) > _OWNERS_MAX:
-                self.unknown.popitem(last=False)
-        return tenant
-
-    async def check_owner(
-        self, session_id: str, who: Principal, *, recent_unknown: bool = False
-    ) -> None:
-        """404 when the session is known to be another tenant's. An unknown session (new,
-        or not yet written by the sink) passes: the decider checks a command's tenant
-        again, and a stream only carries events of the key's tenant."""
-        tenant = await self.owner(session_id, recent_unknown=recent_unknown)
-        if tenant is not None and tenant != who.tenant_id:
-            raise ApiError(404, "not_found", _NOT_FOUND)
+def _address(request: Request) -> str | None:
+    return request.client.host if request.client else None
 
 
 async def _caller(
@@ -126,7 +107,7 @@ async def _caller(
     x_api_key: Annotated[str | None, Header()] = None,
 ) -> Principal:
     gw: Gateway = request.app.state.gateway
-    return await gw.auth.principal(authorization, x_api_key)
+    return await gw.auth.principal(authorization, x_api_key, _address(request))
 
 
 #: the authenticated (and rate-limited) caller of a request
@@ -158,10 +139,11 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
         "events (Server-Sent Events), runs replayed from PostgreSQL, live stats. "
         "Authenticate with `Authorization: Bearer <API key>` (`sessionstream keys create`).",
         lifespan=lifespan,
-        docs_url="/docs",
+        docs_url=None,  # served below, from the package, when gateway_docs is on
         redoc_url=None,
     )
     app.state.gateway = gw
+    app.add_middleware(Guard)
     _errors(app)
 
     @app.post(
@@ -202,7 +184,7 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
             202: {"description": "no outcome within the wait: resend with the same commandId"},
             400: {"description": "malformed JSON, unknown type, invalid or forbidden field"},
             401: {"description": "no or invalid API key"},
-            404: {"description": "the session belongs to another tenant"},
+            404: {"description": "a session of before namespaces that is another tenant's"},
             409: {"description": "rejected by the session (reason), or command in flight"},
             413: {"description": "body too large"},
             415: {"description": "not application/json"},
@@ -214,14 +196,17 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
     )
     async def post_command(request: Request) -> Response:
         h = request.headers
-        who = await gw.auth.principal(h.get("authorization"), h.get("x-api-key"))
-        session_id = request.path_params["sessionId"]
-        if not 1 <= len(session_id) <= MAX_ID_CHARS:
-            raise ApiError(400, "invalid_request", f"sessionId must be 1-{MAX_ID_CHARS} characters")
+        who = await gw.auth.principal(h.get("authorization"), h.get("x-api-key"), _address(request))
+        local = request.path_params["sessionId"]
+        if not 1 <= len(local) <= MAX_ID_CHARS or "\x00" in local:
+            raise ApiError(
+                400,
+                "invalid_request",
+                f"sessionId must be 1-{MAX_ID_CHARS} characters, without NUL",
+            )
         wait = _positive(request.query_params.get("wait"), "wait")
         body = await read_json(request, settings.gateway_max_body_bytes)
-        command = build_command(session_id, body, who)
-        await gw.check_owner(session_id, who, recent_unknown=True)
+        command = build_command(await gw.sessions.full_id(who.tenant_id, local), body, who)
         wait_s = min(wait or settings.gateway_wait_s, settings.gateway_wait_s)
         try:
             result = await gw.bridge.execute(command, wait_s)
@@ -233,6 +218,7 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
         if isinstance(result, SessionstreamError):
             raise ApiError(503, "kafka_unavailable", str(result).splitlines()[0])
         if result is not None and result.reason == "tenant_mismatch":
+            # only a session named before namespaces (an alias) can be another tenant's
             raise ApiError(404, "not_found", _NOT_FOUND)
         original = None
         if result is not None and result.status == "duplicate":
@@ -252,7 +238,8 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
 
     @app.get("/v1/sessions/{sessionId}", summary="A session's state, as the sink last wrote it")
     async def get_session(session_id: SessionId, who: Caller) -> dict[str, Any]:
-        view = await gw.db.run(views.session_view, session_id, who.tenant_id)
+        full = await gw.sessions.full_id(who.tenant_id, session_id)
+        view = await gw.db.run(views.session_view, full, who.tenant_id)
         if view is None:
             raise ApiError(404, "not_found", _NOT_FOUND)
         return view
@@ -273,16 +260,17 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
         ] = None,
     ) -> Response:
         after = parse_last_event_id(last_event_id, lastEventId)
-        await gw.check_owner(session_id, who)
+        full = await gw.sessions.full_id(who.tenant_id, session_id)
         h = request.headers
         return event_stream(
             gw.fanout,
-            session_id,
+            gw.slots,
+            full,
             who.tenant_id,
             after,
-            settings.gateway_sse_ping_s,
+            gw.stream_limits,
             still_valid=lambda: gw.auth.still_valid(h.get("authorization"), h.get("x-api-key")),
-            recheck_s=settings.gateway_key_cache_s,
+            on_close=gw.streams.open(who.key_id, who.tenant_id),
         )
 
     @app.get("/v1/runs/{runId}", summary="A run, from PostgreSQL")
@@ -319,6 +307,7 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
             "ok": ok,
             "threads": threads,
             "sseClients": gw.fanout.subscribers,
+            "keyQueries": gw.auth.queries,
             "commandsSent": gw.bridge.sent,
             "commandsRestarts": gw.bridge.restarts,
             "commands": gw.bridge.timings(),
@@ -331,8 +320,36 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
     async def console() -> FileResponse:
         return FileResponse(str(static / "index.html"), headers={"Cache-Control": "no-cache"})
 
+    if settings.gateway_docs:
+        _docs(app)
     app.mount("/static", StaticFiles(directory=str(static)), name="static")
     return app
+
+
+def _docs(app: FastAPI) -> None:
+    """Swagger UI at ``/docs`` from the `swagger-ui-bundle` package (no CDN: the console
+    keeps its key in this origin's storage), started by a script of ours (no inline one)."""
+    try:
+        from swagger_ui_bundle import swagger_ui_path  # type: ignore[import-untyped]
+    except ImportError as e:
+        raise RuntimeError(
+            "gateway_docs is on but swagger-ui-bundle is not installed "
+            "(pip install 'sessionstream[docs]')"
+        ) from e
+    page = (
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+        "<title>sessionstream gateway API</title>"
+        "<link rel='stylesheet' href='/docs/assets/swagger-ui.css'></head>"
+        "<body><div id='swagger-ui'></div>"
+        "<script src='/docs/assets/swagger-ui-bundle.js'></script>"
+        "<script src='/static/docs.js'></script></body></html>"
+    )
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return HTMLResponse(page, headers={"Content-Security-Policy": DOCS_CSP})
+
+    app.mount("/docs/assets", StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")
 
 
 def _positive(raw: str | None, name: str) -> float | None:

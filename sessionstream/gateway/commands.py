@@ -6,25 +6,33 @@ read whole), must be ``application/json`` (415) and a JSON object (400) with onl
 a body that names them (or `sessionId`, `ts`, worker fields) is refused 400
 `forbidden_field`. Only producer commands are accepted (`prompt`, `steer`, `follow_up`,
 `send`, `abort`). Nothing reaches Kafka until the command is valid.
+
+JSON is read strictly: a key given twice in one object is refused (which one counts is
+not for a parser to guess), and payload numbers and booleans are of their JSON type
+(``"timeoutMs": true`` or ``"100"`` is refused, not read as 1 or 100).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
-from schemas.commands import MAX_ID_CHARS, PRODUCER_COMMAND_TYPES, Command
+from schemas.commands import COMMAND_PAYLOADS, MAX_ID_CHARS, PRODUCER_COMMAND_TYPES, Command
+from schemas.sessions import local_session_id
 from sessionstream.client import Outcome, outcome_of
 from sessionstream.gateway.auth import Principal
 from sessionstream.gateway.errors import ApiError
 from sessionstream.gateway.views import event_json
 
 __all__ = ["CommandRequest", "OutcomeResponse", "build_command", "outcome_body", "read_json"]
+
+log = logging.getLogger("sessionstream.gateway")
 
 #: envelope fields the gateway sets itself; a body may not
 FORBIDDEN_FIELDS = (
@@ -91,17 +99,39 @@ async def read_json(request: Request, limit: int) -> Any:
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, "body_too_large", f"the body is larger than {limit} bytes")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise ApiError(413, "body_too_large", f"the body is larger than {limit} bytes")
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise ApiError(413, "body_too_large", f"the body is larger than {limit} bytes")
+    except ClientDisconnect:
+        # gone before its body was whole (or cut off by the body timeout): nobody to answer
+        log.info("gateway: a client left before its request body was complete")
+        raise ApiError(400, "client_disconnected", "the body did not arrive") from None
     try:
         # UTF-8 only (json.loads of bytes would also take UTF-16 and UTF-32); a number of
         # more digits than Python converts and nesting deeper than it parses are not JSON
         # this API takes either
-        return json.loads(body.decode("utf-8"))
+        return json.loads(body.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
+    except _DuplicateKey as e:
+        raise ApiError(400, "malformed_json", str(e)) from None
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise ApiError(400, "malformed_json", f"the body is not UTF-8 JSON: {e}") from e
+
+
+class _DuplicateKey(Exception):
+    """A key given twice (raised out of json.loads as is: it is no ValueError)."""
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise _DuplicateKey(f"the key {k[:60]!r} is given twice in one object")
+            seen.add(k)
+    return out
 
 
 def _given(body: dict[str, Any], camel: str, snake: str) -> Any:
@@ -140,6 +170,13 @@ def build_command(session_id: str, body: Any, who: Principal) -> Command:
     payload = body.get("payload")
     command_id = _given(body, "commandId", "command_id")
     try:
+        # strict: JSON's types as they are (a bool or a numeric string is no integer)
+        typed = COMMAND_PAYLOADS[type_].model_validate(
+            {} if payload is None else payload, strict=True
+        )
+    except ValidationError as e:
+        raise _invalid(e, "payload.") from None
+    try:
         return Command.model_validate(
             {
                 "commandId": str(uuid.uuid4()) if command_id is None else command_id,
@@ -149,17 +186,19 @@ def build_command(session_id: str, body: Any, who: Principal) -> Command:
                 "type": type_,
                 "ts": int(time.time() * 1000),
                 "runId": _given(body, "runId", "run_id"),
-                "payload": {} if payload is None else payload,
+                "payload": typed,
             }
         )
     except ValidationError as e:
-        details = [
-            {"loc": ".".join(str(x) for x in err["loc"]), "msg": err["msg"]}
-            for err in e.errors(include_url=False, include_input=False)[:10]
-        ]
-        raise ApiError(
-            400, "invalid_command", "the command violates its schema", details=details
-        ) from None
+        raise _invalid(e) from None
+
+
+def _invalid(e: ValidationError, prefix: str = "") -> ApiError:
+    details = [
+        {"loc": prefix + ".".join(str(x) for x in err["loc"]), "msg": err["msg"]}
+        for err in e.errors(include_url=False, include_input=False)[:10]
+    ]
+    return ApiError(400, "invalid_command", "the command violates its schema", details=details)
 
 
 def outcome_body(
@@ -168,7 +207,7 @@ def outcome_body(
     """HTTP status and body of an outcome (None: none within the wait)."""
     body: dict[str, Any] = {
         "commandId": command.command_id,
-        "sessionId": command.session_id,
+        "sessionId": local_session_id(command.tenant_id, command.session_id),
         "runId": None,
         "reason": None,
         "events": [],

@@ -10,7 +10,10 @@ Resume without gap or repeat: `subscribe` registers the queue and reads the part
 delivered position under one lock that the consumer thread also holds while it hands
 out events, so every event below that position went out before the subscriber existed
 and every event from it on reaches the queue. The caller reads `[from, position)`
-itself (`catch_up`) and then the queue, skipping offsets it already sent.
+itself, a page at a time (`read_page`), and then the queue, skipping offsets it already
+sent. A page is read on one of the catch-up threads, each with its own consumer kept
+between pages; the thread is free again as soon as the page is in memory, so a client
+that does not read holds no thread, only its page (`gateway_catch_up_page_bytes`).
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
@@ -30,7 +34,8 @@ from schemas.codec import Codec
 from schemas.errors import DecodeError
 from schemas.events import Event
 from sessionstream.access import CLIENT_GROUP_PREFIX
-from sessionstream.kafka import client_config, read_messages, reader_config, take
+from sessionstream.errors import KafkaUnavailable
+from sessionstream.kafka import client_config, reader_config, take
 from sessionstream.settings import Settings
 from streams.partitioning import partition_for
 
@@ -39,17 +44,27 @@ __all__ = ["EventFanout", "Item", "Overflow", "Stopped", "Subscriber"]
 log = logging.getLogger("sessionstream.gateway")
 
 
-#: catch-ups read at once; more wait their turn (each holds its thread until its client
-#: has taken what it read, or `sse.STALL_S`)
-CATCH_UP_THREADS = 8
+#: records a catch-up page looks at, at most (a partition holds every session hashed to it:
+#: a page of a quiet session among busy ones ends here, not at `page_bytes`)
+PAGE_RECORDS = 5000
+#: a page that is not read within this is a broker that does not answer
+PAGE_TIMEOUT_S = 30.0
+#: what a page consumer may fetch ahead (librdkafka's default is 64 MB a consumer)
+_PAGE_FETCH: dict[str, Any] = {
+    "queued.max.messages.kbytes": 2048,
+    "fetch.max.bytes": 2 << 20,
+    "max.partition.fetch.bytes": 1 << 20,
+    "fetch.queue.backoff.ms": 10,
+}
 
 
 @dataclass(frozen=True)
 class Item:
-    """One event of a session with its place in the log."""
+    """One event of a session with its place in the log and its size there (bytes)."""
 
     offset: int
     event: Event
+    size: int = 0
 
 
 class Overflow:
@@ -63,21 +78,40 @@ class Stopped:
 
 @dataclass(eq=False)
 class Subscriber:
+    """One event stream's queue; `queued_bytes` is what it holds (bounded by the fanout's
+    `queue_bytes`, as its length by `queue_size`)."""
+
     session_id: str
     tenant_id: str
     partition: int
     queue: asyncio.Queue[Item | Overflow | Stopped]
     loop: asyncio.AbstractEventLoop
+    max_bytes: int = 8 << 20
     closed: bool = False
     dropped: int = field(default=0)
+    queued_bytes: int = 0
+
+    def taken(self, got: Item | Overflow | Stopped) -> Item | Overflow | Stopped:
+        """Account for what the stream took off the queue (call for each `get`)."""
+        if isinstance(got, Item):
+            self.queued_bytes -= got.size
+        return got
 
 
 class EventFanout:
     """The gateway's one tail of `session.events`, fanned out to subscribers by session."""
 
-    def __init__(self, settings: Settings, *, queue_size: int = 1000) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        queue_size: int = 1000,
+        queue_bytes: int = 8 << 20,
+        catch_up_threads: int = 8,
+    ) -> None:
         self.settings = settings
         self.queue_size = queue_size
+        self.queue_bytes = queue_bytes
         self.codec = Codec()
         self.partitions = 0
         self._subs: dict[str, set[Subscriber]] = {}
@@ -89,11 +123,13 @@ class EventFanout:
         self._thread = threading.Thread(target=self._run, name="gateway-events", daemon=True)
         self._error: BaseException | None = None
         self.delivered = 0
-        #: the threads that read catch-ups (`catch_up`): their own, so a catch-up that
-        #: waits on its client never holds a thread other work needs
+        #: the threads that read catch-up pages (`read_page`): their own, so a page read
+        #: never waits behind other work; each keeps one consumer between pages
         self.catch_up_threads = ThreadPoolExecutor(
-            CATCH_UP_THREADS, thread_name_prefix="gateway-catch-up"
+            catch_up_threads, thread_name_prefix="gateway-catch-up"
         )
+        self._local = threading.local()
+        self._page_consumers: list[Consumer] = []
 
     def start(self, timeout: float = 30.0) -> None:
         self._thread.start()
@@ -111,7 +147,11 @@ class EventFanout:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(10)
-        self.catch_up_threads.shutdown(wait=False, cancel_futures=True)
+        self.catch_up_threads.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            consumers, self._page_consumers = self._page_consumers, []
+        for c in consumers:
+            c.close()
 
     def partition_of(self, session_id: str) -> int:
         return partition_for(session_id.encode(), self.partitions)
@@ -125,7 +165,12 @@ class EventFanout:
             raise RuntimeError("the gateway's events tail has stopped")
         p = self.partition_of(session_id)
         sub = Subscriber(
-            session_id, tenant_id, p, asyncio.Queue(self.queue_size), asyncio.get_running_loop()
+            session_id,
+            tenant_id,
+            p,
+            asyncio.Queue(self.queue_size),
+            asyncio.get_running_loop(),
+            self.queue_bytes,
         )
         with self._lock:
             self._subs.setdefault(session_id, set()).add(sub)
@@ -145,26 +190,87 @@ class EventFanout:
         with self._lock:
             return sum(len(s) for s in self._subs.values())
 
-    def catch_up(self, session_id: str, tenant_id: str, start: int, end: int) -> Iterator[Item]:
-        """The session's events at offsets `[start, end)` (blocking: run it in a thread)."""
+    def read_page(
+        self, session_id: str, tenant_id: str, start: int, end: int, max_bytes: int
+    ) -> tuple[list[Item], int]:
+        """The session's events from offset `start` on, below `end`: as many as fit in
+        `max_bytes` (at least one) or are found in `PAGE_RECORDS` records, and the offset
+        the next page starts at (`end` when this one reached it). Blocking: a catch-up
+        thread runs it, with that thread's own consumer."""
         if start >= end:
-            return
+            return [], end
+        consumer = self._page_consumer()
+        topic = self.settings.events_topic
         p = self.partition_of(session_id)
         prefix = f"{session_id}/".encode()
-        topic = self.settings.events_topic
-        for msg in read_messages(
-            self.settings,
-            {topic: [p]},
-            start={(topic, p): start},
-            end={(topic, p): end},
-            group_id=f"{CLIENT_GROUP_PREFIX}sse-{uuid.uuid4()}",
-            timeout=30,
-        ):
-            if not (msg.key() or b"").startswith(prefix):
-                continue
-            event = self._decode(msg.value())
-            if event is not None and event.tenant_id == tenant_id:
-                yield Item(msg.offset() or 0, event)
+        items: list[Item] = []
+        size = 0
+        seen = 0
+        nxt = start
+        consumer.assign([TopicPartition(topic, p, start)])
+        deadline = time.monotonic() + PAGE_TIMEOUT_S
+        try:
+            while nxt < end and seen < PAGE_RECORDS and (size < max_bytes or not items):
+                if time.monotonic() > deadline:
+                    raise KafkaUnavailable(
+                        f"catch-up of {topic}[{p}] from {nxt}: no records for {PAGE_TIMEOUT_S}s",
+                        bootstrap=self.settings.kafka_bootstrap,
+                    )
+                for msg in take(consumer, 500, 0.1):
+                    err = msg.error()
+                    if err is not None:
+                        if err.code() == KafkaError._PARTITION_EOF:
+                            nxt = end  # read_committed: nothing more below the LSO
+                            break
+                        if err.fatal():
+                            raise KafkaUnavailable(
+                                f"catch-up of {topic}[{p}]: {err}",
+                                bootstrap=self.settings.kafka_bootstrap,
+                            )
+                        log.warning("gateway: catch-up read: %s", err)
+                        continue
+                    offset = msg.offset() or 0
+                    if offset >= end:
+                        nxt = end
+                        break
+                    nxt = offset + 1
+                    seen += 1
+                    value = msg.value() or b""
+                    if (msg.key() or b"").startswith(prefix):
+                        event = self._decode(value)
+                        # the key's first part is not proof: a session named before ids
+                        # refused '/' could share the prefix ("X/y" under "X")
+                        if (
+                            event is not None
+                            and event.session_id == session_id
+                            and event.tenant_id == tenant_id
+                        ):
+                            items.append(Item(offset, event, len(value)))
+                            size += len(value)
+                    if seen >= PAGE_RECORDS or (size >= max_bytes and items):
+                        break
+        finally:
+            # stop fetching and drop what was fetched ahead: an idle thread holds nothing
+            consumer.unassign()
+        return items, nxt
+
+    def _page_consumer(self) -> Consumer:
+        consumer: Consumer | None = getattr(self._local, "consumer", None)
+        if consumer is None:
+            consumer = Consumer(
+                reader_config(
+                    self.settings,
+                    group_id=f"{CLIENT_GROUP_PREFIX}sse-{uuid.uuid4()}",
+                    eof=True,
+                    fetch_wait_ms=5,
+                    # what one page may prefetch, not librdkafka's 64 MB a consumer
+                    **_PAGE_FETCH,
+                )
+            )
+            self._local.consumer = consumer
+            with self._lock:
+                self._page_consumers.append(consumer)
+        return consumer
 
     # -- the consumer thread ----------------------------------------------------------------
     def _ends(self) -> dict[int, int]:
@@ -229,12 +335,16 @@ class EventFanout:
                 subs = self._subs.get(session)
                 if not subs:
                     continue
-                event = self._decode(msg.value())
+                value = msg.value() or b""
+                event = self._decode(value)
                 if event is None:
                     continue
+                item = Item(offset, event, len(value))
                 for sub in subs:
-                    if sub.tenant_id == event.tenant_id:
-                        deliveries.setdefault(sub, []).append(Item(offset, event))
+                    # the session itself, not only its key's first part ("X/y/..." of a
+                    # session named before ids refused '/' is not X's)
+                    if sub.tenant_id == event.tenant_id and sub.session_id == event.session_id:
+                        deliveries.setdefault(sub, []).append(item)
         for sub, items in deliveries.items():
             sub.loop.call_soon_threadsafe(_deliver, sub, items)
 
@@ -250,12 +360,16 @@ def _deliver(sub: Subscriber, items: list[Item]) -> None:
     if sub.closed:
         return
     for item in items:
-        if sub.queue.qsize() >= sub.queue.maxsize - 1:
+        full = sub.queue.qsize() >= sub.queue.maxsize - 1 or (
+            sub.queued_bytes + item.size > sub.max_bytes and sub.queued_bytes > 0
+        )
+        if full:
             # keep one place for the marker: the stream ends, the client resumes later
             sub.closed = True
             sub.dropped += 1
             sub.queue.put_nowait(Overflow())
             return
+        sub.queued_bytes += item.size
         sub.queue.put_nowait(item)
 
 

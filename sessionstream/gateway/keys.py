@@ -18,6 +18,8 @@ from typing import Any, Final
 
 import psycopg
 
+from schemas.sessions import NAMESPACE_SEP
+
 __all__ = [
     "KEY_PREFIX",
     "ApiKey",
@@ -75,6 +77,11 @@ def create_key(
     """A new key for `tenant_id`: returns the key itself (to show once) and its record.
     `actor` defaults to ``key:<key_id>``."""
     _check("tenant", tenant_id)
+    if NAMESPACE_SEP in tenant_id:
+        raise ValueError(
+            f"tenant must not contain {NAMESPACE_SEP!r}: it names the tenant's namespace "
+            "of session ids (schemas.sessions)"
+        )
     if actor is not None:
         _check("actor", actor)
     while True:

@@ -4,44 +4,133 @@ Each event: ``id:`` its offset in `session.events` (a session lives on one parti
 the offset alone orders and resumes it), ``event:`` its type, ``data:`` its JSON (the
 seed's camelCase form). Live from the gateway's one `read_committed` tail; with
 ``Last-Event-ID: N`` (or ``?lastEventId=N``, for clients that cannot set headers) the
-events after offset N are read first, then the live ones, without gap or repeat. A
-client whose buffer of `gateway_sse_queue` events fills is sent ``event: overflow`` and
-disconnected: it resumes with its last id.
+events after offset N are read first, then the live ones, without gap or repeat.
+
+What one client may hold, so one tenant never slows another:
+- a catch-up is read a page at a time (`gateway_catch_up_page_bytes`) on the catch-up
+  threads; a thread is held only while it reads a page, and one tenant reads at most
+  `gateway_catch_up_per_tenant` pages at once (`CatchUpSlots`);
+- a client that takes nothing for `gateway_sse_send_timeout_s` is closed (one write waits
+  that long on its full socket); it resumes with its last id;
+- the live buffer is bounded by `gateway_sse_queue` events and `gateway_sse_queue_bytes`:
+  a client that falls behind is sent ``event: overflow`` and closed;
+- open streams are counted per key and per tenant (`StreamCounts`, in `limits`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
-import threading
+import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from dataclasses import dataclass
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette.sse import SendTimeoutError
+from starlette.types import Receive, Scope, Send
 
+from schemas.sessions import local_session_id
+from sessionstream.errors import KafkaUnavailable
 from sessionstream.gateway.errors import ApiError
 from sessionstream.gateway.fanout import EventFanout, Item, Overflow, Stopped
+from sessionstream.gateway.protocol import ABORT_EXTENSION
 
-__all__ = ["event_stream", "parse_last_event_id"]
+__all__ = ["CatchUpSlots", "StreamLimits", "event_stream", "parse_last_event_id"]
 
-_DONE = object()
+log = logging.getLogger("sessionstream.gateway")
+
+#: an offset as the stream sent it: digits (at most 19, an int64), or -1 for "from the start"
+_LAST_ID = re.compile(r"-1|[0-9]{1,19}")
 
 
 def parse_last_event_id(header: str | None, query: str | None) -> int | None:
     raw = header if header is not None else query
     if raw is None or raw == "":
         return None
-    try:
-        value = int(raw)
-    except ValueError:
+    if not _LAST_ID.fullmatch(raw):
         raise ApiError(
-            400, "invalid_last_event_id", f"Last-Event-ID must be an offset, not {raw!r}"
-        ) from None
-    if value < -1:
-        raise ApiError(400, "invalid_last_event_id", "Last-Event-ID must be -1 or more")
-    return value
+            400,
+            "invalid_last_event_id",
+            f"Last-Event-ID must be an event's id (digits) or -1, not {raw[:40]!r}",
+        )
+    return int(raw)
+
+
+class CatchUpSlots:
+    """At most `per_tenant` catch-up pages of one tenant being read at once. A slot is
+    given back when the page's read ends on its thread (not when the stream that asked
+    leaves: a client that reconnects in a loop cannot pile reads onto the threads)."""
+
+    def __init__(self, per_tenant: int) -> None:
+        self.per_tenant = per_tenant
+        self._sems: dict[str, asyncio.Semaphore] = {}
+        self._users: dict[str, int] = {}
+
+    async def read(
+        self, tenant_id: str, fanout: EventFanout, session_id: str, start: int, end: int, size: int
+    ) -> tuple[list[Item], int]:
+        loop = asyncio.get_running_loop()
+        sem = self._sems.get(tenant_id)
+        if sem is None:
+            sem = self._sems[tenant_id] = asyncio.Semaphore(self.per_tenant)
+        self._users[tenant_id] = self._users.get(tenant_id, 0) + 1
+        try:
+            await sem.acquire()
+        except BaseException:
+            self._leave(tenant_id)
+            raise
+        try:
+            job = fanout.catch_up_threads.submit(
+                fanout.read_page, session_id, tenant_id, start, end, size
+            )
+        except BaseException:
+            sem.release()
+            self._leave(tenant_id)
+            raise
+
+        def done(_: object) -> None:
+            sem.release()
+            self._leave(tenant_id)
+
+        job.add_done_callback(lambda f: loop.call_soon_threadsafe(done, f))
+        return await asyncio.wrap_future(job)
+
+    def _leave(self, tenant_id: str) -> None:
+        n = self._users[tenant_id] - 1
+        if n:
+            self._users[tenant_id] = n
+        else:  # no reader of this tenant left: forget it (tenants are not kept forever)
+            del self._users[tenant_id]
+            del self._sems[tenant_id]
+
+
+@dataclass
+class StreamLimits:
+    """How a stream behaves towards its client (from the settings)."""
+
+    ping_s: float
+    send_timeout_s: float
+    page_bytes: int
+    recheck_s: float = 5.0
+
+
+async def _catch_up(
+    fanout: EventFanout,
+    slots: CatchUpSlots,
+    session_id: str,
+    tenant_id: str,
+    start: int,
+    end: int,
+    page_bytes: int,
+) -> AsyncIterator[Item]:
+    """The session's events in `[start, end)`, a page at a time."""
+    pos = start
+    while pos < end:
+        items, pos = await slots.read(tenant_id, fanout, session_id, pos, end, page_bytes)
+        for item in items:
+            yield item
 
 
 def _unauthorized() -> ServerSentEvent:
@@ -54,89 +143,57 @@ def _overflow(sent: int) -> ServerSentEvent:
 
 
 def _sse(item: Item) -> ServerSentEvent:
-    return ServerSentEvent(
-        data=json.dumps(item.event.model_dump(by_alias=True, mode="json")),
-        event=item.event.type,
-        id=str(item.offset),
-    )
+    data = item.event.model_dump(by_alias=True, mode="json")
+    # the id the tenant knows the session by (schemas.sessions)
+    data["sessionId"] = local_session_id(item.event.tenant_id, item.event.session_id)
+    return ServerSentEvent(data=json.dumps(data), event=item.event.type, id=str(item.offset))
 
 
-#: a catch-up whose client takes nothing for this long is given up: its thread is freed and
-#: the stream ends with ``event: overflow`` (the client resumes from its last id)
-STALL_S = 30.0
+class _Stream(EventSourceResponse):
+    """An event stream that calls `on_close` once it is over, however it ends (also when
+    its body never started: the client left before)."""
 
+    def __init__(self, *args: object, on_close: Callable[[], None], **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
+        self._on_close = on_close
 
-async def _catch_up(
-    fanout: EventFanout, session_id: str, tenant_id: str, start: int, end: int
-) -> AsyncIterator[Item | Overflow]:
-    """`fanout.catch_up` (a blocking read) on the fanout's catch-up threads, as an async
-    iterator. A client that stops taking events holds the read for `STALL_S` at most; the
-    iterator then ends with `Overflow`, never with a gap before the live part."""
-    q: asyncio.Queue[object] = asyncio.Queue(256)
-    loop = asyncio.get_running_loop()
-    gone = threading.Event()
-
-    def put(x: object) -> bool:
-        fut = asyncio.run_coroutine_threadsafe(q.put(x), loop)
-        waited = 0.0
-        while True:
-            try:
-                fut.result(0.5)
-                return True
-            except concurrent.futures.TimeoutError:
-                waited += 0.5
-                # the client left, or takes nothing: nobody will take it
-                if gone.is_set() or waited >= STALL_S:
-                    fut.cancel()
-                    return False
-
-    def read() -> None:
-        for item in fanout.catch_up(session_id, tenant_id, start, end):
-            if not put(item):
-                return
-        put(_DONE)
-
-    task = loop.run_in_executor(fanout.catch_up_threads, read)
-    getter: asyncio.Future[object] | None = None
-    try:
-        while True:
-            if q.empty() and task.done():
-                break  # the read ended without its last mark taken: given up, or failed
-            getter = asyncio.ensure_future(q.get())
-            both: set[asyncio.Future[Any]] = {getter, task}
-            done, _ = await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
-            if getter not in done:
-                getter.cancel()
-                continue
-            got = getter.result()
-            if got is _DONE:
-                await task
-                return
-            assert isinstance(got, Item)
-            yield got
-        await task  # re-raises a failed read
-        yield Overflow()
-    finally:
-        gone.set()
-        if getter is not None and not getter.done():  # the client left while it waited
-            getter.cancel()
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except SendTimeoutError:
+            log.info(
+                "gateway: an event stream's client took nothing for %g s: closed "
+                "(it resumes with its last id)",
+                self.send_timeout,
+            )
+            abort = scope.get("extensions", {}).get(ABORT_EXTENSION)
+            if abort is not None:  # our protocol: drop the socket (its buffer stays full)
+                abort()
+        finally:
+            self._on_close()
 
 
 def event_stream(
     fanout: EventFanout,
+    slots: CatchUpSlots,
     session_id: str,
     tenant_id: str,
     last_id: int | None,
-    ping_s: float,
+    limits: StreamLimits,
+    *,
     still_valid: Callable[[], Awaitable[bool]] | None = None,
-    recheck_s: float = 5.0,
+    on_close: Callable[[], None] = lambda: None,
 ) -> EventSourceResponse:
-    """The stream; `still_valid` is asked every `recheck_s` whether the caller's key is
-    still live: once it is not (revoked), the stream ends with ``event: unauthorized``."""
+    """The stream of the session whose full id is `session_id`; `still_valid` is asked
+    every `limits.recheck_s` whether the caller's key is still live: once it is not
+    (revoked), the stream ends with ``event: unauthorized``. `on_close` runs once when
+    the stream is over (the caller counted it open)."""
     if not fanout.alive:
+        on_close()
         raise ApiError(503, "events_unavailable", "the gateway's events tail has stopped")
     checked = [time.monotonic()]
-    recheck = max(recheck_s, 0.5)  # a cache of 0 s: asked every half second, not in a spin
+    page_bytes = limits.page_bytes
+    recheck = max(limits.recheck_s, 0.5)  # a cache of 0 s: asked every half second
 
     async def revoked() -> bool:
         if still_valid is None or time.monotonic() - checked[0] < recheck:
@@ -149,24 +206,28 @@ def event_stream(
         sent = -1 if last_id is None else last_id
         try:
             if last_id is not None and last_id + 1 < position:
-                async for item in _catch_up(fanout, session_id, tenant_id, last_id + 1, position):
-                    if isinstance(item, Overflow):  # given up: the client resumes from `sent`
-                        yield _overflow(sent)
-                        return
-                    if await revoked():
-                        yield _unauthorized()
-                        return
-                    sent = item.offset
-                    yield _sse(item)
+                try:
+                    async for item in _catch_up(
+                        fanout, slots, session_id, tenant_id, last_id + 1, position, page_bytes
+                    ):
+                        if await revoked():
+                            yield _unauthorized()
+                            return
+                        sent = item.offset
+                        yield _sse(item)
+                except KafkaUnavailable as e:
+                    # the stream ends where it got to; the client resumes from there
+                    log.warning("gateway: a catch-up of %s failed: %s", session_id, e)
+                    return
             # tell the client where the live part starts (a comment, no event)
             yield ServerSentEvent(comment=f"live from offset {max(position, sent + 1)}")
             while True:
                 got: Item | Overflow | Stopped | None
                 try:
-                    got = sub.queue.get_nowait()  # no timer when events are waiting
+                    got = sub.taken(sub.queue.get_nowait())  # no timer when events wait
                 except asyncio.QueueEmpty:
                     try:
-                        got = await asyncio.wait_for(sub.queue.get(), recheck)
+                        got = sub.taken(await asyncio.wait_for(sub.queue.get(), recheck))
                     except TimeoutError:
                         got = None
                 if await revoked():
@@ -186,8 +247,10 @@ def event_stream(
         finally:
             fanout.unsubscribe(sub)
 
-    return EventSourceResponse(
+    return _Stream(
         events(),
-        ping=ping_s,
+        ping=limits.ping_s,
+        send_timeout=limits.send_timeout_s,
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        on_close=on_close,
     )

@@ -6,6 +6,9 @@ tens of milliseconds when it keeps up). A session's state is the decider's own f
 exactly what the processor's state said at the last event the sink wrote: active run,
 status, generation, queue and pending inputs. Calls take a connection and run in a
 worker thread (`Database.run`).
+
+Session ids are shown as the tenant knows them (`schemas.sessions.local_session_id`):
+``s1`` for ``acme:s1`` when acme asks.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import psycopg
 
 from schemas.codec import Codec
 from schemas.events import SESSION_LOG, Event
+from schemas.sessions import NAMESPACE_SEP, local_session_id
 from sinks.replay import events_of_session, offsets_of_run
 from streams.decider import evolve
 from streams.state import SessionState
@@ -26,7 +30,6 @@ __all__ = [
     "list_sessions",
     "run_events",
     "run_view",
-    "session_tenant",
     "session_view",
 ]
 
@@ -44,6 +47,7 @@ def _ms(t: datetime | None) -> int | None:
 def event_json(e: Event, offset: int | None = None) -> dict[str, Any]:
     """The seed's JSON event (camelCase), with its topic offset when known."""
     out = Codec.event_to_json(e)
+    out["sessionId"] = local_session_id(e.tenant_id, e.session_id)
     if offset is not None:
         out["offset"] = offset
     return out
@@ -52,7 +56,7 @@ def event_json(e: Event, offset: int | None = None) -> dict[str, Any]:
 def _run(r: tuple[Any, ...]) -> dict[str, Any]:
     return {
         "runId": r[0],
-        "sessionId": r[1],
+        "sessionId": local_session_id(r[2], r[1]),
         "tenantId": r[2],
         "status": r[3],
         "generation": r[4],
@@ -73,29 +77,24 @@ def _run(r: tuple[Any, ...]) -> dict[str, Any]:
     }
 
 
-def session_tenant(conn: psycopg.Connection[Any], session_id: str) -> str | None:
-    """The tenant a session belongs to (None: PostgreSQL has not seen it)."""
-    row = conn.execute(
-        "select tenant_id from agent_sessions where session_id = %s", (session_id,)
-    ).fetchone()
-    conn.rollback()
-    return None if row is None else str(row[0])
-
-
 def list_sessions(
     conn: psycopg.Connection[Any], tenant_id: str, limit: int
 ) -> list[dict[str, Any]]:
-    """A tenant's sessions, most recently updated first, with their active run's status."""
+    """A tenant's sessions the gateway reaches (in its namespace, or aliased), most
+    recently updated first, with their active run's status."""
     rows = conn.execute(
         "select s.session_id, s.active_run_id, s.created_at, s.updated_at, s.user_id, r.status"
         " from agent_sessions s left join agent_runs r on r.run_id = s.active_run_id"
-        " where s.tenant_id = %s order by s.updated_at desc, s.session_id limit %s",
-        (tenant_id, limit),
+        " where s.tenant_id = %s and (starts_with(s.session_id, %s) or exists (select 1"
+        " from session_aliases a where a.tenant_id = s.tenant_id"
+        " and a.session_id = s.session_id))"
+        " order by s.updated_at desc, s.session_id limit %s",
+        (tenant_id, f"{tenant_id}{NAMESPACE_SEP}", limit),
     ).fetchall()
     conn.rollback()
     return [
         {
-            "sessionId": r[0],
+            "sessionId": local_session_id(tenant_id, r[0]),
             "activeRunId": r[1],
             "status": r[5] or "idle",
             "createdAt": _ms(r[2]),
@@ -133,7 +132,7 @@ def session_view(
         state = evolve(state, e)
     active = state.active
     return {
-        "sessionId": session_id,
+        "sessionId": local_session_id(tenant_id, session_id),
         "tenantId": row[0],
         "userId": row[3],
         "createdAt": _ms(row[1]),

@@ -51,9 +51,11 @@ class GatewayWorld:
 
     def client(self, key: str | None, **kw: Any) -> httpx.Client:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=30, **kw)
+        return httpx.Client(base_url=self.url, headers=headers, **{"timeout": 30, **kw})
 
-    def start(self, *, workers: int = 0, analytics: bool = False) -> GatewayWorld:
+    def start(
+        self, *, workers: int = 0, analytics: bool = False, gateway_args: tuple[str, ...] = ()
+    ) -> GatewayWorld:
         s = self.settings
         migrate(s.database_conninfo, schema=s.database_schema)
         self.procs.append(Proc(s, "processor", "--instance", "gw0").start())
@@ -66,7 +68,7 @@ class GatewayWorld:
             self.procs.append(Proc(s, "analytics").start())
         self.procs[0].wait_log("assigned", 90)
         self.procs[1].wait_log("assigned", 90)
-        self.gateway = Proc(s, "gateway").start()
+        self.gateway = Proc(s, "gateway", *gateway_args).start()
         self.procs.append(self.gateway)
         self.gateway.wait_log("Application startup complete", 60)
         return self

@@ -215,7 +215,7 @@ def test_outcomes_accepted_rejected_duplicate_and_tenant_from_the_key(world: Gat
 
         # the same command again: a duplicate, nothing decided twice; its first outcome
         # comes from PostgreSQL once the sink has it
-        world.wait_sink(sid, "run.started")
+        world.wait_sink(f"acme:{sid}", "run.started")
         dup = c.post(f"/v1/sessions/{sid}/commands", json=_prompt(commandId="c-1"))
         assert dup.status_code == 200 and dup.json()["status"] == "duplicate", dup.text
         assert dup.json()["original"]["status"] == "accepted"
@@ -234,12 +234,14 @@ def test_outcomes_accepted_rejected_duplicate_and_tenant_from_the_key(world: Gat
             "run.cancel_requested",
             "run.finished",
         ]
-    world.wait_sink(sid, "run.finished")
+    world.wait_sink(f"acme:{sid}", "run.finished")
     with world.conn() as conn:
         rows = conn.execute(
-            "select distinct tenant_id from agent_run_events where session_id = %s", (sid,)
+            "select distinct tenant_id from agent_run_events where session_id = %s",
+            (f"acme:{sid}",),
         ).fetchall()
-    assert rows == [("acme",)]
+    assert rows == [("acme",)], "stored under the tenant's namespace, as the key's tenant"
+    assert started["sessionId"] == sid, "shown as the tenant knows it"
 
 
 def test_concurrent_retries_of_one_command_share_its_outcome(world: GatewayWorld) -> None:
@@ -264,37 +266,51 @@ def test_concurrent_retries_of_one_command_share_its_outcome(world: GatewayWorld
     assert len(run_ids) == 1
 
 
-def test_another_tenants_session_is_404_and_its_log_stays_clean(world: GatewayWorld) -> None:
-    sid = _sid()
+def test_two_tenants_one_session_id_are_two_sessions_and_nothing_tells_them_apart(
+    world: GatewayWorld,
+) -> None:
+    """Session ids were one namespace for all tenants: globex could take acme's future
+    session id first (acme then got 404 for its own session), and globex's abort answered
+    404 for a session of acme's but 409 `no_active_run` for an unused id, which told the
+    two apart. Now each tenant's `S` is its own session (`acme:S`, `globex:S`)."""
+    sid, unused = _sid(), _sid()
+    with world.client(world.key("globex")) as squatter:  # globex first, with acme's id
+        r = squatter.post(f"/v1/sessions/{sid}/commands", json=_prompt("mine"))
+        assert r.status_code == 200, r.text
+        squat_run = r.json()["runId"]
     with world.client(world.key("acme")) as owner:
         r = owner.post(f"/v1/sessions/{sid}/commands", json=_prompt())
-        assert r.status_code == 200
+        assert r.status_code == 200 and r.json()["status"] == "accepted", r.text
         run_id = r.json()["runId"]
-    world.wait_sink(sid, "run.started")
-    s = world.settings
-    before = _ends(s, s.commands_topic)
-    with world.client(world.key("globex")) as other:
-        assert other.get(f"/v1/sessions/{sid}").status_code == 404
-        assert other.get(f"/v1/runs/{run_id}").status_code == 404
-        assert other.get(f"/v1/runs/{run_id}/events").status_code == 404
-        assert other.get(f"/v1/sessions/{sid}/events").status_code == 404
-        r = other.post(f"/v1/sessions/{sid}/commands", json={"type": "abort"})
-        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
-        assert sid not in json.dumps(other.get("/v1/sessions").json())
-    assert _ends(s, s.commands_topic) == before, "a foreign command was not even sent"
-
-    # a session PostgreSQL has not seen yet: the decider refuses the foreign tenant, and
-    # the gateway answers the same 404
-    fresh = _sid()
+        assert run_id != squat_run
+    world.wait_sink(f"acme:{sid}", "run.started")
+    world.wait_sink(f"globex:{sid}", "run.started")
     with world.client(world.key("acme")) as owner:
-        assert owner.post(f"/v1/sessions/{fresh}/commands", json=_prompt()).status_code == 200
+        assert owner.get(f"/v1/sessions/{sid}").json()["activeRun"]["runId"] == run_id
+        assert owner.get(f"/v1/runs/{squat_run}").status_code == 404
     with world.client(world.key("globex")) as other:
-        r = other.post(f"/v1/sessions/{fresh}/commands", json={"type": "abort"})
-        assert r.status_code == 404, r.text
+        mine = other.get(f"/v1/sessions/{sid}").json()
+        assert mine["activeRun"]["runId"] == squat_run and "acme" not in json.dumps(mine)
+        for path in (f"/v1/runs/{run_id}", f"/v1/runs/{run_id}/events"):
+            assert other.get(path).status_code == 404
+        # no answer depends on another tenant having the id: acme's active session and
+        # an id nobody uses answer alike
+        seen = {}
+        for name, target in (("acme's", sid), ("unused", unused)):
+            other.post(f"/v1/sessions/{target}/commands", json={"type": "abort"})
+            again = other.post(f"/v1/sessions/{target}/commands", json={"type": "abort"})
+            got = other.get(f"/v1/sessions/{target}")
+            seen[name] = (again.status_code, again.json().get("reason"))
+            assert got.status_code in (200, 404)
+        assert seen["acme's"] == seen["unused"] == (409, "no_active_run"), seen
+        assert other.get(f"/v1/sessions/{unused}").status_code == 404
+    with world.client(world.key("acme")) as owner:  # globex's aborts never reached acme's
+        assert owner.get(f"/v1/sessions/{sid}").json()["activeRun"]["runId"] == run_id
 
 
 # -- Server-Sent Events -------------------------------------------------------------------
-def _session_offsets(s: Settings, sid: str) -> list[tuple[int, str]]:
+def _session_offsets(s: Settings, local: str, tenant: str = "acme") -> list[tuple[int, str]]:
+    sid = f"{tenant}:{local}"
     p = partition_for(sid.encode(), s.partitions)
     codec = Codec()
     out = []
@@ -381,14 +397,14 @@ def test_session_state_and_runs_replayed_from_postgres(world: GatewayWorld) -> N
             json={"type": "prompt", "payload": {"text": "two", "policy": "enqueue"}},
         )
         assert queued.json()["status"] == "accepted"
-        world.wait_sink(sid, "run.queued")
+        world.wait_sink(f"acme:{sid}", "run.queued")
         state = c.get(f"/v1/sessions/{sid}").json()
         assert state["status"] == "running" and state["activeRun"]["runId"] == run_id
         assert state["generation"] == 1
         assert [q["text"] for q in state["queue"]] == ["two"]
         assert state["lastEventId"] is not None
         c.post(f"/v1/sessions/{sid}/commands", json={"type": "abort", "runId": run_id})
-        world.wait_sink(sid, "run.finished")
+        world.wait_sink(f"acme:{sid}", "run.finished")
         run = c.get(f"/v1/runs/{run_id}").json()
         assert run["status"] == "cancelled" and run["sessionId"] == sid
         events = c.get(f"/v1/runs/{run_id}/events").json()["events"]
@@ -421,7 +437,7 @@ def test_the_session_log_is_no_run_and_shows_no_tenant_anothers_events(
             assert queued.json()["status"] == "accepted", queued.text
             busy = c.post(f"/v1/sessions/{sid}/commands", json=_prompt("busy"))
             assert busy.status_code == 409
-        world.wait_sink(sid, "command.rejected")
+        world.wait_sink(f"{tenant}:{sid}", "command.rejected")
     for tenant in sids:
         with world.client(keys[tenant]) as c:
             for path in ("/v1/runs/_session/events", "/v1/runs/_session"):
@@ -465,7 +481,7 @@ def test_text_no_database_can_store_is_refused_everywhere_and_the_sink_goes_on(
         ):
             r = c.get(path.format(urllib.parse.quote("a\u0000b")))
             assert r.status_code == 400, (path, r.status_code, r.text)
-            assert r.json()["error"]["code"] == "invalid_request"
+            assert r.json()["error"]["code"] == "invalid_path"  # refused before routing
         cid = f"nul-{uuid.uuid4().hex[:8]}"
         raw = json.dumps(
             {
@@ -491,7 +507,7 @@ def test_text_no_database_can_store_is_refused_everywhere_and_the_sink_goes_on(
         assert b"NUL" in why, why
         ok = c.post(f"/v1/sessions/{sid}/commands", json=_prompt("after"))
         assert ok.status_code == 200, ok.text
-    world.wait_sink(sid, "run.started")
+    world.wait_sink(f"acme:{sid}", "run.started")
 
 
 def test_stats_come_from_the_analytics_app_per_tenant(world: GatewayWorld) -> None:
@@ -597,9 +613,9 @@ def test_an_unreadable_event_fails_only_its_sessions_waiting_command(settings: S
                 p = Producer({"bootstrap.servers": s.kafka_bootstrap})
                 p.produce(
                     s.events_topic,
-                    key=f"{x}/r-unknown/0000000001".encode(),
+                    key=f"acme:{x}/r-unknown/0000000001".encode(),
                     value=b"\x00\x07not an event",
-                    partition=partition_for(x.encode(), s.partitions),
+                    partition=partition_for(f"acme:{x}".encode(), s.partitions),
                 )
                 assert p.flush(30) == 0
             finally:

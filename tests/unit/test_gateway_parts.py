@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
-from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
@@ -16,11 +15,12 @@ from schemas.events import Event
 from sessionstream.client import CommandHandle, Outcome
 from sessionstream.errors import SessionstreamError
 from sessionstream.gateway._flight import SingleFlight
-from sessionstream.gateway.auth import Principal, TokenBucket, _presented
+from sessionstream.gateway.auth import Principal, _presented
 from sessionstream.gateway.commands import build_command, outcome_body
 from sessionstream.gateway.errors import ApiError
 from sessionstream.gateway.fanout import Item, Overflow, Stopped, Subscriber, _deliver, _stop
 from sessionstream.gateway.keys import hash_key, parse_key
+from sessionstream.gateway.limits import TokenBucket
 from sessionstream.gateway.sse import parse_last_event_id
 from sessionstream.settings import Settings
 
@@ -112,7 +112,9 @@ def test_last_event_id_is_an_offset() -> None:
     assert parse_last_event_id(None, "7") == 7
     assert parse_last_event_id("3", "9") == 3  # the header wins
     assert parse_last_event_id(None, None) is None
-    for bad in ("x", "-2", "1.5"):
+    assert parse_last_event_id("-1", None) == -1
+    # exactly digits: Python's int() takes all of these
+    for bad in ("x", "-2", "1.5", "1_000", "+3", " 5", "5 ", "\u0663", "1" * 20, "-0"):
         with pytest.raises(ApiError):
             parse_last_event_id(bad, None)
 
@@ -253,59 +255,103 @@ def test_a_failed_round_fails_its_requests_and_a_new_client_serves_the_next(
     assert all(c.closed for c in _RoundClient.made)
 
 
-# -- catch-ups and the database have threads of their own ---------------------------------------
-class _Fanout:
-    """`catch_up` of `n` events from `start`, on a pool like the fanout's."""
+# -- catch-ups: paged, a tenant's reads bounded, threads never held by a client -------------
+class _PagedFanout:
+    """`read_page` over offsets `[0, n)` of one session, `per_page` events a page; reads of
+    tenant `blocked` wait for `release` (a slow broker, or a huge page)."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, per_page: int, blocked: str | None = None) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
-        self.n = n
+        self.n, self.per_page, self.blocked = n, per_page, blocked
         self.event = _event(1)  # one, reused: a Codec is slow to make
-        self.read = 0
-        self.closed = threading.Event()
-        self.catch_up_threads = ThreadPoolExecutor(2)
+        self.release = threading.Event()
+        self.running: dict[str, int] = {}
+        self.most: dict[str, int] = {}
+        self.lock = threading.Lock()
+        self.catch_up_threads = ThreadPoolExecutor(8)
 
-    def catch_up(self, session_id: str, tenant_id: str, start: int, end: int) -> Iterator[Item]:
+    def read_page(
+        self, session_id: str, tenant_id: str, start: int, end: int, size: int
+    ) -> tuple[list[Item], int]:
+        with self.lock:
+            self.running[tenant_id] = self.running.get(tenant_id, 0) + 1
+            self.most[tenant_id] = max(self.most.get(tenant_id, 0), self.running[tenant_id])
         try:
-            for i in range(start, start + self.n):
-                self.read += 1
-                yield Item(i, self.event)
+            if tenant_id == self.blocked:
+                self.release.wait(30)
+            stop = min(end, start + self.per_page)
+            return [Item(i, self.event, 10) for i in range(start, stop)], stop
         finally:
-            self.closed.set()
+            with self.lock:
+                self.running[tenant_id] -= 1
 
 
-async def test_a_catch_up_whose_client_stops_taking_is_given_up_and_ends_in_overflow(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The read used to wait on a stalled client for as long as it stayed connected,
-    holding its thread. Given up after `STALL_S`: what was read is still handed out in
-    order, then `Overflow` (the client resumes from its last id), never a gap."""
-    from sessionstream.gateway import sse
+async def test_a_catch_up_is_read_page_by_page_in_order_to_its_end() -> None:
+    from sessionstream.gateway.sse import CatchUpSlots, _catch_up
 
-    monkeypatch.setattr(sse, "STALL_S", 0.5)
-    fanout = _Fanout(1000)
-    it = sse._catch_up(fanout, "s1", "acme", 100, 10_000)  # type: ignore[arg-type]
-    got = [await it.__anext__() for _ in range(10)]
-    await asyncio.to_thread(fanout.closed.wait, 10)  # the stalled read gave up
-    assert fanout.closed.is_set() and fanout.read < 1000
-    got += [x async for x in it]
-    assert isinstance(got[-1], Overflow)
-    offsets = [x.offset for x in got[:-1] if isinstance(x, Item)]
-    assert offsets == list(range(100, 100 + len(offsets))) and len(offsets) >= 10
+    fanout = _PagedFanout(1000, per_page=64)
+    got = [
+        x.offset
+        async for x in _catch_up(fanout, CatchUpSlots(2), "s1", "acme", 5, 1000, 1 << 20)  # type: ignore[arg-type]
+    ]
+    assert got == list(range(5, 1000))
+    fanout.catch_up_threads.shutdown()
 
 
-async def test_a_catch_up_read_to_its_end_ends_without_overflow() -> None:
-    fanout = _Fanout(600)  # more than the queue holds: the reader waits for the client
-    got = [x async for x in _catch_up_of(fanout)]
-    assert [x.offset for x in got if isinstance(x, Item)] == list(range(600))
-    assert not any(isinstance(x, Overflow) for x in got)
+async def test_one_tenants_stalled_reads_leave_the_threads_to_the_others() -> None:
+    """Tenant B resumes many streams whose reads do not end (a stalled page): it holds
+    at most `per_tenant` threads, and tenant A's catch-up is read at once beside them.
+    (Catch-ups used to share 8 threads, each held for as long as its client did not
+    read: B's 8 streams delayed A's first resumed event 27.5 s.)"""
+    from sessionstream.gateway.sse import CatchUpSlots, _catch_up
+
+    fanout = _PagedFanout(10, per_page=10, blocked="B")
+    slots = CatchUpSlots(2)
+
+    async def drain(tenant: str) -> list[int]:
+        it = _catch_up(fanout, slots, "s1", tenant, 0, 10, 1 << 20)  # type: ignore[arg-type]
+        return [x.offset async for x in it]
+
+    b = [asyncio.create_task(drain("B")) for _ in range(20)]
+    await asyncio.sleep(0.2)
+    assert await asyncio.wait_for(drain("A"), 2) == list(range(10))
+    assert fanout.most["B"] == 2, "B never held more than its two slots"
+    fanout.release.set()
+    assert all(r == list(range(10)) for r in await asyncio.gather(*b))
+    assert slots._sems == {}, "a tenant with no reader left is forgotten"
+    fanout.catch_up_threads.shutdown()
 
 
-def _catch_up_of(fanout: _Fanout) -> AsyncIterator[Item | Overflow]:
-    from sessionstream.gateway import sse
+async def test_a_slot_comes_back_when_its_read_ends_not_when_its_asker_leaves() -> None:
+    """A client that reconnects in a loop would otherwise pile reads onto the threads:
+    each leaves, its slot is free, its read still runs."""
+    from sessionstream.gateway.sse import CatchUpSlots
 
-    return sse._catch_up(fanout, "s1", "acme", 0, 600)  # type: ignore[arg-type]
+    fanout = _PagedFanout(10, per_page=10, blocked="B")
+    slots = CatchUpSlots(1)
+    asker = asyncio.create_task(slots.read("B", fanout, "s1", 0, 10, 1 << 20))  # type: ignore[arg-type]
+    await asyncio.sleep(0.1)
+    asker.cancel()
+    await asyncio.sleep(0.1)
+    second = asyncio.create_task(slots.read("B", fanout, "s1", 0, 10, 1 << 20))  # type: ignore[arg-type]
+    await asyncio.sleep(0.2)
+    assert fanout.most["B"] == 1 and not second.done(), "waits for the first read to end"
+    fanout.release.set()
+    items, nxt = await asyncio.wait_for(second, 5)
+    assert nxt == 10 and len(items) == 10
+    fanout.catch_up_threads.shutdown()
+
+
+async def test_a_stream_that_falls_behind_by_bytes_is_closed() -> None:
+    sub = Subscriber("s1", "acme", 0, asyncio.Queue(1000), asyncio.get_running_loop(), 1000)
+    _deliver(sub, [Item(i, _event(1), 300) for i in range(5)])
+    items = [sub.queue.get_nowait() for _ in range(sub.queue.qsize())]
+    assert [type(x).__name__ for x in items] == ["Item"] * 3 + ["Overflow"]
+    # one event larger than the bound still goes to a stream that holds nothing
+    big = Subscriber("s1", "acme", 0, asyncio.Queue(1000), asyncio.get_running_loop(), 1000)
+    _deliver(big, [Item(0, _event(1), 5000)])
+    assert isinstance(big.taken(big.queue.get_nowait()), Item) and big.queued_bytes == 0
 
 
 async def test_database_calls_do_not_wait_behind_the_default_executor(

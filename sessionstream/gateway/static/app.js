@@ -20,12 +20,21 @@
   };
 
   // -- key ------------------------------------------------------------------------------
+  // A key given in the URL's fragment (`/#key=ssk_...`, as `make demo` prints it: a
+  // fragment never reaches a server or its logs) is kept and dropped from the address bar
+  // and the history. `?key=` of older links still works, but it did reach the server.
   function keyFromUrl() {
     const url = new URL(location.href);
-    const k = url.searchParams.get("key");
+    let k = null;
+    if (url.hash.startsWith("#key=")) {
+      k = decodeURIComponent(url.hash.slice(5));
+      url.hash = "";
+    } else if (url.searchParams.get("key")) {
+      k = url.searchParams.get("key");
+      url.searchParams.delete("key");
+    }
     if (k) {
       Api.setKey(k);
-      url.searchParams.delete("key");   // not left in the address bar or the history
       history.replaceState(null, "", url.pathname + url.search + url.hash);
     }
   }
