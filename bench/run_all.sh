@@ -25,6 +25,7 @@ STEPS=(
   "worker|75|45|-m bench.bench_worker|-m bench.bench_worker --cancels 15 --takeovers 2"
   "baselines|90|60|-m bench.bench_baselines|-m bench.bench_baselines --quick"
   "sweep|160|100|-m bench.bench_sweep|-m bench.bench_sweep --quick"
+  "gateway-abuse|75|55|-m bench.bench_gateway_abuse|-m bench.bench_gateway_abuse --tries 5 --streams 100"
 )
 
 failed=()

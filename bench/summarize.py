@@ -217,6 +217,25 @@ def sweep(d: Any) -> list[tuple[str, Fmt]]:
     ]
 
 
+def gateway_abuse(d: Any) -> list[tuple[str, Fmt]]:
+    r = d.get("resume_first_event_ms", {})
+    g = d.get("gateway", {})
+    return [
+        (
+            "a resume -> first event: quiet; another tenant stalling 8 resumes (p50 / max)",
+            lambda: ms(r["quiet"], "p50", "max") + "; " + ms(r["under_attack"], "p50", "max"),
+        ),
+        (
+            "gateway RSS at rest -> peak under that attack",
+            lambda: f"{g['at_rest']['rss_mb']:.0f} -> {g['peak_under_attack']['rss_mb']:.0f} MB",
+        ),
+        (
+            "600 made-up keys from one address: lookups reaching PostgreSQL",
+            lambda: n(d["bad_key_flood"]["key_queries"]),
+        ),
+    ]
+
+
 SECTIONS: list[tuple[str, str, Callable[[Any], list[tuple[str, Fmt]]]]] = [
     ("decider", "decider", decider),
     ("processor", "processor", processor),
@@ -224,6 +243,7 @@ SECTIONS: list[tuple[str, str, Callable[[Any], list[tuple[str, Fmt]]]]] = [
     ("worker", "worker", worker),
     ("baselines", "vs baselines", baselines),
     ("sweep", "load sweep", sweep),
+    ("gateway-abuse", "gateway under attack", gateway_abuse),
 ]
 
 

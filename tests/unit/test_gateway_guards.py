@@ -295,3 +295,25 @@ def test_the_client_forgets_a_sessions_run_once_it_ends_and_bounds_the_rest(
     for i in range(25):
         c._saw(event(f"s{i}", "run.started", started))
     assert len(c._runs) == 10 and c.known_run("s24") == "r-s24" and c.known_run("s0") is None
+
+
+# -- Swagger UI: off by default, from the package when on ----------------------------------------
+@pytest.mark.parametrize("docs", [False, True])
+async def test_swagger_ui_is_off_by_default_and_served_from_the_package(docs: bool) -> None:
+    from sessionstream.gateway.app import create_app
+
+    app = create_app(Settings(gateway_docs=docs))  # no lifespan: nothing connects
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+        page = await c.get("/docs")
+        if not docs:
+            assert page.status_code == 404
+            return
+        assert page.status_code == 200
+        assert "/docs/assets/swagger-ui-bundle.js" in page.text and "<script>" not in page.text
+        assert "http" not in page.text.replace("http-equiv", ""), "nothing from elsewhere"
+        csp = page.headers["content-security-policy"]
+        assert "script-src 'self';" in csp and "frame-ancestors 'none'" in csp
+        bundle = await c.get("/docs/assets/swagger-ui-bundle.js")
+        assert bundle.status_code == 200 and len(bundle.content) > 100_000
+        assert (await c.get("/static/docs.js")).status_code == 200
