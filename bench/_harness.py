@@ -22,7 +22,6 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from hdrh.histogram import HdrHistogram  # type: ignore[import-untyped]
 
-from schemas.codec import Codec
 from schemas.commands import (
     AbortPayload,
     Command,
@@ -35,6 +34,7 @@ from sessionstream._procs import Service, cpu_seconds, delete_world
 from sessionstream._procs import isolated_settings as _isolated
 from sessionstream.client import CommandHandle, SessionClient
 from sessionstream.kafka import client_config, read_topic, take
+from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
 from streams.log_check import check_log, fold_log, state_table
 
@@ -248,7 +248,7 @@ class EventTail(threading.Thread):
 
     def __init__(self, s: Settings) -> None:
         super().__init__(daemon=True)
-        self.codec = Codec()
+        self.codec = reader_codec()
         self.first_seen: dict[str, float] = {}
         self.events = 0
         self.halt = threading.Event()
@@ -315,10 +315,10 @@ def verify_log(s: Settings, ids_by_phase: dict[str, list[str]]) -> dict[str, Any
     """`check_log` over the whole events log, plus: every command sent has an outcome, the
     state table equals the fold of the log, no dead letters. Events and rejections per phase."""
     events = read_topic(s, s.events_topic, timeout=180)
-    report = check_log(events)
+    report = check_log(events, reader_codec())
     sent = {c for ids in ids_by_phase.values() for c in ids}
     missing = sent - set(report.outcomes)
-    state_ok = state_table(read_topic(s, s.state_topic)) == fold_log(events)
+    state_ok = state_table(read_topic(s, s.state_topic)) == fold_log(events, reader_codec())
     dlq = len(read_topic(s, s.dlq_topic))
     phases = {}
     for phase, ids in ids_by_phase.items():

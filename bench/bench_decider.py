@@ -22,8 +22,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from schemas.codec import Codec
 from schemas.commands import Command
+from sessionstream.registry import reader_codec
 from streams.decider import DEFAULT_CONFIG, apply, decide
 from streams.state import SessionState
 
@@ -106,7 +106,7 @@ def build(n_commands: int, n_sessions: int) -> list[Command]:
 
 def run(commands: list[Command]) -> tuple[float, int, int]:
     """Timed: decide + evolve + encode. Returns (seconds, events, encoded bytes)."""
-    codec = Codec()
+    codec = reader_codec()
     config = DEFAULT_CONFIG
     states: dict[str, SessionState] = {}
     n_events = n_bytes = 0
@@ -123,7 +123,7 @@ def run(commands: list[Command]) -> tuple[float, int, int]:
 
 def run_apply(commands: list[Command]) -> float:
     """Timed: apply + encode, as the processor does it. Returns seconds."""
-    codec = Codec()
+    codec = reader_codec()
     states: dict[str, SessionState] = {}
     t0 = time.perf_counter()
     for cmd in commands:

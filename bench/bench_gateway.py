@@ -40,11 +40,11 @@ import psycopg
 from confluent_kafka import Consumer, TopicPartition
 
 from bench._harness import CpuMeter, broker_pid, machine_busy, percentiles
-from schemas.codec import Codec
 from sessionstream._model_server import free_port
 from sessionstream._procs import Service, delete_world, isolated_settings
 from sessionstream.gateway.keys import create_key
 from sessionstream.kafka import reader_config, take
+from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
 from sinks.migrate import migrate
 from streams.partitioning import partition_for
@@ -83,7 +83,7 @@ class DirectTail(threading.Thread):
         parts = c.list_topics(topic, timeout=10).topics[topic].partitions
         ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts}
         c.assign([TopicPartition(topic, p, o) for p, o in ends.items()])
-        codec = Codec()
+        codec = reader_codec()
         self.ready.set()
         while not self.stop.is_set():
             for msg in take(c, 500, 0.05):

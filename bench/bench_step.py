@@ -49,6 +49,7 @@ from bench.bench_decider import build as protocol_commands
 from schemas.codec import Codec
 from schemas.commands import Command, command_class
 from sessionstream._gc import settle_collector
+from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
 from streams.partitioning import partition_for
 from streams.processor.batch import decide_batch, input_classes, produce
@@ -136,7 +137,7 @@ def records(s: Settings, codec: Codec, commands: list[Command]) -> list[Record]:
 
 
 def measure(s: Settings, recs: list[Record], batch_size: int) -> dict[str, Any]:
-    codec = Codec()
+    codec = reader_codec()
     root = Path(tempfile.mkdtemp(prefix="bench-step-"))
     cache = rocksdict.Cache(64 << 20)
     parts = {
@@ -229,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     s = Settings()
-    codec = Codec()
+    codec = reader_codec()
     out: dict[str, Any] = {
         "python": sys.version.split()[0],
         "batch": args.batch,

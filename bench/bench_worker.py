@@ -30,10 +30,10 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from schemas.codec import Codec
 from schemas.events import Event, LeaseGranted
 from sessionstream.client import SessionClient
 from sessionstream.kafka import read_topic
+from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
 from sinks.migrate import migrate
 from tests.integration.procs import Proc, isolated_settings, processor
@@ -45,7 +45,7 @@ class Tail:
     """Every event of the topic, with the wall time this script first saw it."""
 
     def __init__(self, s: Settings) -> None:
-        self.codec = Codec()
+        self.codec = reader_codec()
         self.c = Consumer(
             {
                 "bootstrap.servers": s.kafka_bootstrap,
@@ -145,7 +145,7 @@ def bench_cancels(s: Settings, n: int, lease_ms: int) -> tuple[list[float], list
 
 def _acquires(s: Settings, run_ids: set[str]) -> dict[str, int]:
     """lease.acquire commands sent per run (read back from the worker-commands topic)."""
-    codec = Codec()
+    codec = reader_codec()
     out = dict.fromkeys(run_ids, 0)
     for r in read_topic(s, s.worker_commands_topic):
         try:

@@ -130,3 +130,16 @@ def event_schema() -> dict[str, Any]:
         ],
         EVENT_PAYLOADS,
     )
+
+
+def outcome_schema() -> dict[str, Any]:
+    """The record of `session.outcomes` (`schemas.outcomes.CommandOutcome`)."""
+    from schemas.outcomes import CommandOutcome
+
+    return {
+        "type": "record",
+        "name": "Outcome",
+        "namespace": NAMESPACE,
+        "doc": "What became of one command the processor read (sessionstream wire contract).",
+        "fields": [_field(n, f) for n, f in CommandOutcome.model_fields.items()],
+    }

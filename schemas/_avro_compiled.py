@@ -27,7 +27,7 @@ from pydantic import BaseModel
 
 from schemas._base import construct
 
-__all__ = ["Envelope", "ReadError", "Unsupported"]
+__all__ = ["Envelope", "ReadError", "Record", "Unsupported"]
 
 _DOUBLE: Final = struct.Struct("<d")
 
@@ -277,7 +277,7 @@ class Envelope:
         by_name = {m.__name__: m for m in payloads.values()}
         self.header = header
         self.type_of: dict[str, type[BaseModel]] = dict(payloads)
-        self._writers: dict[type[BaseModel], Callable[[Any], bytes]] = {}
+        self._writers: dict[type[BaseModel], Callable[[Any, bytes], bytes]] = {}
         self._readers: list[Callable[[bytes, int], tuple[dict[str, Any], int]]] = []
         self._dict_readers: list[Callable[[bytes, int], tuple[dict[str, Any], int]]] = []
         self._payload_classes: list[type[BaseModel]] = []
@@ -307,7 +307,7 @@ class Envelope:
         env_names: dict[str, str],
         record: dict[str, Any],
         p_names: dict[str, str],
-    ) -> Callable[[Any], bytes]:
+    ) -> Callable[[Any, bytes], bytes]:
         g = _Gen()
         name = f"write_{index}"
         g.emit(0, f"def {name}(m, header):")
@@ -321,9 +321,8 @@ class Envelope:
                 raise Unsupported(f"payload field {f['name']!r} is not on the model")
             g.write(f["type"], f"p.{p_names[f['name']]}", 1)
         g.emit(1, "return bytes(out)")
-        fn = _compile("\n".join(g.lines), name)
-        header = self.header
-        return lambda m: fn(m, header)
+        fn: Callable[[Any, bytes], bytes] = _compile("\n".join(g.lines), name)
+        return fn
 
     def _reader(
         self, index: int, record: dict[str, Any], p_names: dict[str, str], alias: bool
@@ -369,12 +368,13 @@ class Envelope:
         return _compile("\n".join(g.lines), name)
 
     # -- writing ----------------------------------------------------------------------------
-    def write(self, model: Any) -> bytes:
-        """The single-object record (header included) of an envelope model."""
+    def write(self, model: Any, header: bytes | None = None) -> bytes:
+        """The record of an envelope model behind `header` (default: the single-object
+        header it was built with; the Confluent framing's `00` + schema id is another)."""
         writer = self._writers.get(type(model.payload))
         if writer is None:
             raise Unsupported(f"no compiled writer for {type(model.payload).__name__}")
-        return writer(model)
+        return writer(model, self.header if header is None else header)
 
     # -- reading ----------------------------------------------------------------------------
     def read(self, data: bytes, offset: int) -> Any:
@@ -406,3 +406,45 @@ class Envelope:
         if i != len(data):
             raise ReadError(f"{len(data) - i} trailing bytes")
         return env
+
+
+class Record:
+    """Compiled writer and reader of one flat record schema (no payload union), such as the
+    outcome records: `write(model, header)`, `read_dict(data, offset)` (alias-keyed)."""
+
+    def __init__(self, schema: dict[str, Any], model: type[BaseModel]) -> None:
+        fields = schema["fields"]
+        names = _names(model)
+        for f in fields:
+            if f["name"] not in names:
+                raise Unsupported(f"record field {f['name']!r} is not on the model")
+        g = _Gen()
+        g.emit(0, "def write_record(m, header):")
+        g.emit(1, "out = bytearray(header)")
+        for f in fields:
+            g.write(f["type"], f"m.{names[f['name']]}", 1)
+        g.emit(1, "return bytes(out)")
+        self._write: Callable[[Any, bytes], bytes] = _compile("\n".join(g.lines), "write_record")
+        r = _Gen()
+        r.emit(0, "def read_record(b, i):")
+        items = []
+        for f in fields:
+            v = r.var()
+            r.read(f["type"], v, 1)
+            items.append(f"{f['name']!r}: {v}")
+        r.emit(1, f"return {{{', '.join(items)}}}, i")
+        self._read: Callable[[bytes, int], tuple[dict[str, Any], int]] = _compile(
+            "\n".join(r.lines), "read_record"
+        )
+
+    def write(self, model: Any, header: bytes) -> bytes:
+        return self._write(model, header)
+
+    def read_dict(self, data: bytes, offset: int) -> dict[str, Any]:
+        try:
+            values, i = self._read(data, offset)
+        except (IndexError, UnicodeDecodeError, struct.error) as e:
+            raise ReadError(f"{type(e).__name__}: {e}") from e
+        if i != len(data):
+            raise ReadError(f"{len(data) - i} trailing bytes")
+        return values

@@ -1,10 +1,18 @@
-"""Bytes <-> models. Avro single-object encoding for what we write; JSON accepted for commands.
+"""Bytes <-> models: Avro in the Confluent wire format; single-object encoding still read.
 
-Avro records start with `C3 01` and the 8-byte little-endian CRC-64-AVRO fingerprint of the
-writer schema's parsing canonical form, so each record names the schema that wrote it and is
-read through fastavro's schema resolution into the current schema. A UTF-8 JSON object
-(first non-blank byte `{`) with camelCase names is accepted for commands, so producers in
-other languages need no Avro. Anything else is a typed `DecodeError`.
+What sessionstream writes in Avro is framed as Kafka's tools expect it (Kafka Connect's
+converters, Flink's ``avro-confluent``, ksqlDB, ``AvroDeserializer``): a zero byte, the
+writer schema's id in a schema registry (4 bytes, big-endian), the Avro binary. The ids
+come from a `SchemaSource` (an adapter over the registry, `sessionstream.registry`): the
+id of each current schema is resolved once, when the codec is made, so the same model
+always encodes to the same bytes; a reader asks for any other id once and keeps it.
+
+Records written before (Avro single-object encoding: ``C3 01`` and the 8-byte
+CRC-64-AVRO fingerprint of the writer schema) are still read, through the schemas kept in
+``avro/history``; a codec without a `SchemaSource` writes that form (the pure tests, tools
+with no registry). A UTF-8 JSON object (first non-blank byte ``{``) with camelCase names is
+accepted for commands, so producers in other languages need no Avro. Anything else is a
+typed `DecodeError`.
 """
 
 from __future__ import annotations
@@ -12,8 +20,9 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import threading
 from importlib import resources
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import fastavro
 from fastavro.schema import to_parsing_canonical_form
@@ -33,14 +42,19 @@ from schemas.errors import (
 from schemas.events import EVENT_PAYLOADS, Event
 
 __all__ = [
+    "CONFLUENT_MAGIC",
     "DEFAULT_MAX_RECORD_BYTES",
     "MAGIC",
     "Codec",
+    "SchemaSource",
+    "confluent_header",
     "crc64_avro",
     "single_object_header",
 ]
 
 MAGIC: Final = b"\xc3\x01"
+#: the Confluent wire format's first byte; the schema id (4 bytes, big-endian) follows
+CONFLUENT_MAGIC: Final = b"\x00"
 #: records larger than this are dead letters (the broker's default message.max.bytes is 1 MiB)
 DEFAULT_MAX_RECORD_BYTES: Final = 900 * 1024
 
@@ -74,6 +88,23 @@ def single_object_header(schema: dict[str, Any]) -> bytes:
     return MAGIC + crc64_avro(canonical.encode()).to_bytes(8, "little")
 
 
+def confluent_header(schema_id: int) -> bytes:
+    """`00` + the registry id of the writer schema (big-endian)."""
+    return CONFLUENT_MAGIC + schema_id.to_bytes(4, "big")
+
+
+class SchemaSource(Protocol):
+    """Where a codec gets registry schema ids (`sessionstream.registry` is one)."""
+
+    def writer_id(self, kind: str) -> int | None:
+        """The id of this version's schema of `kind` (``command``, ``event``,
+        ``outcome``), resolved beforehand; None: this codec does not write that kind."""
+
+    def schema(self, schema_id: int) -> dict[str, Any]:
+        """The writer schema of `schema_id`; `UnknownSchema` when the registry has none by
+        that id. While the registry does not answer, it waits (never a wrong answer)."""
+
+
 class _Kind:
     """One envelope kind (commands or events): its current schema and known writers."""
 
@@ -87,8 +118,18 @@ class _Kind:
         self.name = name
         self.registry = registry
         self.schema = fastavro.parse_schema(current)
+        self.canonical = to_parsing_canonical_form(current)
         self.header = single_object_header(current)
         self.writers: dict[bytes, Any] = {self.header[2:]: self.schema}
+        #: writer schemas by registry id, as asked for (the current one's id too)
+        self.by_id: dict[int, Any] = {}
+        #: what this codec writes: the Confluent header of the current schema's id, or
+        #: None (single-object encoding)
+        self.confluent: bytes | None = None
+        self.current_id: int | None = None
+        #: Confluent headers whose id is the current schema (read by the compiled path):
+        #: the id written with, and any id the registry showed to hold the same schema
+        self.current_headers: set[bytes] = set()
         self.payload_names: dict[type[Payload], str] = {}
         ns = f"sessionstream.{current['name'].lower()}"
         for model in registry.values():
@@ -104,6 +145,17 @@ class _Kind:
         header = single_object_header(schema)
         self.writers[header[2:]] = fastavro.parse_schema(schema)
         return header
+
+    def use_id(self, schema_id: int) -> None:
+        """Write the Confluent framing with `schema_id`, the current schema's id."""
+        self.current_id = schema_id
+        self.confluent = confluent_header(schema_id)
+        self.by_id[schema_id] = self.schema
+        self.current_headers.add(self.confluent)
+
+    @property
+    def write_header(self) -> bytes:
+        return self.confluent if self.confluent is not None else self.header
 
 
 def _history(prefix: str) -> list[dict[str, Any]]:
@@ -136,31 +188,60 @@ def _violation(kind: str, err: ValidationError, size: int) -> SchemaViolation:
 
 
 class Codec:
-    """Encode and decode commands and events. Thread-safe; holds no I/O."""
+    """Encode and decode commands and events. Thread-safe; holds no I/O (a `SchemaSource`
+    may: it is asked for a schema id once)."""
 
-    def __init__(self, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> None:
+    def __init__(
+        self,
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+        schemas: SchemaSource | None = None,
+    ) -> None:
         self.max_record_bytes = max_record_bytes
         # each codec owns its writer registry, so registering a schema stays local
         self._cmd, self._evt = _kinds()
+        self._schemas: SchemaSource | None = None
+        self._fetching = threading.Lock()
+        if schemas is not None:
+            self.attach(schemas)
+
+    def attach(self, schemas: SchemaSource) -> None:
+        """Read registry ids through `schemas` from now on, and write each kind it has an
+        id for in the Confluent framing (a process attaches its registry when it starts,
+        before the codec is used by more than one thread)."""
+        self._schemas = schemas
+        for kind in (self._cmd, self._evt):
+            schema_id = schemas.writer_id(kind.name)
+            if schema_id is not None:
+                kind.use_id(schema_id)
+
+    @property
+    def framing(self) -> str:
+        """What the codec writes: ``confluent`` (registry ids) or ``single-object``."""
+        return "confluent" if self._evt.confluent or self._cmd.confluent else "single-object"
+
+    def schema_ids(self) -> dict[str, int | None]:
+        """The registry ids this codec writes with, by kind (None: single-object)."""
+        return {"command": self._cmd.current_id, "event": self._evt.current_id}
 
     # -- encoding ---------------------------------------------------------------------------
     def _encode(self, kind: _Kind, model: Command | Event) -> bytes:
+        header = kind.write_header
         if kind.compiled is not None:
             with contextlib.suppress(Unsupported):
-                return kind.compiled.write(model)
+                return kind.compiled.write(model, header)
         record = model.model_dump(by_alias=True)
         record["payload"] = (kind.payload_names[type(model.payload)], record["payload"])
         buf = io.BytesIO()
-        buf.write(kind.header)
+        buf.write(header)
         fastavro.schemaless_writer(buf, kind.schema, record)
         return buf.getvalue()
 
     def encode_command(self, command: Command) -> bytes:
-        """Avro single-object encoding of a command."""
+        """Avro of a command, in the Confluent framing when the codec has a registry id."""
         return self._encode(self._cmd, command)
 
     def encode_event(self, event: Event) -> bytes:
-        """Avro single-object encoding of an event (deterministic: same event, same bytes)."""
+        """Avro of an event (deterministic: same event, same bytes)."""
         return self._encode(self._evt, event)
 
     @staticmethod
@@ -186,12 +267,15 @@ class Codec:
     def _decode(self, kind: _Kind, data: bytes, allow_json: bool) -> Any:
         self._check_size(kind, data)
         size = len(data)
-        if data[:2] == MAGIC:
+        if data[:1] == CONFLUENT_MAGIC:
+            record = self._read_confluent(kind, data)
+        elif data[:2] == MAGIC:
             record = self._read_avro(kind, data)
         elif allow_json and data.lstrip()[:1] == b"{":
             record = self._read_json(kind, data)
         else:
-            what = "Avro single-object (C3 01)" + (" nor a JSON object" if allow_json else "")
+            what = "Avro in the Confluent framing (00 + schema id), Avro single-object (C3 01)"
+            what += ", nor a JSON object" if allow_json else ""
             raise MalformedRecord(
                 f"{kind.name} record is neither {what}; first bytes: {data[:8].hex() or 'empty'}",
                 size=size,
@@ -220,8 +304,60 @@ class Codec:
                 fingerprint=fingerprint,
                 size=size,
             )
+        return self._read_body(kind, data, 10, writer)
+
+    def _read_confluent(self, kind: _Kind, data: bytes) -> dict[str, Any]:
+        size = len(data)
+        if size < 5:
+            raise MalformedRecord(f"truncated Confluent header ({size} bytes)", size=size)
+        if kind.compiled is not None and data[:5] in kind.current_headers:
+            with contextlib.suppress(ReadError):
+                return kind.compiled.read_dict(data, 5)
+        writer = self._writer_by_id(kind, data)
+        if kind.compiled is not None and data[:5] in kind.current_headers:
+            with contextlib.suppress(ReadError):  # the id turned out to be ours
+                return kind.compiled.read_dict(data, 5)
+        return self._read_body(kind, data, 5, writer)
+
+    def _writer_by_id(self, kind: _Kind, data: bytes) -> Any:
+        schema_id = int.from_bytes(data[1:5], "big")
+        writer = kind.by_id.get(schema_id)
+        if writer is not None:
+            return writer
+        if self._schemas is None:
+            raise UnknownSchema(
+                f"{kind.name} record names registry schema id {schema_id}, and this reader "
+                "has no schema registry",
+                fingerprint=data[:5],
+                schema_id=schema_id,
+                size=len(data),
+            )
+        with self._fetching:  # one fetch per id, however many threads meet it
+            writer = kind.by_id.get(schema_id)
+            if writer is None:
+                raw = self._schemas.schema(schema_id)
+                try:
+                    if to_parsing_canonical_form(raw) == kind.canonical:
+                        # this version's own schema under that id: the compiled path
+                        kind.current_headers.add(data[:5])
+                        kind.by_id[schema_id] = kind.schema
+                        return kind.schema
+                    writer = fastavro.parse_schema(raw)
+                except Exception as e:  # fastavro raises SchemaParseException, ValueError, ...
+                    raise UnknownSchema(
+                        f"registry schema id {schema_id} is no Avro schema this reader can "
+                        f"parse: {type(e).__name__}: {e}",
+                        fingerprint=data[:5],
+                        schema_id=schema_id,
+                        size=len(data),
+                    ) from e
+                kind.by_id[schema_id] = writer
+        return writer
+
+    def _read_body(self, kind: _Kind, data: bytes, offset: int, writer: Any) -> dict[str, Any]:
+        size = len(data)
         buf = io.BytesIO(data)
-        buf.seek(10)
+        buf.seek(offset)
         try:
             reader = None if writer is kind.schema else kind.schema
             record = fastavro.schemaless_reader(buf, writer, reader, return_record_name=True)
@@ -281,11 +417,13 @@ class Codec:
         one well-formed record whose `type` matches its payload); `validate=True`, or any
         other writer schema, validates it."""
         evt = self._evt
-        if not validate and evt.compiled is not None and data[:10] == evt.header:
-            self._check_size(evt, data)
-            with contextlib.suppress(ReadError):
-                event: Event = evt.compiled.read(data, 10)
-                return event
+        if not validate and evt.compiled is not None:
+            offset = 5 if data[:5] in evt.current_headers else 10 if data[:10] == evt.header else 0
+            if offset:
+                self._check_size(evt, data)
+                with contextlib.suppress(ReadError):
+                    event: Event = evt.compiled.read(data, offset)
+                    return event
         record = self._decode(self._evt, data, allow_json=False)
         try:
             return Event.model_validate(record)

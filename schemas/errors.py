@@ -66,13 +66,22 @@ class OversizedRecord(DecodeError):
 
 
 class UnknownSchema(DecodeError):
-    """Avro single-object encoding whose writer-schema fingerprint we do not know."""
+    """An Avro record whose writer schema cannot be had: a single-object fingerprint we do
+    not know, or a registry schema id the registry does not have."""
 
     reason: ErrorReason = "unknown_schema"
 
-    def __init__(self, message: str, *, fingerprint: bytes, size: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        fingerprint: bytes = b"",
+        schema_id: int | None = None,
+        size: int | None = None,
+    ) -> None:
         super().__init__(message, size=size)
         self.fingerprint = fingerprint
+        self.schema_id = schema_id
 
 
 class UnknownType(DecodeError):

@@ -13,6 +13,7 @@ from rich.console import Console
 from schemas.codec import Codec
 from schemas.events import Event
 from sessionstream.errors import CommandTimeout, SessionstreamError
+from sessionstream.registry import reader_codec
 from sessionstream.settings import get_settings
 
 __all__ = ["register"]
@@ -283,7 +284,7 @@ def tail(
     consumer.assign(
         [TopicPartition(s.events_topic, p, OFFSET_BEGINNING if from_start else OFFSET_END)]
     )
-    codec = Codec()
+    codec = reader_codec(s)
     try:
         while True:
             msg = consumer.poll(0.5)

@@ -54,3 +54,7 @@ def setup_logging(level: str = "INFO", json_logs: bool = False) -> None:
     root.setLevel(level.upper())
     # librdkafka's lines follow the process's level (short CLI commands silence them)
     logging.getLogger("sessionstream.kafka").setLevel(logging.NOTSET)
+    # one INFO line per HTTP request of the registry client (httpx, and the copy the
+    # schema registry client ships as httpx2): only their warnings
+    for name in ("httpx", "httpx2", "httpcore"):
+        logging.getLogger(name).setLevel(max(logging.WARNING, root.level))

@@ -2,11 +2,13 @@
 
 "Answers" means a real protocol exchange, not an open port: Kafka must return cluster
 metadata with at least one broker, PostgreSQL must run ``select 1`` with the configured
-credentials. Run as ``python -m sessionstream._probe``:
+credentials, the schema registry must list its subjects (a JSON array). Run as
+``python -m sessionstream._probe``:
 
     config                        print the effective settings as shell assignments
     kafka BOOTSTRAP [--wait S] [--pid PID] [--credentials FILE] [--brokers N] [--node ID]
     postgres URL [--wait S] [--pid PID]
+    registry URL [--wait S] [--pid PID]   (the Confluent-compatible API's root)
 
 ``--credentials`` authenticates with the Kafka settings of a credentials file (the secured
 stack's ``admin.env``): a broker that is up but refuses them does not answer. ``--brokers``
@@ -38,10 +40,12 @@ __all__ = [
     "is_local_postgres",
     "kafka_answers",
     "postgres_answers",
+    "registry_answers",
 ]
 
 LOCAL_KAFKA = "127.0.0.1:9092"
 LOCAL_PG = ("127.0.0.1", 5432)
+LOCAL_REGISTRY = "http://127.0.0.1:8081/apis/ccompat/v7"
 _LOOPBACK_NAMES = {"127.0.0.1", "localhost", "::1", ""}
 
 
@@ -138,6 +142,27 @@ def postgres_answers(url: str, timeout: float = 5.0) -> str:
     return f"PostgreSQL {version[0]}"
 
 
+def registry_answers(url: str, timeout: float = 5.0, auth: tuple[str, str] | None = None) -> str:
+    """Describe the schema registry behind ``url`` after listing its subjects, or raise."""
+    import httpx
+
+    parts = urlsplit(url)
+    host, port = (
+        parts.hostname or "127.0.0.1",
+        parts.port or (443 if parts.scheme == "https" else 80),
+    )
+    if not _any_listening([(host, port)]):
+        raise NotListening(f"nothing listens on {host}:{port}")
+    try:
+        r = httpx.get(f"{url.rstrip('/')}/subjects", timeout=timeout, auth=auth)
+        subjects = r.json() if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError) as e:
+        raise NotAnswering(f"schema registry at {url}: {type(e).__name__}: {e}") from e
+    if not isinstance(subjects, list):
+        raise NotAnswering(f"schema registry at {url}: GET /subjects answered {r.status_code}")
+    return f"schema registry, {len(subjects)} subject(s)"
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -198,6 +223,8 @@ def _print_config() -> int:
         "CFG_DATABASE_URL": s.database_url,
         "CFG_DATABASE_URL_SHOWN": _redacted(s.database_url),
         "CFG_PG_LOCAL": "1" if is_local_postgres(s.database_url) else "0",
+        "CFG_REGISTRY_URL": s.schema_registry_url,
+        "CFG_REGISTRY_LOCAL": "1" if s.schema_registry_url.rstrip("/") == LOCAL_REGISTRY else "0",
     }
     for key, value in values.items():
         print(f"{key}={shlex.quote(value)}")
@@ -208,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sessionstream._probe")
     sub = parser.add_subparsers(dest="what", required=True)
     sub.add_parser("config")
-    for name, target in (("kafka", "bootstrap"), ("postgres", "url")):
+    for name, target in (("kafka", "bootstrap"), ("postgres", "url"), ("registry", "url")):
         p = sub.add_parser(name)
         p.add_argument(target)
         p.add_argument("--wait", type=float, default=0.0)
@@ -231,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
             args.pid,
         )
     url: str = args.url
+    if args.what == "registry":
+        return _wait(lambda: registry_answers(url, timeout=5.0), args.wait, args.pid)
     return _wait(lambda: postgres_answers(url, timeout=5.0), args.wait, args.pid)
 
 

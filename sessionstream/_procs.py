@@ -94,8 +94,8 @@ def delete_groups(admin: Any, groups: list[str], *, patience_s: float = 0.0) -> 
 
 
 def delete_world(worlds: list[Settings], *, schemas: bool = True) -> list[str]:
-    """Best effort: delete the worlds' topics, processor groups and (with `schemas`) their
-    PostgreSQL schemas. Returns what could not be deleted."""
+    """Best effort: delete the worlds' topics, processor groups, registry subjects and
+    (with `schemas`) their PostgreSQL schemas. Returns what could not be deleted."""
     import psycopg
     from confluent_kafka.admin import AdminClient
 
@@ -125,6 +125,16 @@ def delete_world(worlds: list[Settings], *, schemas: bool = True) -> list[str]:
     # best effort; a stopped processor is a static member of its group until its session
     # times out (6 s), so its group is asked again for a while
     delete_groups(admin, groups, patience_s=STATIC_MEMBER_PATIENCE_S)
+    # their registry subjects (the schemas stay: ids are shared by content)
+    from sessionstream.registry import SchemaRegistry
+
+    for s in worlds:
+        if not s.schema_registry_url:
+            continue
+        try:
+            SchemaRegistry(s).delete_subjects()
+        except Exception as e:  # the registry is down: its subjects are a few rows
+            failed.append(f"subjects of {s.events_topic}: {e}")
     if schemas:
         try:
             with psycopg.connect(worlds[0].database_url, autocommit=True) as conn:

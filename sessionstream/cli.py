@@ -79,8 +79,10 @@ def topics_create(
         ),
     ] = False,
 ) -> None:
-    """Create the missing topics with their settings, then check them all."""
+    """Create the missing topics with their settings, register this version's schemas
+    under their subjects (compatibility BACKWARD_TRANSITIVE), then check it all."""
     from sessionstream.errors import SessionstreamError
+    from sessionstream.registry import COMPATIBILITY, SchemaRegistry
     from sessionstream.settings import get_settings
     from sessionstream.topics import align_topics, check_topics, ensure_topics
 
@@ -90,24 +92,44 @@ def topics_create(
             for name, changes in align_topics(get_settings()).items():
                 typer.echo(f"aligned {name}: {changes}")
         check_topics(get_settings())
+        ids: dict[str, int] = {}
+        problems: list[str] = []
+        if get_settings().schema_registry_url:
+            registry = SchemaRegistry(get_settings())
+            ids = registry.resolve()
+            problems = registry.check()
     except SessionstreamError as e:
         _fail(str(e))
+    if problems:
+        _fail("\n".join(problems))
     typer.echo(f"created: {', '.join(created) or 'nothing (all exist)'}; checks passed")
+    if ids:
+        typer.echo(
+            f"schemas registered ({COMPATIBILITY}): "
+            + ", ".join(f"{kind} id {schema_id}" for kind, schema_id in ids.items())
+        )
+    else:
+        typer.echo("schemas: no registry (SESSIONSTREAM_SCHEMA_REGISTRY_URL is empty)")
 
 
 @topics_app.command("check")
 def topics_check() -> None:
     """Verify co-partitioning (the input, events and changelog topics have one partition
-    count), cleanup policies, timestamps and record sizes; non-zero exit on a problem."""
+    count), cleanup policies, timestamps and record sizes, and that this version's schemas
+    are registered and compatible with each subject's history; non-zero exit on a problem."""
     from sessionstream.errors import SessionstreamError
+    from sessionstream.registry import SchemaRegistry
     from sessionstream.settings import get_settings
     from sessionstream.topics import check_topics, topic_specs
 
     settings = get_settings()
     try:
         report = check_topics(settings)
+        problems = SchemaRegistry(settings).check() if settings.schema_registry_url else []
     except SessionstreamError as e:
         _fail(str(e))
+    if problems:
+        _fail("\n".join(problems))
     for name, count in report.partitions.items():
         policy = report.configs.get(name, {}).get("cleanup.policy", "?")
         typer.echo(f"{name}: {count} partitions, cleanup.policy={policy}")
@@ -115,6 +137,9 @@ def topics_check() -> None:
     n = report.partitions[settings.commands_topic]
     typer.echo(
         f"co-partitioned ({n} partitions each, murmur2 on the session id): " + ", ".join(together)
+    )
+    typer.echo(
+        f"schemas: this version's registered and compatible ({settings.schema_registry_url})"
     )
 
 

@@ -68,6 +68,7 @@ from sessionstream.kafka import (
     take,
     unavailable,
 )
+from sessionstream.registry import attach_registry
 from sessionstream.settings import Settings, get_settings
 from sessionstream.topics import command_topic
 from streams.partitioning import partition_for
@@ -159,6 +160,9 @@ class SessionClient:
         self.actor = actor
         self.settings = settings or get_settings()
         self.codec = codec or Codec()
+        #: attach the schema registry before the first command or event (not when the
+        #: caller brought a codec of its own)
+        self._registry_pending = codec is None
         self._clock = clock
         self._producer_conf = command_producer_config(self.settings, **(producer_overrides or {}))
         self._producer: Producer | None = None
@@ -195,8 +199,21 @@ class SessionClient:
     @property
     def producer(self) -> Producer:
         if self._producer is None:
+            self._ensure_registry()
             self._producer = Producer(self._producer_conf)
         return self._producer
+
+    def _ensure_registry(self) -> None:
+        """This version's command schema id, once (registered when missing): commands go
+        out in the Confluent framing, and events are read by id."""
+        if self._registry_pending:
+            attach_registry(
+                self.codec,
+                self.settings,
+                writes=("command",),
+                topics=(self.settings.commands_topic,),
+            )
+            self._registry_pending = False
 
     def prepare(self) -> None:
         """Connect now: the producer, the metadata reader and the partition count, so the
@@ -465,6 +482,7 @@ class SessionClient:
         """Make sure the tail consumer reads the handle's events partition from its start."""
         assert handle.events_from is not None
         if self._events is None:
+            self._ensure_registry()
             self._events = self._consumer()
         for p, offset in handle.events_from.items():
             if p not in self._tailing:

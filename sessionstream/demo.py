@@ -26,6 +26,7 @@ from sessionstream._procs import Service
 from sessionstream.client import Outcome, SessionClient
 from sessionstream.gateway.keys import create_key
 from sessionstream.kafka import reader_config
+from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
 from sessionstream.topics import check_topics, ensure_topics
 from sinks.migrate import migrate
@@ -52,7 +53,7 @@ class Watch:
         c = Consumer(reader_config(s, group_id=f"demo-watch-{uuid.uuid4()}", fetch_wait_ms=20))
         parts = c.list_topics(s.events_topic, timeout=10).topics[s.events_topic].partitions
         c.assign([TopicPartition(s.events_topic, p, OFFSET_END) for p in parts])
-        codec = Codec()
+        codec = reader_codec(s, stop=self.stop)
         self.ready.set()
         while not self.stop.is_set():
             msg = c.poll(0.1)

@@ -15,6 +15,8 @@ __all__ = [
     "ModelError",
     "ModelUnavailable",
     "QueryFailed",
+    "RegistryUnavailable",
+    "SchemaIncompatible",
     "SessionstreamError",
     "SingleWriterViolation",
     "TopicMisconfigured",
@@ -38,6 +40,27 @@ class KafkaUnavailable(SessionstreamError):
             "start the local stack with `make up`."
         )
         self.bootstrap = bootstrap
+
+
+class RegistryUnavailable(SessionstreamError):
+    """The schema registry did not answer; `url` says where we looked."""
+
+    def __init__(self, message: str, *, url: str) -> None:
+        super().__init__(
+            f"{message}\n  schema registry: {url} (SESSIONSTREAM_SCHEMA_REGISTRY_URL); "
+            "start the local stack with `make up`."
+        )
+        self.url = url
+
+
+class SchemaIncompatible(ConfigurationError):
+    """This version's schema of a subject is not compatible with what the registry holds
+    under it (`subject`; `detail` is the registry's own reason)."""
+
+    def __init__(self, message: str, *, subject: str, detail: str) -> None:
+        super().__init__(message)
+        self.subject = subject
+        self.detail = detail
 
 
 class DatabaseUnavailable(SessionstreamError):

@@ -174,6 +174,19 @@ class Settings(BaseSettings):
     database_schema: str | None = None
     """PostgreSQL schema of sessionstream's tables (default: the search path's, ``public``)."""
 
+    schema_registry_url: str = "http://127.0.0.1:8081/apis/ccompat/v7"
+    """The schema registry's Confluent-compatible API (Apicurio's ``/apis/ccompat/v7``, or a
+    Confluent Schema Registry's root): where the Avro schemas of commands, events and
+    outcomes are registered and every record's schema id is resolved. Empty: no registry;
+    Avro is written in the single-object encoding of earlier versions (read as before,
+    but not by Kafka's registry-aware tools)."""
+
+    schema_registry_username: str | None = None
+    """User for the registry's HTTP basic authentication (none: no authentication)."""
+
+    schema_registry_password: SecretStr | None = None
+    """Password for ``schema_registry_username``."""
+
     commands_topic: str = "session.commands"
     """Topic of producers' commands (``prompt``, ``steer``, ``follow_up``, ``send``,
     ``abort``), keyed by ``session_id`` (one partition per session)."""

@@ -28,7 +28,6 @@ import psycopg
 from confluent_kafka import Consumer
 from psycopg.copy import QueuedLibpqWriter
 
-from schemas.codec import Codec
 from sessionstream.errors import SessionstreamError, SingleWriterViolation
 from sessionstream.kafka import (
     METADATA_WAIT_S,
@@ -37,6 +36,7 @@ from sessionstream.kafka import (
     read_messages,
     reader_config,
 )
+from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
 from sinks.migrate import migrate
 from sinks.projection import Projection
@@ -322,7 +322,7 @@ def _load(
     projection and COPY the events as they come, then the sessions and runs, and where a
     sink would go on from; one transaction. Returns the events written."""
     topic = settings.events_topic
-    decode = Codec().decode_event
+    decode = reader_codec(settings).decode_event
     proj = Projection({}, {})
     rows: list[str] = []
     seen: set[tuple[str, str, int]] = set()

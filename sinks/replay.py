@@ -16,6 +16,7 @@ from confluent_kafka import Consumer
 from schemas.codec import Codec
 from schemas.events import Event
 from sessionstream.kafka import METADATA_WAIT_S, partitions_of, read_messages, reader_config
+from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
 from sinks.rebuild import RebuildReport, rebuild
 from streams.partitioning import partition_for
@@ -105,7 +106,7 @@ def read_range(
     the record key (`{session}/{run}/{seq}`), so only the events asked for are decoded:
     reading is ~6x faster than decoding (bench/results/profile.md). `partition` None: the
     session's own partition (its key's murmur2 placement), where all its events are."""
-    codec = codec or Codec()
+    codec = codec or reader_codec(settings)
     decode = codec.decode_event
     topic = settings.events_topic
     if partition is None and session_id is None:

@@ -30,6 +30,7 @@ from schemas.errors import DecodeError
 from sessionstream import metrics
 from sessionstream.errors import DatabaseUnavailable, IncompatibleEvent
 from sessionstream.kafka import data_messages, group_consumer_config
+from sessionstream.registry import SchemaRegistry
 from sessionstream.settings import Settings
 from sinks.migrate import migrate
 from sinks.writer import PendingEvent, WriteMode, write_batch
@@ -90,7 +91,9 @@ class Sink:
         self.schema = schema or settings.database_schema
         self.group = group or f"{settings.processor_group}-sink"
         self.max_backoff_s = max_backoff_s
-        self.codec = Codec()
+        #: reads events of any registry id; told to stop waiting for the registry by run()
+        self.registry = SchemaRegistry(settings) if settings.schema_registry_url else None
+        self.codec = Codec(schemas=self.registry)
         self.stats = SinkStats()
         self.ready = threading.Event()
         self._conn: psycopg.Connection[tuple[object, ...]] | None = None
@@ -262,6 +265,8 @@ class Sink:
             self.start()
         assert self._consumer is not None
         stop = stop or threading.Event()
+        if self.registry is not None:
+            self.registry.stop = stop
         try:
             while not stop.is_set():
                 why = self._stalled()

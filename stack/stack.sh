@@ -6,9 +6,16 @@
 #   stack/stack.sh down     stop what this script started (nothing else)
 #   stack/stack.sh status   say what runs
 #   stack/stack.sh reset    down, then delete the state (data, logs); keeps the jar cache
-#   stack/stack.sh restart-postgres|restart-kafka   stop and start one server (fault tests)
+#   stack/stack.sh restart-postgres|restart-kafka|restart-registry   stop and start one server
+#   stack/stack.sh kill-registry   kill -9 the registry (fault tests)
 #   stack/stack.sh kill-node|stop-node|start-node N  kill -9 / stop / start one Kafka node
 #   stack/stack.sh where    print the profile's addresses and directories (shell assignments)
+#
+# The schema registry (Apicurio Registry, its Confluent-compatible API on
+# 127.0.0.1:8081/apis/ccompat/v7) runs next to them, its schemas stored in the cluster's
+# database sessionstream_registry; `up`, `down` and `status` include it, and
+# restart-registry|kill-registry serve the fault tests. One registry serves every profile
+# (it depends on PostgreSQL only, like the profiles themselves).
 #
 # Two more profiles run next to the default one, each with its own ports and state:
 #   SESSIONSTREAM_STACK_SECURE=1   one node, SASL_PLAINTEXT SCRAM-SHA-512 on 127.0.0.1:9192,
@@ -752,6 +759,147 @@ pg_status() {
     fi
 }
 
+# ------------------------------------------------------------------------- schema registry
+# Apicurio Registry 3.0.9: the newest 3.x that runs on Java 17 (3.1+ needs Java 21). Maven
+# Central serves its distribution, but not the parent POM (io.apicurio:apicurio-registry:
+# 3.0.9), so `mvn dependency:copy` cannot resolve it: the archive is fetched as a file and
+# checked against Central's SHA-1. Its schemas live in PostgreSQL (database
+# sessionstream_registry), so a registry restart keeps every schema id the records carry.
+REGISTRY_VERSION=3.0.9
+REGISTRY_PORT=8081
+REGISTRY_DB=sessionstream_registry
+REGISTRY_HOME="${SESSIONSTREAM_REGISTRY_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/sessionstream/apicurio-registry-$REGISTRY_VERSION}"
+REGISTRY_DIR="$STATE_DIR/registry"
+REGISTRY_PIDFILE="$REGISTRY_DIR/registry.pid"
+REGISTRY_LOG="$REGISTRY_DIR/registry.log"
+REGISTRY_HEAP="${SESSIONSTREAM_REGISTRY_HEAP:-256m}"
+MAVEN_CENTRAL="${SESSIONSTREAM_MAVEN_CENTRAL:-https://repo.maven.apache.org/maven2}"
+
+ensure_registry_app() {
+    [[ -f "$REGISTRY_HOME/apicurio-registry-app-$REGISTRY_VERSION-runner.jar" ]] && return 0
+    local name="apicurio-registry-app-$REGISTRY_VERSION-all.tar.gz"
+    local url="$MAVEN_CENTRAL/io/apicurio/apicurio-registry-app/$REGISTRY_VERSION/$name"
+    local tmp="$REGISTRY_HOME.tmp.$$" want have
+    say "registry: fetching Apicurio Registry $REGISTRY_VERSION from Maven Central into $REGISTRY_HOME"
+    command -v curl >/dev/null || die "registry: curl is needed to fetch $url"
+    rm -rf "$tmp"
+    mkdir -p "$tmp"
+    curl -sSfL --retry 3 -o "$tmp/$name" "$url" || { rm -rf "$tmp"; die "registry: could not fetch $url"; }
+    want="$(curl -sSfL --retry 3 "$url.sha1" | cut -c1-40)" || { rm -rf "$tmp"; die "registry: could not fetch $url.sha1"; }
+    have="$(sha1sum "$tmp/$name" | cut -d' ' -f1)"
+    [[ "$want" == "$have" ]] || { rm -rf "$tmp"; die "registry: $name has SHA-1 $have, Maven Central says $want"; }
+    tar -xzf "$tmp/$name" -C "$tmp" || { rm -rf "$tmp"; die "registry: could not unpack $name"; }
+    rm -f "$tmp/$name"
+    rm -rf "$REGISTRY_HOME"
+    mv "$tmp" "$REGISTRY_HOME"
+}
+
+registry_pid() {
+    local pid
+    [[ -f "$REGISTRY_PIDFILE" ]] || return 1
+    pid="$(cat "$REGISTRY_PIDFILE")"
+    [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null && grep -q "apicurio-registry" "/proc/$pid/cmdline" 2>/dev/null || return 1
+    printf '%s\n' "$pid"
+}
+
+registry_database() { # the registry's database in our cluster, idempotent
+    as_pg "$PG_BIN/psql" -X -q -h "$PG_SOCK" -p "$PG_PORT" -U postgres -d postgres \
+        -v ON_ERROR_STOP=1 >/dev/null <<SQL
+SELECT 'CREATE DATABASE $REGISTRY_DB OWNER $PG_ROLE' WHERE NOT EXISTS
+  (SELECT FROM pg_database WHERE datname = '$REGISTRY_DB')\gexec
+SQL
+}
+
+registry_fail() {
+    warn "error: $1"
+    show_tail "$REGISTRY_LOG" 40
+    exit 1
+}
+
+registry_up() {
+    local desc pid
+    if [[ "$CFG_REGISTRY_LOCAL" != 1 ]]; then
+        desc="$("$PYTHON" -m sessionstream._probe registry "$CFG_REGISTRY_URL" --wait 15)" \
+            || die "registry: SESSIONSTREAM_SCHEMA_REGISTRY_URL=$CFG_REGISTRY_URL does not answer (see above); not starting a local registry for an external address"
+        say "registry: external $CFG_REGISTRY_URL answers ($desc); not starting a local registry"
+        return 0
+    fi
+    [[ "$CFG_PG_LOCAL" == 1 ]] || die "registry: the local registry keeps its schemas in the local PostgreSQL; with an external database set SESSIONSTREAM_SCHEMA_REGISTRY_URL to a registry of your own"
+    if pid="$(registry_pid)"; then
+        desc="$("$PYTHON" -m sessionstream._probe registry "$CFG_REGISTRY_URL" --wait "$TIMEOUT" --pid "$pid")" \
+            || registry_fail "registry: ours (pid $pid) runs but $CFG_REGISTRY_URL does not answer"
+        say "registry: already running (pid $pid, $desc) - nothing to do"
+        return 0
+    fi
+    if listening 127.0.0.1 "$REGISTRY_PORT"; then
+        if desc="$("$PYTHON" -m sessionstream._probe registry "$CFG_REGISTRY_URL" --wait 5)"; then
+            say "registry: 127.0.0.1:$REGISTRY_PORT already answers and was not started by sessionstream ($desc) - using it"
+            return 0
+        fi
+        die "registry: 127.0.0.1:$REGISTRY_PORT is taken by something that is no schema registry: $(who_listens "$REGISTRY_PORT")"
+    fi
+    ensure_java_and_maven
+    ensure_registry_app
+    find_pg_bin || die "registry: no PostgreSQL binaries"
+    registry_database || die "registry: could not create database $REGISTRY_DB"
+    mkdir -p "$REGISTRY_DIR"
+    say "registry: starting Apicurio Registry $REGISTRY_VERSION, waiting up to ${TIMEOUT}s"
+    # a small pool (its default keeps 20 connections open) and quiet logs; the subjects
+    # bound is Apicurio's, raised: every test world registers subjects of its own topics
+    nohup java "-Xmx$REGISTRY_HEAP" -XX:+UseSerialGC -Djava.awt.headless=true \
+        -Dquarkus.http.host=127.0.0.1 -Dquarkus.http.port="$REGISTRY_PORT" \
+        -Dapicurio.storage.sql.kind=postgresql \
+        -Dapicurio.datasource.url="jdbc:postgresql://127.0.0.1:$PG_PORT/$REGISTRY_DB" \
+        -Dapicurio.datasource.username="$PG_ROLE" -Dapicurio.datasource.password="$PG_PASSWORD" \
+        -Dapicurio.datasource.jdbc.initial-size=1 -Dapicurio.datasource.jdbc.min-size=1 \
+        -Dapicurio.datasource.jdbc.max-size=8 \
+        -Dapicurio.ccompat.max-subjects=1000000 \
+        -Dquarkus.http.access-log.enabled=false -Dquarkus.log.level=WARN \
+        -Dquarkus.log.category.\"io.apicurio\".level=WARN \
+        -jar "$REGISTRY_HOME/apicurio-registry-app-$REGISTRY_VERSION-runner.jar" \
+        >"$REGISTRY_LOG" 2>&1 </dev/null &
+    pid=$!
+    printf '%s\n' "$pid" >"$REGISTRY_PIDFILE"
+    desc="$("$PYTHON" -m sessionstream._probe registry "$CFG_REGISTRY_URL" --wait "$TIMEOUT" --pid "$pid")" \
+        || registry_fail "registry: started (pid $pid) but $CFG_REGISTRY_URL did not answer within ${TIMEOUT}s"
+    say "registry: ready on $CFG_REGISTRY_URL (pid $pid, $desc; schemas in PostgreSQL database $REGISTRY_DB)"
+}
+
+registry_down() { # [signal]
+    local pid sig="${1:-TERM}" i
+    if ! pid="$(registry_pid)"; then
+        rm -f "$REGISTRY_PIDFILE"
+        say "registry: not running"
+        return 0
+    fi
+    kill "-$sig" "$pid" 2>/dev/null || true
+    for ((i = 0; i < 60; i++)); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.5
+    done
+    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
+    rm -f "$REGISTRY_PIDFILE"
+    say "registry: stopped (pid $pid, SIG$sig)"
+}
+
+registry_status() {
+    local pid desc
+    if [[ "$CFG_REGISTRY_LOCAL" != 1 ]]; then
+        if desc="$("$PYTHON" -m sessionstream._probe registry "$CFG_REGISTRY_URL")"; then
+            say "registry: external $CFG_REGISTRY_URL answers ($desc)"
+        else
+            say "registry: external $CFG_REGISTRY_URL does not answer"
+        fi
+        return 0
+    fi
+    if pid="$(registry_pid)"; then
+        desc="$("$PYTHON" -m sessionstream._probe registry "$CFG_REGISTRY_URL" 2>&1)" || true
+        say "registry: running (pid $pid, $CFG_REGISTRY_URL: $desc)"
+    else
+        say "registry: not running"
+    fi
+}
+
 # ------------------------------------------------------ PostgreSQL of the secured profile
 
 secure_pg_ours() { # the roles are made with our cluster's superuser: only there
@@ -820,22 +968,34 @@ case "$cmd" in
             pg_up
             if [[ $PROFILE == secure ]]; then secure_apply; fi
         fi
+        registry_up
         ;;
     down)
         kafka_down
-        # the profiles share the default stack's PostgreSQL: its `down` stops it
-        if [[ $PROFILE == default ]]; then pg_down; fi
+        # the profiles share the default stack's PostgreSQL and registry: its `down` stops them
+        if [[ $PROFILE == default ]]; then
+            load_config
+            registry_down
+            pg_down
+        fi
         ;;
     status)
         load_config
         kafka_status
         pg_status
+        registry_status
         ;;
-    restart-postgres|restart-kafka)
+    kill-registry)
+        load_config
+        registry_down KILL
+        ;;
+    restart-postgres|restart-kafka|restart-registry)
         # for fault tests: stop and start one server of ours, waiting until it answers
         load_config
         if [[ $cmd == restart-postgres ]]; then
             pg_down; pg_up
+        elif [[ $cmd == restart-registry ]]; then
+            registry_down; registry_up
         else
             kafka_down
             if [[ $PROFILE == default ]]; then kafka_up; else kafka_profile_up; fi
@@ -858,9 +1018,11 @@ case "$cmd" in
     reset)
         kafka_down
         if [[ $PROFILE == default ]]; then
+            load_config
+            registry_down
             pg_down
-            say "removing $KAFKA_DIR and $PG_DIR (the jar cache $KAFKA_LIBS stays)"
-            rm -rf "$KAFKA_DIR" "$PG_DIR"
+            say "removing $KAFKA_DIR, $REGISTRY_DIR and $PG_DIR (the jar caches $KAFKA_LIBS and $REGISTRY_HOME stay)"
+            rm -rf "$KAFKA_DIR" "$REGISTRY_DIR" "$PG_DIR"
         else
             if [[ $PROFILE == secure ]]; then
                 load_config
@@ -871,6 +1033,6 @@ case "$cmd" in
         fi
         ;;
     *)
-        die "usage: $0 up|down|status|reset|restart-postgres|restart-kafka|kill-node N|stop-node N|start-node N|where"
+        die "usage: $0 up|down|status|reset|restart-postgres|restart-kafka|restart-registry|kill-registry|kill-node N|stop-node N|start-node N|where"
         ;;
 esac

@@ -18,6 +18,7 @@ import faust
 from consumers.analytics import stats
 from consumers.analytics._transport import transport_class
 from consumers.analytics.fold import Folder
+from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
 
 __all__ = ["TABLE_NAME", "build_app", "run_analytics", "state_dir"]
@@ -38,7 +39,10 @@ def state_dir(settings: Settings) -> Path:
 
 def build_app(settings: Settings) -> tuple[Any, Folder]:
     """The faust App and the Folder it drives."""
-    folder = Folder(retention_ms=settings.analytics_retention_minutes * 60_000)
+    folder = Folder(
+        retention_ms=settings.analytics_retention_minutes * 60_000,
+        codec=reader_codec(settings),
+    )
     app = faust.App(
         settings.analytics_app_id,
         broker=f"kafka://{settings.kafka_bootstrap}",

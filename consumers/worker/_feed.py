@@ -175,13 +175,17 @@ class ControlFeed(_Thread):
     """Follows the events partitions of the runs this worker acquires or executes."""
 
     def __init__(
-        self, settings: Settings, loop: asyncio.AbstractEventLoop, on_event: OnEvent
+        self,
+        settings: Settings,
+        loop: asyncio.AbstractEventLoop,
+        on_event: OnEvent,
+        codec: Codec | None = None,
     ) -> None:
         super().__init__("worker-control")
         self.settings = settings
         self.loop = loop
         self.on_event = on_event
-        self.codec = Codec()
+        self.codec = codec or Codec()
         self._requests: queue.Queue[tuple[int, asyncio.Future[None]]] = queue.Queue()
         self._watching: set[int] = set()
         self.consumer = _reader(settings, fetch_wait_ms=5)

@@ -39,6 +39,7 @@ from schemas.events import Event
 from sessionstream import metrics
 from sessionstream.errors import SessionstreamError
 from sessionstream.kafka import command_producer_config, produce, unavailable, unmasked
+from sessionstream.registry import attach_registry
 from sessionstream.settings import Settings
 from sessionstream.topics import command_topic
 
@@ -130,8 +131,18 @@ class Worker:
         stop = stop or asyncio.Event()
         if self.executor is not None:
             await self.executor.open()
+        # this version's command schema id, once (the events it reads are looked up by id)
+        await asyncio.to_thread(
+            functools.partial(
+                attach_registry,
+                self.codec,
+                self.settings,
+                writes=("command",),
+                topics=(self.settings.worker_commands_topic,),
+            )
+        )
         self._producer = Producer(command_producer_config(self.settings, **{"linger.ms": 0}))
-        self.control = ControlFeed(self.settings, loop, self._on_control_event)
+        self.control = ControlFeed(self.settings, loop, self._on_control_event, self.codec)
         self.open_runs = OpenRunsFeed(self.settings, loop, self._on_open_run)
         self.presence = PresenceFeed(self.settings, loop, self._on_presence)
         for feed in (self.control, self.presence, self.open_runs):

@@ -30,12 +30,12 @@ from typing import Any
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from schemas.codec import Codec
 from schemas.errors import DecodeError
 from schemas.events import Event
 from sessionstream.access import CLIENT_GROUP_PREFIX
 from sessionstream.errors import KafkaUnavailable
 from sessionstream.kafka import client_config, reader_config, take
+from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
 from streams.partitioning import partition_for
 
@@ -112,13 +112,13 @@ class EventFanout:
         self.settings = settings
         self.queue_size = queue_size
         self.queue_bytes = queue_bytes
-        self.codec = Codec()
         self.partitions = 0
         self._subs: dict[str, set[Subscriber]] = {}
         #: per partition, the offset after the last event handed out
         self._position: dict[int, int] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self.codec = reader_codec(settings, stop=self._stop)
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gateway-events", daemon=True)
         self._error: BaseException | None = None

@@ -18,8 +18,10 @@ from confluent_kafka import Message, Producer
 
 from schemas.codec import Codec
 from schemas.commands import Command, CommandClass
+from schemas.events import Event
 from sessionstream.settings import Settings
 from streams.open_runs import open_run, opening_key
+from streams.processor.cloudevents import CloudEventHeaders
 from streams.processor.partition import PartitionState
 from streams.processor.records import log_time
 from streams.state import SessionState
@@ -47,7 +49,8 @@ class Batch:
     timers: list[tuple[int, Command]]
     outcomes: list[StepOutcome] = field(default_factory=list)
     #: (partition, key, value) of every event, in decision order
-    events: list[tuple[int, bytes, bytes]] = field(default_factory=list)
+    #: (partition, key, value, the event): its CloudEvents headers are made when produced
+    events: list[tuple[int, bytes, bytes, Event]] = field(default_factory=list)
     #: the latest state of every session the batch changed
     staged: dict[tuple[int, str], SessionState] = field(default_factory=dict)
     #: the command ids to remember
@@ -167,8 +170,8 @@ def decide_batch(
         )
         outcomes.append(outcome)
         if outcome.records:
-            for key, value in outcome.records:
-                events.append((p, key, value))
+            for (key, value), event in zip(outcome.records, outcome.events, strict=True):
+                events.append((p, key, value, event))
             state = outcome.state
             if state is not None:
                 staged[(p, state.session_id)] = state
@@ -195,14 +198,19 @@ def produce(
     codec: Codec,
     batch: Batch,
     on_delivery: Callable[[Any, Message], None],
+    cloudevents: CloudEventHeaders | None = None,
 ) -> None:
     """Hand every record of `batch` to the producer (a transaction is open). The changelog
     records whose offsets the store's checkpoint needs report their delivery: the last one
     per partition is enough (a partition's records are appended in order)."""
     put = producer.produce
     events_topic = s.events_topic
-    for p, key, value in batch.events:
-        put(events_topic, key=key, value=value, partition=p)
+    ce = cloudevents or CloudEventHeaders(
+        events_topic, s.schema_registry_url, codec.schema_ids()["event"]
+    )
+    headers_of = ce.of
+    for p, key, value, event in batch.events:
+        put(events_topic, key=key, value=value, partition=p, headers=headers_of(event, key))
     # states: grouped by partition, the last one of each reports
     by_p: dict[int, list[tuple[str, SessionState]]] = {}
     for (p, sid), state in batch.staged.items():

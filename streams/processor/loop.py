@@ -74,10 +74,12 @@ from sessionstream.kafka import (
     transactional_producer_config,
     unmasked,
 )
+from sessionstream.registry import attach_registry
 from sessionstream.settings import PRODUCER_MARK, Settings, check_instance_id
 from sessionstream.topics import check_topics, ensure_topics
 from streams.decider import DeciderConfig
 from streams.processor.batch import Batch, View, decide_batch, input_classes, produce
+from streams.processor.cloudevents import CloudEventHeaders
 from streams.processor.partition import PartitionState
 from streams.processor.records import coords
 from streams.processor.restore import RestoreReport, restore
@@ -340,6 +342,8 @@ class TransactionalProcessor:
         self.partitions: dict[int, PartitionState] = {}
         self.ready = threading.Event()
         self._step: CommandStep | None = None
+        #: the CloudEvents headers of the events (made once the registry ids are known)
+        self._cloudevents: CloudEventHeaders | None = None
         #: the transactional producers, used in turn; `_slot` runs the next transaction
         self._producers: list[Producer] = []
         self._slot = 0
@@ -372,6 +376,13 @@ class TransactionalProcessor:
             self._stop = stop
         ensure_topics(s)
         counts = check_topics(s).partitions
+        # the ids of this version's schemas, once: a re-emitted event is byte-identical
+        attach_registry(
+            self.codec, s, writes=("command", "event"), stop=self._stop, patience_s=START_PATIENCE_S
+        )
+        self._cloudevents = CloudEventHeaders(
+            s.events_topic, s.schema_registry_url, self.codec.schema_ids()["event"]
+        )
         self._step = CommandStep(self.codec, self.config, partitions=counts[s.commands_topic])
         # one patience for all of them: a cold broker's coordinators are awaited once
         deadline = time.monotonic() + START_PATIENCE_S
@@ -619,7 +630,14 @@ class TransactionalProcessor:
                 t1 = clock()
                 # Step 2: the events, changelogs (states, open runs, command ids), fired
                 # timers, dead letters and forwarded records
-                produce(producer, self.settings, self.codec, batch, commit.on_delivery)
+                produce(
+                    producer,
+                    self.settings,
+                    self.codec,
+                    batch,
+                    commit.on_delivery,
+                    self._cloudevents,
+                )
                 for msg, outcome in batch.dead_letters:
                     self._dead_letter(producer, msg, outcome)
                 for msg, partition in batch.forwards:

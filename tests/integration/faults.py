@@ -20,13 +20,13 @@ from dataclasses import dataclass
 
 import psycopg
 
-from schemas.codec import Codec
 from schemas.events import RunStarted
 from sessionstream.client import CommandHandle, SessionClient
 from sessionstream.kafka import LogRecord, read_topic
+from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
-from streams.log_check import check_log, fold_log, state_table
-from tests.integration.helpers import wait_until
+from streams.log_check import state_table
+from tests.integration.helpers import check_log, fold_log, wait_until
 from tests.integration.procs import (
     REPO,
     Proc,
@@ -228,7 +228,7 @@ class Verifier(threading.Thread):
         super().__init__(name="fault-verifier", daemon=True)
         self.s = s
         self.interval = interval
-        self.codec = Codec()
+        self.codec = reader_codec()
         self.halt = threading.Event()
         self.state = VerifierState(violations=[])
 
@@ -346,7 +346,7 @@ def _assert_state_is_fold(s: Settings) -> None:
 
 
 def _assert_runs_and_emails(s: Settings, records: list[LogRecord]) -> dict[str, int]:
-    codec = Codec()
+    codec = reader_codec()
     started: dict[str, str] = {}
     statuses: dict[str, str] = {}
     deadline: dict[str, int] = {}

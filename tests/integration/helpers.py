@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
+
+from schemas.codec import Codec
+from sessionstream.registry import reader_codec
+from streams import log_check
+from streams.log_check import LogReport, Record
+from streams.state import SessionState
 
 T = TypeVar("T")
 
@@ -40,3 +46,13 @@ async def await_until(
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(interval)
+
+
+def check_log(records: Iterable[Record], codec: Codec | None = None, limit: int = 50) -> LogReport:
+    """`streams.log_check.check_log` with a codec that reads registry-framed events."""
+    return log_check.check_log(records, codec or reader_codec(), limit)
+
+
+def fold_log(records: Iterable[Record], codec: Codec | None = None) -> dict[str, SessionState]:
+    """`streams.log_check.fold_log` with a codec that reads registry-framed events."""
+    return log_check.fold_log(records, codec or reader_codec())

@@ -7,6 +7,7 @@ import psycopg
 from schemas.codec import Codec
 from schemas.events import Event
 from sessionstream.kafka import read_topic
+from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
 from sinks.projection import Projection
 
@@ -20,7 +21,7 @@ def db(s: Settings) -> psycopg.Connection[tuple[object, ...]]:
 
 def log_events(s: Settings) -> list[tuple[int, int, Event]]:
     """(partition, offset, event) of every committed event."""
-    codec = Codec()
+    codec = reader_codec()
     return [
         (r.partition, r.offset, codec.decode_event(r.value or b""))
         for r in read_topic(s, s.events_topic, timeout=300)

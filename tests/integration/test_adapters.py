@@ -35,6 +35,7 @@ from sessionstream.errors import (
     ModelUnavailable,
     QueryFailed,
 )
+from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
 from sinks.migrate import migrate
 from tests.integration.helpers import await_until, wait_until
@@ -255,10 +256,9 @@ def iso(request: pytest.FixtureRequest, settings: Settings, kafka_bootstrap: str
 
 
 def _events(s: Settings, run_id: str) -> list[Event]:
-    from schemas.codec import Codec
     from sessionstream.kafka import read_topic
 
-    codec = Codec()
+    codec = reader_codec()
     out = [codec.decode_event(r.value or b"") for r in read_topic(s, s.events_topic)]
     return [e for e in out if e.run_id == run_id]
 

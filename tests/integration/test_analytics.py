@@ -27,8 +27,8 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
-from schemas.codec import Codec
 from schemas.events import Event, RunStarted
+from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
 from streams.partitioning import partition_for
 from tests.analytics_world import COUNTED_TYPES, Expected, make_world
@@ -52,7 +52,7 @@ class Events:
 
     def __init__(self, s: Settings) -> None:
         self.s = s
-        self.codec = Codec()
+        self.codec = reader_codec()
         self.last: dict[int, int] = {}
         self.p = Producer(
             {

@@ -36,16 +36,15 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from schemas.codec import Codec
 from sessionstream.errors import KafkaUnavailable
 from sessionstream.kafka import log_bounds, read_topic
+from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
 from sinks.migrate import migrate
-from streams.log_check import check_log, fold_log
 from streams.partitioning import partition_for
 from streams.processor.loop import transactional_ids
 from tests.integration.faults import SOAK, Load, Pipeline, Verifier, assert_consistent
-from tests.integration.helpers import wait_until
+from tests.integration.helpers import check_log, fold_log, wait_until
 from tests.integration.procs import isolated_settings
 from tests.integration.stack_profiles import (
     REPO,
@@ -362,7 +361,7 @@ def _explain_open_runs(pipe: Pipeline, most: int = 3) -> str:
     """For up to `most` sessions with a run still active: the tail of its events, the
     timers fired for it and its worker commands (offset, append time, outcome), and the
     process log lines that name it."""
-    s, codec = pipe.s, Codec()
+    s, codec = pipe.s, reader_codec()
     events = read_topic(s, s.events_topic, timeout=30)
     folded = fold_log(events)
     stuck = [st for st in folded.values() if st.active is not None][:most]

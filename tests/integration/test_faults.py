@@ -23,9 +23,9 @@ from schemas.commands import Command
 from schemas.events import Event, StaleWriteRecorded
 from sessionstream.client import SessionClient
 from sessionstream.kafka import read_topic
+from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
 from sinks.migrate import migrate
-from streams.log_check import check_log
 from streams.partitioning import partition_for
 from tests.integration.faults import (
     Load,
@@ -35,7 +35,7 @@ from tests.integration.faults import (
     restart_server,
     scaled,
 )
-from tests.integration.helpers import wait_until
+from tests.integration.helpers import check_log, wait_until
 from tests.integration.procs import Proc, isolated_settings, processor
 
 pytestmark = pytest.mark.integration
@@ -190,7 +190,7 @@ def test_bad_input_sweep_every_kind_gets_its_recorded_outcome(iso: Settings) -> 
 
 
 def _sweep(iso: Settings, proc: Proc) -> None:
-    codec = Codec()
+    codec = reader_codec()
     sid = f"sweep-{uuid.uuid4().hex[:6]}"
     part = partition_for(sid.encode(), iso.partitions)
     # Step 1: dead letters — undecodable or misrouted records, sent raw
@@ -272,7 +272,7 @@ def _sweep(iso: Settings, proc: Proc) -> None:
 
 
 def _events(s: Settings) -> list[Event]:
-    codec = Codec()
+    codec = reader_codec()
     return [codec.decode_event(r.value or b"") for r in read_topic(s, s.events_topic)]
 
 

@@ -19,9 +19,9 @@ import httpx
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from schemas.codec import Codec
 from sessionstream._procs import settings_env
 from sessionstream.kafka import read_topic
+from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
 from streams.partitioning import partition_for
 from tests.integration.gateway_world import SSE, GatewayWorld, gateway_world
@@ -312,7 +312,7 @@ def test_two_tenants_one_session_id_are_two_sessions_and_nothing_tells_them_apar
 def _session_offsets(s: Settings, local: str, tenant: str = "acme") -> list[tuple[int, str]]:
     sid = f"{tenant}:{local}"
     p = partition_for(sid.encode(), s.partitions)
-    codec = Codec()
+    codec = reader_codec()
     out = []
     for rec in read_topic(s, s.events_topic, partitions=[p]):
         if rec.key and rec.key.startswith(f"{sid}/".encode()):

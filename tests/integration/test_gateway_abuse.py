@@ -16,8 +16,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from schemas.codec import Codec
 from schemas.events import Event
+from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
 from streams.partitioning import partition_for
 from tests.integration.abuse import (
@@ -405,7 +405,7 @@ def test_a_session_named_with_a_slash_before_the_rules_does_not_leak_into_its_pr
         p.produce(
             s.events_topic,
             key=legacy.key.encode(),
-            value=Codec().encode_event(legacy),
+            value=reader_codec().encode_event(legacy),
             partition=part,
         )
         assert p.flush(30) == 0

@@ -14,17 +14,17 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from schemas.codec import Codec
 from schemas.commands import Command
 from schemas.events import Event
 from sessionstream.client import CommandHandle, SessionClient, acknowledged
 from sessionstream.kafka import read_topic
+from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
-from streams.log_check import check_log, fold_log, state_table
+from streams.log_check import state_table
 from streams.partitioning import partition_for
 from streams.processor import TransactionalProcessor
 from streams.processor.batch import Batch
-from tests.integration.helpers import wait_until
+from tests.integration.helpers import check_log, fold_log, wait_until
 from tests.integration.procs import (
     TOPIC_FIELDS,
     Proc,
@@ -227,7 +227,7 @@ def test_poison_pills_go_to_the_dlq_and_the_stream_goes_on(
     iso: Settings, procs: list[Proc]
 ) -> None:
     procs.append(processor(iso))
-    codec = Codec()
+    codec = reader_codec()
     sid = f"poison-{uuid.uuid4().hex[:6]}"
     part = partition_for(sid.encode(), iso.partitions)
     good = Command(
@@ -754,7 +754,7 @@ def test_collected_outcomes_hold_every_event_of_their_command_while_others_commi
         halt.set()
         bg.join(30)
     in_log: dict[str, list[tuple[str, int, str]]] = {}
-    codec = Codec()
+    codec = reader_codec()
     for rec in read_topic(iso, iso.events_topic):
         e = codec.decode_event(rec.value or b"")
         if e.command_id in got:

@@ -23,20 +23,19 @@ import psycopg
 import pytest
 from confluent_kafka import Producer
 
-from schemas.codec import Codec
 from schemas.events import Event
 from sessionstream._procs import settings_env
 from sessionstream.client import Outcome, SessionClient
 from sessionstream.kafka import read_topic
+from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
-from streams.log_check import check_log
 from streams.partitioning import partition_for
-from tests.integration.helpers import wait_until
+from tests.integration.helpers import check_log, wait_until
 from tests.integration.procs import isolated_settings, processor, sink, wait_sink_caught_up
 
 pytestmark = pytest.mark.integration
 
-CODEC = Codec()
+CODEC = reader_codec()
 LEASE_MS = 2_000
 COMPACTION_LEASE_MS = 10_000
 

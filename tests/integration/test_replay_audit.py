@@ -12,11 +12,11 @@ import psycopg
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from schemas.codec import Codec
 from sessionstream._procs import settings_env
 from sessionstream.client import SessionClient
 from sessionstream.errors import KafkaUnavailable, SingleWriterViolation
 from sessionstream.kafka import client_config, partitions_of, read_topic, reader_config
+from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
 from sessionstream.topics import ensure_topics
 from sinks.audit import run_audit
@@ -78,7 +78,7 @@ def world(
 
 def test_replay_by_run_id_equals_the_topic(world: tuple[Settings, str, str]) -> None:
     s, sid, run = world
-    codec = Codec()
+    codec = reader_codec()
     topic = [codec.decode_event(r.value or b"") for r in read_topic(s, s.events_topic)]
     from_topic = sorted((e for e in topic if e.run_id == run), key=lambda e: e.seq)
     with connect(s) as conn:
@@ -144,7 +144,7 @@ def test_rebuild_skips_a_duplicated_event_as_the_sink_does_and_restores_every_in
     index a migrated one has, plus the offsets a sink would go on from."""
     s = isolated_settings(settings, "rebuild-dup", partitions=2)
     ensure_topics(s)
-    codec = Codec()
+    codec = reader_codec()
     client = SessionClient("tenant-d", s)
     events = []
     for i in range(3):
@@ -196,7 +196,7 @@ def test_a_second_active_run_in_the_log_stops_the_rebuild_and_leaves_nothing(
     alongside in its own process."""
     s = isolated_settings(settings, "rebuild-2w", partitions=2)
     ensure_topics(s)
-    codec = Codec()
+    codec = reader_codec()
     client = SessionClient("tenant-w", s)
     first = client.command("two-writers", "prompt", {"text": "one"})
     second = client.command("two-writers", "prompt", {"text": "two"})
@@ -255,7 +255,7 @@ def test_replay_by_offset_of_one_session_or_run_decodes_only_those(
     world: tuple[Settings, str, str],
 ) -> None:
     s, sid, run = world
-    codec = Codec()
+    codec = reader_codec()
     records = read_topic(s, s.events_topic)
     part = next(r.partition for r in records if (r.key or b"").startswith(f"{sid}/".encode()))
     everything = [(o, e) for o, e in read_range(s, part, 0)]

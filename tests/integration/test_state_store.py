@@ -18,8 +18,8 @@ from sessionstream.errors import SessionstreamError
 from sessionstream.kafka import client_config, read_topic
 from sessionstream.settings import Settings
 from sessionstream.topics import ensure_topics
-from streams.log_check import check_log, fold_log, state_table
-from tests.integration.helpers import wait_until
+from streams.log_check import state_table
+from tests.integration.helpers import check_log, fold_log, wait_until
 from tests.integration.procs import Proc, isolated_settings, processor, wait_processed
 
 pytestmark = pytest.mark.integration

@@ -12,19 +12,18 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from schemas.codec import Codec
 from schemas.events import Event, RunFinished
 from sessionstream.client import SessionClient
 from sessionstream.kafka import read_topic
+from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
 from sinks.migrate import migrate
-from streams.log_check import check_log
-from tests.integration.helpers import wait_until
+from tests.integration.helpers import check_log, wait_until
 from tests.integration.procs import Proc, isolated_settings, processor
 
 pytestmark = pytest.mark.integration
 
-_codec = Codec()
+_codec = reader_codec()
 
 
 @pytest.fixture

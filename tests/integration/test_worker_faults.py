@@ -11,9 +11,8 @@ import pytest
 from schemas.events import LeaseGranted, RunFinished, StaleWriteRecorded
 from sessionstream.kafka import read_topic
 from sessionstream.settings import Settings
-from streams.log_check import check_log
 from tests.integration import test_worker as _tw
-from tests.integration.helpers import wait_until
+from tests.integration.helpers import check_log, wait_until
 from tests.integration.procs import Proc, processor
 from tests.integration.test_worker import (
     actions,

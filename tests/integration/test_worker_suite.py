@@ -23,14 +23,13 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from schemas.codec import Codec
 from schemas.events import Event, LeaseGranted, RunFinished
 from sessionstream.client import SessionClient
 from sessionstream.kafka import read_topic
+from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
-from streams.log_check import check_log
 from tests.integration import test_worker as _tw
-from tests.integration.helpers import wait_until
+from tests.integration.helpers import check_log, wait_until
 from tests.integration.procs import Proc, processor
 from tests.integration.test_worker import ready, start_worker
 
@@ -43,7 +42,7 @@ RUNS = 50
 LEASE_MS = 2000
 #: long enough for a fault and a takeover mid-run; the email is the run's last step
 TEXT = "steps=3 tool_ms=1500 email=end"
-CODEC = Codec()
+CODEC = reader_codec()
 
 
 def _events(s: Settings) -> list[Event]:

@@ -205,7 +205,10 @@ def _avro_with_type(type_: str) -> bytes:
 
 
 ERRORS: list[tuple[str, Callable[[], bytes], type[DecodeError]]] = [
-    ("random-bytes", lambda: b"\x00\x17garbage\xff", MalformedRecord),
+    ("random-bytes", lambda: b"\x01\x17garbage\xff", MalformedRecord),
+    ("confluent-truncated", lambda: b"\x00\x00\x01", MalformedRecord),
+    # a registry id this reader cannot look up (it has no registry)
+    ("confluent-unknown-id", lambda: b"\x00\x17garbage\xff", UnknownSchema),
     ("empty", lambda: b"", MalformedRecord),
     ("blank", lambda: b"  \n ", MalformedRecord),
     ("magic-only", lambda: MAGIC, MalformedRecord),

@@ -19,6 +19,7 @@ from sessionstream.kafka import kafka_cause, unmasked
 from sessionstream.settings import Settings
 from streams.processor.batch import Batch
 from streams.processor.loop import TransactionalProcessor, _Commit
+from tests.unit._samples import event
 
 
 def fenced() -> KafkaException:
@@ -228,7 +229,7 @@ def test_an_abort_that_reports_its_fence_as_a_system_error_renews_the_producer(
     p0.fail["produce"] = KafkaException(KafkaError(KafkaError._STATE, "in error state"))
     p0.fail["abort"] = masked(fenced())
     batch = Batch([], [])
-    batch.events.append((0, b"k", b"v"))
+    batch.events.append((0, b"k", b"v", event("run.steered")))
     proc._begin(batch, 0.0)
     assert proc._inflight is None  # nothing in flight: it was aborted at once
     assert p0.calls == ["begin", "produce", "abort"]
