@@ -54,18 +54,20 @@ down:
 status: install
 	@stack/stack.sh status
 
-# The console's browser test drives Debian's headless Chromium with its chromedriver:
-# installed like PostgreSQL (as root, apt-get) when missing. Without them that test fails.
+# The console's browser test drives Debian's headless Chromium with its chromedriver, and
+# the shell example of docs/producers.md runs Debian's kcat: installed like PostgreSQL (as
+# root, apt-get) when missing. Without them those tests fail.
 browser:
-	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null \
+		|| ! command -v kcat >/dev/null; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-			echo "apt: installing chromium chromium-driver (the console's browser test)"; \
+			echo "apt: installing chromium chromium-driver kcat (the browser and shell-example tests)"; \
 			DEBIAN_FRONTEND=noninteractive apt-get update -qq; \
 			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-				chromium chromium-driver >/dev/null; \
+				chromium chromium-driver kcat >/dev/null; \
 		else \
-			echo "warning: chromium/chromedriver missing and not root: the browser test will fail" \
-				"(Debian: apt-get install chromium chromium-driver)" >&2; \
+			echo "warning: chromium/chromedriver/kcat missing and not root: the browser and" \
+				"shell-example tests will fail (Debian: apt-get install chromium chromium-driver kcat)" >&2; \
 		fi; \
 	fi
 

@@ -28,8 +28,8 @@ import fastavro
 from fastavro.schema import to_parsing_canonical_form
 from pydantic import ValidationError
 
-from schemas._avro import command_schema, event_schema
-from schemas._avro_compiled import Envelope, ReadError, Unsupported
+from schemas._avro import command_schema, event_schema, outcome_schema
+from schemas._avro_compiled import Envelope, ReadError, Record, Unsupported
 from schemas._base import Payload, WireModel
 from schemas.commands import COMMAND_PAYLOADS, Command
 from schemas.errors import (
@@ -40,6 +40,7 @@ from schemas.errors import (
     UnknownType,
 )
 from schemas.events import EVENT_PAYLOADS, Event
+from schemas.outcomes import CommandOutcome
 
 __all__ = [
     "CONFLUENT_MAGIC",
@@ -158,6 +159,30 @@ class _Kind:
         return self.confluent if self.confluent is not None else self.header
 
 
+class _RecordKind:
+    """The outcome records: a flat record, in the Confluent framing when the codec has a
+    registry id, else in the single-object encoding (a deployment without a registry)."""
+
+    name = "outcome"
+
+    def __init__(self) -> None:
+        current = outcome_schema()
+        self.schema = fastavro.parse_schema(current)
+        self.canonical = to_parsing_canonical_form(current)
+        self.compiled = Record(current, CommandOutcome)
+        self.header = single_object_header(current)
+        self.by_id: dict[int, Any] = {}
+        self.confluent: bytes | None = None
+        self.current_id: int | None = None
+        self.current_headers: set[bytes] = set()
+
+    def use_id(self, schema_id: int) -> None:
+        self.current_id = schema_id
+        self.confluent = confluent_header(schema_id)
+        self.by_id[schema_id] = self.schema
+        self.current_headers.add(self.confluent)
+
+
 def _history(prefix: str) -> list[dict[str, Any]]:
     """Older writer schemas kept under avro/history/ so their records stay readable."""
     out = []
@@ -199,6 +224,7 @@ class Codec:
         self.max_record_bytes = max_record_bytes
         # each codec owns its writer registry, so registering a schema stays local
         self._cmd, self._evt = _kinds()
+        self._out = _RecordKind()
         self._schemas: SchemaSource | None = None
         self._fetching = threading.Lock()
         if schemas is not None:
@@ -209,7 +235,7 @@ class Codec:
         id for in the Confluent framing (a process attaches its registry when it starts,
         before the codec is used by more than one thread)."""
         self._schemas = schemas
-        for kind in (self._cmd, self._evt):
+        for kind in (self._cmd, self._evt, self._out):
             schema_id = schemas.writer_id(kind.name)
             if schema_id is not None:
                 kind.use_id(schema_id)
@@ -221,7 +247,11 @@ class Codec:
 
     def schema_ids(self) -> dict[str, int | None]:
         """The registry ids this codec writes with, by kind (None: single-object)."""
-        return {"command": self._cmd.current_id, "event": self._evt.current_id}
+        return {
+            "command": self._cmd.current_id,
+            "event": self._evt.current_id,
+            "outcome": self._out.current_id,
+        }
 
     # -- encoding ---------------------------------------------------------------------------
     def _encode(self, kind: _Kind, model: Command | Event) -> bytes:
@@ -243,6 +273,71 @@ class Codec:
     def encode_event(self, event: Event) -> bytes:
         """Avro of an event (deterministic: same event, same bytes)."""
         return self._encode(self._evt, event)
+
+    def encode_outcome(self, outcome: CommandOutcome) -> bytes:
+        """An outcome record: the Confluent framing with a registry id, else single-object."""
+        out = self._out
+        return out.compiled.write(outcome, out.confluent or out.header)
+
+    def decode_outcome(self, data: bytes) -> CommandOutcome:
+        """An outcome record (the Confluent framing only; its schema by id)."""
+        out = self._out
+        size = len(data)
+        if size > self.max_record_bytes:
+            raise OversizedRecord(f"outcome record of {size} bytes", size=size)
+        if data[:10] == out.header:
+            try:
+                record = out.compiled.read_dict(data, 10)
+            except ReadError as e:
+                raise MalformedRecord(f"corrupt outcome record: {e}", size=size) from e
+            try:
+                return CommandOutcome.model_validate(record)
+            except ValidationError as e:
+                raise _violation("outcome", e, size) from e
+        if data[:1] != CONFLUENT_MAGIC or size < 5:
+            raise MalformedRecord(
+                f"outcome record is neither in the Confluent framing nor single-object; "
+                f"first bytes: {data[:8].hex() or 'empty'}",
+                size=size,
+            )
+        if data[:5] not in out.current_headers:
+            writer = self._writer_by_id(out, data)  # type: ignore[arg-type]
+            if data[:5] not in out.current_headers:
+                record = self._read_body(out, data, 5, writer)  # type: ignore[arg-type]
+                try:
+                    return CommandOutcome.model_validate(record)
+                except ValidationError as e:
+                    raise _violation("outcome", e, size) from e
+        try:
+            record = out.compiled.read_dict(data, 5)
+        except ReadError as e:
+            raise MalformedRecord(f"corrupt outcome record: {e}", size=size) from e
+        try:
+            return CommandOutcome.model_validate(record)
+        except ValidationError as e:
+            raise _violation("outcome", e, size) from e
+
+    def peek_ids(self, data: bytes) -> tuple[str | None, str | None]:
+        """(sessionId, commandId) of a command record that cannot be decided (a dead
+        letter), when they can be read at all: for its outcome record. Never raises."""
+        try:  # no size check: the record is read already, and an oversized one has ids too
+            if data[:1] == CONFLUENT_MAGIC:
+                record = self._read_confluent(self._cmd, data)
+            elif data[:2] == MAGIC:
+                record = self._read_avro(self._cmd, data)
+            elif data.lstrip()[:1] == b"{":
+                record = json.loads(data.decode("utf-8"))
+            else:
+                return None, None
+        except Exception:  # whatever is wrong with it is the dead letter's reason
+            return None, None
+        if not isinstance(record, dict):
+            return None, None
+        sid, cid = record.get("sessionId"), record.get("commandId")
+        return (
+            sid if isinstance(sid, str) and sid else None,
+            cid if isinstance(cid, str) and cid else None,
+        )
 
     @staticmethod
     def command_to_json(command: Command) -> bytes:

@@ -97,6 +97,17 @@ def replay_offsets(
     ] = None,
     from_: Annotated[int, typer.Option("--from", help="first offset")] = 0,
     to: Annotated[int | None, typer.Option(help="stop before this offset")] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(
+            help="start at the first event appended at or after this time (ISO 8601, e.g. "
+            "2026-12-05T10:00:00Z; no zone: UTC; or epoch ms); instead of --from"
+        ),
+    ] = None,
+    until: Annotated[
+        str | None,
+        typer.Option(help="stop before the first event appended at or after this time"),
+    ] = None,
     session: Annotated[
         str | None, typer.Option(help="only this session's events (decodes only those)")
     ] = None,
@@ -106,8 +117,9 @@ def replay_offsets(
     ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Read the events topic directly (read_committed) and print or re-fold it."""
-    from sinks.replay import read_range, session_partition
+    """Read the events topic directly (read_committed) and print or re-fold it: an offset
+    range, or a time range (--since / --until, by the broker's append time)."""
+    from sinks.replay import offsets_for_time, parse_time, read_range, session_partition
     from streams.decider import evolve
     from streams.state import SessionState
 
@@ -117,6 +129,13 @@ def replay_offsets(
             _fail("give --partition, or --session (its partition is then found)")
         partition = session_partition(settings, session)
     try:
+        if since is not None:
+            from_ = offsets_for_time(settings, parse_time(since), [partition])[partition]
+        if until is not None:
+            to = offsets_for_time(settings, parse_time(until), [partition])[partition]
+            if to <= from_:
+                _print([], as_json, f"partition {partition} from {from_}")
+                return
         events = [
             e
             for _o, e in read_range(settings, partition, from_, to, session_id=session, run_id=run)

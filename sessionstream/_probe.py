@@ -8,7 +8,7 @@ credentials, the schema registry must list its subjects (a JSON array). Run as
     config                        print the effective settings as shell assignments
     kafka BOOTSTRAP [--wait S] [--pid PID] [--credentials FILE] [--brokers N] [--node ID]
     postgres URL [--wait S] [--pid PID]
-    registry URL [--wait S] [--pid PID]   (the Confluent-compatible API's root)
+    registry URL [--wait S] [--pid PID] [--credentials FILE]   (the Confluent-compatible API)
 
 ``--credentials`` authenticates with the Kafka settings of a credentials file (the secured
 stack's ``admin.env``): a broker that is up but refuses them does not answer. ``--brokers``
@@ -112,6 +112,15 @@ def kafka_answers(
     else:
         auth = ""
     return f"cluster {metadata.cluster_id}, {len(live)} broker(s){auth}"
+
+
+def registry_credentials(path: str) -> tuple[str, str] | None:
+    """The registry's (user, password) of a credentials file, if it names them."""
+    from sessionstream.settings import read_credentials_file
+
+    values = read_credentials_file(path)
+    user = values.get("schema_registry_username")
+    return (user, values.get("schema_registry_password", "")) if user else None
 
 
 def credentials_security(path: str) -> dict[str, str]:
@@ -240,8 +249,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument(target)
         p.add_argument("--wait", type=float, default=0.0)
         p.add_argument("--pid", type=int, default=None)
-        if name == "kafka":
+        if name in ("kafka", "registry"):
             p.add_argument("--credentials", default=None)
+        if name == "kafka":
             p.add_argument("--brokers", type=int, default=1)
             p.add_argument("--node", type=int, default=None)
     args = parser.parse_args(argv)
@@ -259,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     url: str = args.url
     if args.what == "registry":
-        return _wait(lambda: registry_answers(url, timeout=5.0), args.wait, args.pid)
+        auth = registry_credentials(args.credentials) if args.credentials else None
+        return _wait(lambda: registry_answers(url, timeout=5.0, auth=auth), args.wait, args.pid)
     return _wait(lambda: postgres_answers(url, timeout=5.0), args.wait, args.pid)
 
 

@@ -97,7 +97,48 @@ def _database_url(base: str, pg_role: str) -> str:
     return f"postgresql://{pg_role}@{host}:{parts.port or 5432}{parts.path}"
 
 
-def write_credentials(directory: Path, bootstrap: str, database_url: str) -> None:
+#: the one user of the secured registry (every role reads and writes schemas)
+REGISTRY_USER = "sessionstream"
+
+
+def registry_password(directory: Path) -> str:
+    """The secured registry's password: generated at the first `up`, kept after."""
+    path = directory / "registry.secret"
+    if path.is_file():
+        return path.read_text().strip()
+    password = secrets.token_urlsafe(24)
+    _write_private(path, password + "\n")
+    return password
+
+
+def write_registry_config(directory: Path, registry_dir: Path) -> None:
+    """The secured registry's `config/application.properties` (Quarkus reads it from the
+    process's working directory): HTTP basic authentication on every path, one user."""
+    conf = registry_dir / "config"
+    conf.mkdir(parents=True, exist_ok=True)
+    conf.chmod(0o700)
+    password = registry_password(directory)
+    _write_private(
+        conf / "application.properties",
+        "\n".join(
+            [
+                "# the secured local stack's schema registry (written by stack/stack.sh)",
+                "quarkus.http.auth.basic=true",
+                "quarkus.security.users.embedded.enabled=true",
+                "quarkus.security.users.embedded.plain-text=true",
+                f"quarkus.security.users.embedded.users.{REGISTRY_USER}={password}",
+                f"quarkus.security.users.embedded.roles.{REGISTRY_USER}=sr-admin",
+                "quarkus.http.auth.permission.all.paths=/*",
+                "quarkus.http.auth.permission.all.policy=authenticated",
+            ]
+        )
+        + "\n",
+    )
+
+
+def write_credentials(
+    directory: Path, bootstrap: str, database_url: str, registry_url: str | None = None
+) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     directory.chmod(0o700)
     for role in FILES:
@@ -119,6 +160,12 @@ def write_credentials(directory: Path, bootstrap: str, database_url: str) -> Non
             lines += [
                 f"SESSIONSTREAM_DATABASE_URL={_database_url(database_url, pg_role)}",
                 f"SESSIONSTREAM_DATABASE_PASSWORD={db_pw}",
+            ]
+        if registry_url:
+            lines += [
+                f"SESSIONSTREAM_SCHEMA_REGISTRY_URL={registry_url}",
+                f"SESSIONSTREAM_SCHEMA_REGISTRY_USERNAME={REGISTRY_USER}",
+                f"SESSIONSTREAM_SCHEMA_REGISTRY_PASSWORD={registry_password(directory)}",
             ]
         _write_private(path, "\n".join(lines) + "\n")
 
@@ -148,8 +195,10 @@ def write_jaas(directory: Path, jaas: Path) -> None:
     )
 
 
-def prepare(directory: Path, bootstrap: str, database_url: str, jaas: Path) -> None:
-    write_credentials(directory, bootstrap, database_url)
+def prepare(
+    directory: Path, bootstrap: str, database_url: str, jaas: Path, registry_url: str | None = None
+) -> None:
+    write_credentials(directory, bootstrap, database_url, registry_url)
     write_jaas(directory, jaas)
     for user in (BROKER, ADMIN):
         pw = role_settings(directory, user).kafka_password
@@ -416,6 +465,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bootstrap", required=True)
     p.add_argument("--database-url", required=True)
     p.add_argument("--jaas", type=Path, required=True)
+    p.add_argument("--registry-url", default=None)
+    reg = sub.add_parser("registry-config")
+    reg.add_argument("dir", type=Path)
+    reg.add_argument("registry_dir", type=Path)
     apply = sub.add_parser("apply")
     apply.add_argument("dir", type=Path)
     drop = sub.add_parser("drop")
@@ -425,7 +478,9 @@ def main(argv: list[str] | None = None) -> int:
         q.add_argument("--database", default="sessionstream_secure")
     args = parser.parse_args(argv)
     if args.cmd == "prepare":
-        prepare(args.dir, args.bootstrap, args.database_url, args.jaas)
+        prepare(args.dir, args.bootstrap, args.database_url, args.jaas, args.registry_url)
+    elif args.cmd == "registry-config":
+        write_registry_config(args.dir, args.registry_dir)
     elif args.cmd == "apply":
         print(f"kafka-secure: {kafka_apply(args.dir)}", flush=True)
         if args.pg_socket:

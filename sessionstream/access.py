@@ -107,6 +107,8 @@ def kafka_grants(settings: Settings) -> dict[str, list[Grant]]:
             # READ: the state changelog is restored on assignment
             *_topic("processor", state, "READ", "WRITE", "DESCRIBE", "DESCRIBE_CONFIGS"),
             *_topic("processor", dlq, "WRITE", "DESCRIBE", "DESCRIBE_CONFIGS"),
+            # one outcome record per command read
+            *_topic("processor", s.outcomes_topic, "WRITE", "DESCRIBE", "DESCRIBE_CONFIGS"),
             # the runs that need a holder, for workers; it only checks the presence topic
             *_topic("processor", s.open_runs_topic, "WRITE", "DESCRIBE", "DESCRIBE_CONFIGS"),
             *_topic("processor", s.workers_topic, "DESCRIBE", "DESCRIBE_CONFIGS"),
@@ -135,12 +137,10 @@ def kafka_grants(settings: Settings) -> dict[str, list[Grant]]:
         ],
         "producer": [
             *_topic("producer", commands, "WRITE", "DESCRIBE"),
-            *_topic("producer", events, "READ", "DESCRIBE"),  # outcomes
-            # SessionClient.wait tells a dead letter from a duplicate by reading the DLQ
-            *_topic("producer", dlq, "READ", "DESCRIBE"),
+            *_topic("producer", events, "READ", "DESCRIBE"),  # the events of its commands
+            *_topic("producer", s.outcomes_topic, "READ", "DESCRIBE"),  # their outcomes
+            # its readers assign partitions; the group id is never joined
             _group("producer", CLIENT_GROUP_PREFIX, prefixed=True),
-            # DESCRIBE only: fetch the processor's committed offsets, never join or commit
-            _group("producer", group, "DESCRIBE"),
         ],
         "analytics": [
             *_topic("analytics", events, "READ", "DESCRIBE"),

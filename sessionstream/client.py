@@ -9,14 +9,15 @@ saw active in the session (from the outcomes and events it read), so a late abor
 cancel the run that started after it: the processor refuses it `run_not_active`. Pass
 `run_id=None` for the session-scoped meaning, or a run id of your own.
 
-`wait()` returns a command's outcome: the events it caused (accepted, with its run id), its
-`command.rejected` (with the reason), or `duplicate` — a command id the processor had
-already applied, recognised because the processor's committed offset on the command's
-partition moved past the command while no event of it appeared. A command's events are
-those after where its events partition ended when it was sent that carry its session, its
+`wait()` returns a command's outcome, as the processor wrote it on `session.outcomes` (one
+record per command it reads, in the transaction of the command's events): accepted (with
+its run id and its events), rejected (with the reason), `duplicate` (a command id it had
+already applied) or `dead_letter` (with the reason). The client reads the outcomes and the
+events partitions of the sessions it sent to, `read_committed`, from where they ended
+before the command was sent; an outcome is the command's when it carries its session, its
 command id and its `ts` (as `producerTs`), so another send under the same id is never
-taken for it. An event this version cannot read is skipped (WARNING); the tracked commands
-of its session that it may belong to raise `IncompatibleEvent` from `wait` / `collect`.
+taken for it. An outcome or event this version cannot read is skipped (WARNING); the
+tracked commands of its session that it may belong to raise `IncompatibleEvent`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -51,6 +51,7 @@ from schemas.commands import (
 )
 from schemas.errors import DecodeError
 from schemas.events import SESSION_LOG, CommandRejected, Event
+from schemas.outcomes import CommandOutcome
 from schemas.sessions import scoped_session_id
 from sessionstream.errors import (
     CommandTimeout,
@@ -59,11 +60,9 @@ from sessionstream.errors import (
     SessionstreamError,
 )
 from sessionstream.kafka import (
-    DeadLetter,
     client_config,
     command_producer_config,
     produce,
-    read_records,
     reader_config,
     take,
     unavailable,
@@ -81,6 +80,8 @@ log = logging.getLogger("sessionstream.client")
 _DRAIN_BATCH: Final = 500
 #: sessions whose active run a client remembers (`known_run`), at most
 _RUNS_MAX: Final = 100_000
+#: outcomes of unreadable records kept for their producers to find, at most
+_BY_SOURCE_MAX: Final = 10_000
 
 
 class _KnownRun:
@@ -106,19 +107,20 @@ class CommandHandle:
     and `offset_exact` is False."""
 
     command: Command
+    #: where the session's events and outcomes partitions ended before it was sent
     events_from: dict[int, int] | None = None
-    dlq_from: dict[int, int] | None = None
+    outcomes_from: dict[int, int] | None = None
     partition: int | None = None
     offset: int | None = None
     error: str | None = None
     topic: str = ""
     acked: bool = False
-    #: the bytes sent, kept only when the broker gave no offset (to find a dead letter)
+    #: the bytes sent, kept only when the broker gave no offset
     sent: bytes | None = None
 
     @property
     def offset_exact(self) -> bool:
-        """False when the broker gave no offset (`offset` is then an upper bound)."""
+        """False when the broker gave no offset."""
         return self.sent is None
 
 
@@ -166,34 +168,33 @@ class SessionClient:
         self._clock = clock
         self._producer_conf = command_producer_config(self.settings, **(producer_overrides or {}))
         self._producer: Producer | None = None
-        self._events: Consumer | None = None
-        self._offsets: Consumer | None = None
+        #: one read_committed consumer on the outcomes and events partitions of the
+        #: sessions this client tracks
+        self._tail: Consumer | None = None
         self._meta: Consumer | None = None
-        self._tailing: dict[int, int] = {}
+        #: (topic, partition) the tail reads -> where it was assigned from
+        self._tailing: dict[tuple[str, int], int] = {}
         # keyed by (session, command id): command ids are per session, and a gateway's
         # callers choose their own
         self._pending: dict[tuple[str, str], list[Event]] = {}
-        #: where each tracked command's outcome may start, and the `ts` it was sent with
-        self._pending_from: dict[tuple[str, str], tuple[int, int]] = {}
-        self._waits: dict[tuple[str, str], _WaitState] = {}
-        #: tracked commands whose session has an event this version cannot read, past
+        #: the outcome records read for each tracked command's session and id (one, but for
+        #: the dead letters of other records that carry the same command)
+        self._outcomes: dict[tuple[str, str], list[CommandOutcome]] = {}
+        #: where each tracked command's outcome and events may start, and its `ts`
+        self._pending_from: dict[tuple[str, str], tuple[int, int, int]] = {}
+        #: tracked commands whose session has a record this version cannot read, past
         #: where their outcome may start: why their outcome cannot be known
         self._unreadable: dict[tuple[str, str], str] = {}
+        #: outcomes of records no command id could be read from (dead letters), by where
+        #: the record was: its producer knows that from its delivery report
+        self._by_source: OrderedDict[tuple[str, int, int], CommandOutcome] = OrderedDict()
         self._partitions: int | None = None
-        #: the outcome tail's fetch.wait.max.ms (a server waiting on many commands: lower)
+        #: the tail's fetch.wait.max.ms (a server waiting on many commands: lower)
         self._fetch_wait_ms = fetch_wait_ms
-        self._dlq_parts: list[int] | None = None
-        self._dlq_cache: tuple[float, dict[int, int]] = (0.0, {})
-        #: (input topic, partition) -> (read at, the processor's committed offset)
-        self._positions: dict[tuple[str, int], tuple[float, int]] = {}
-        self._admin: AdminClient | None = None
         #: session -> the run last seen active; only while it is (a finished run is
         #: forgotten), at most `_RUNS_MAX` sessions (the least recently started go first)
         self._runs: OrderedDict[str, str] = OrderedDict()
-        #: `collect`'s rounds, and its last-stable-offset reads in flight: (the round that
-        #: asked, partition -> future), answered while later rounds go on
-        self._round_no = 0
-        self._lso_asks: list[tuple[int, dict[int, Future[Any]]]] = []
+        self._admin: AdminClient | None = None
 
     # -- producing --------------------------------------------------------------------------
     @property
@@ -220,7 +221,6 @@ class SessionClient:
         first command does not wait for them (a server calls this at start)."""
         _ = self.producer
         self._partition_count()
-        self._dlq_ends()
 
     def now_ms(self) -> int:
         return int(self._clock() * 1000)
@@ -263,41 +263,41 @@ class SessionClient:
         """Produce `command`. With `track`, remember where its outcome will appear."""
         if not track:
             return self._produce(CommandHandle(command))
-        handle = CommandHandle(
-            command,
-            events_from=self._events_high_watermarks(command.session_id),
-            dlq_from=self._dlq_ends(),
-        )
-        self._track(handle)
-        return self._produce(handle)
+        return self.submit_many([command])[0]
 
     def submit_many(self, commands: list[Command]) -> list[CommandHandle]:
         """`submit(track=True)` for several commands at once. What a gateway sends in one
         round.
 
-        Each command's outcome is looked for from a point of its events partition at or
-        before where the partition ends when it is produced. For a partition the outcome
-        tail already reads, that is the high watermark the tail's last fetch reported
-        (librdkafka keeps it: no request, where a fresh read costs a round trip per
-        round); for the others, and for the dead-letter topic, the ends are read once for
-        all. Events before the true end that carry the same session and command id are
-        still not taken for the outcome unless they also carry the command's `ts`: an
-        earlier send of the same id is not this one (see `_track`)."""
+        Each command's outcome and events are looked for from where the session's
+        partitions of `session.outcomes` and `session.events` ended when it was produced,
+        or before. For a partition the tail already reads, that is the high watermark its
+        last fetch reported (librdkafka keeps it: no request); for the others the ends are
+        read once for all. What lies between that point and the true end under the same
+        session and command id is still not taken for the command's unless it also
+        carries the command's `ts`: an earlier send of the same id is not this one."""
         if not commands:
             return []
         n = self._partition_count()
         wanted = {partition_for(c.session_id.encode(), n) for c in commands}
-        ends = {p: e for p in wanted if (e := self._fetched_end(p)) is not None}
-        ends.update(self._hwms(wanted - ends.keys()))
-        # an older end of the DLQ only makes a dead-letter lookup read a little more
-        at, dlq = self._dlq_cache
-        if time.monotonic() - at > 1.0:
-            dlq = self._dlq_ends()
-            self._dlq_cache = (time.monotonic(), dlq)
+        out_topic, ev_topic = self.settings.outcomes_topic, self.settings.events_topic
+        ends: dict[tuple[str, int], int] = {}
+        unknown = set()
+        for p in wanted:
+            for topic in (out_topic, ev_topic):
+                end = self._fetched_end(topic, p)
+                if end is None:
+                    unknown.add(p)
+                else:
+                    ends[(topic, p)] = end
+        if unknown:
+            ends.update(self._ends(unknown, (out_topic, ev_topic)))
         handles = []
         for c in commands:
             p = partition_for(c.session_id.encode(), n)
-            h = CommandHandle(c, events_from={p: ends[p]}, dlq_from=dict(dlq))
+            h = CommandHandle(
+                c, events_from={p: ends[(ev_topic, p)]}, outcomes_from={p: ends[(out_topic, p)]}
+            )
             self._track(h)
             handles.append(h)
         for h in handles:
@@ -410,12 +410,11 @@ class SessionClient:
                 )
 
     # -- outcomes ---------------------------------------------------------------------------
-    def _consumer(self, *, read_committed: bool = True) -> Consumer:
+    def _consumer(self) -> Consumer:
         return Consumer(
             reader_config(
                 self.settings,
                 group_id=f"sessionstream-client-{uuid.uuid4()}",
-                read_committed=read_committed,
                 eof=True,
                 fetch_wait_ms=self._fetch_wait_ms,
             )
@@ -438,146 +437,132 @@ class SessionClient:
         return self._partitions
 
     def _meta_consumer(self) -> Consumer:
-        # Never assigned, so its requests do not queue behind a long-polling fetch; and
-        # read_uncommitted, so a watermark includes records of transactions still pending.
-        # That matters in wait(): the processor's offset commit can become visible before
-        # the commit marker reaches the events partition, so a read_committed watermark
-        # (the LSO) read at that moment would stop short of the command's own events.
+        # never assigned, so its requests do not queue behind the tail's long-polling fetch
         if self._meta is None:
-            self._meta = self._consumer(read_committed=False)
+            self._meta = self._consumer()
         return self._meta
 
-    def _events_high_watermarks(self, session_id: str) -> dict[int, int]:
-        """Where the session's events partition ends now: its outcome can only come after."""
-        p = partition_for(session_id.encode(), self._partition_count())
-        return {p: self._hwm(p)}
-
-    def _processor_position(self, partition: int, topic: str) -> int:
-        """The processor group's committed offset on an input partition (-1: none)."""
-        return self._processor_positions([(topic, partition)]).get((topic, partition), -1)
-
-    def _processor_positions(self, keys: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
-        """The processor group's committed offsets on input partitions, in one request
-        (-1: none, or not known now)."""
-        if self._offsets is None:
-            # never joined: only its committed offsets are fetched. read_uncommitted, so
-            # librdkafka does not ask for *stable* offsets (KIP-447): those are refused
-            # (UNSTABLE_OFFSET_COMMIT, retried) while the processor's transaction holding
-            # the next offsets is open, which under load is nearly always (p99 1.6 s per
-            # read at 500 commands/s). The committed offset, from transactions that have
-            # committed, is what the duplicate proof needs.
-            self._offsets = Consumer(
-                reader_config(
-                    self.settings, group_id=self.settings.processor_group, read_committed=False
-                )
-            )
-        try:
-            got = self._offsets.committed([TopicPartition(t, p) for t, p in keys], timeout=5)
-        except KafkaException:
-            # coordinator busy (e.g. rebalancing): ask again on the next round
-            return dict.fromkeys(keys, -1)
-        return {(tp.topic, tp.partition): int(tp.offset) for tp in got}
-
     def _track(self, handle: CommandHandle) -> None:
-        """Make sure the tail consumer reads the handle's events partition from its start."""
-        assert handle.events_from is not None
-        if self._events is None:
+        """Make sure the tail reads the handle's outcomes and events partitions from its
+        start points, and remember what to look for."""
+        assert handle.events_from is not None and handle.outcomes_from is not None
+        if self._tail is None:
             self._ensure_registry()
-            self._events = self._consumer()
-        for p, offset in handle.events_from.items():
-            if p not in self._tailing:
-                # the tail only ever moves forward from a high watermark read before the
-                # command was produced, so every tracked command's events are still ahead
-                tp = TopicPartition(self.settings.events_topic, p, offset)
-                self._events.incremental_assign([tp])
-                self._tailing[p] = offset
+            self._tail = self._consumer()
+        assign = []
+        for topic, starts in (
+            (self.settings.outcomes_topic, handle.outcomes_from),
+            (self.settings.events_topic, handle.events_from),
+        ):
+            for p, offset in starts.items():
+                if (topic, p) not in self._tailing:
+                    # the tail only moves forward from an end read before the command was
+                    # sent, so every tracked command's records are still ahead of it
+                    assign.append(TopicPartition(topic, p, offset))
+                    self._tailing[(topic, p)] = offset
+        if assign:
+            self._tail.incremental_assign(assign)
         key = _key(handle)
         self._pending[key] = []
-        # the outcome lies beyond where the partition ended before the command was sent
-        # (anything earlier under the same id, another tenant's refused command, is not
-        # it), and its events carry the command's `ts` (every event copies it as
-        # `producer_ts`): an earlier send of the same id whose events come after that
-        # point (producers racing, a retry after a timed-out wait) is not this one
-        self._pending_from[key] = (min(handle.events_from.values()), handle.command.ts)
+        self._pending_from[key] = (
+            min(handle.outcomes_from.values()),
+            min(handle.events_from.values()),
+            handle.command.ts,
+        )
 
     def _drain(self, timeout: float) -> None:
-        """Read what the tail has; keep the events of tracked commands. In batches: each
-        call into librdkafka lets go of the GIL, and in a busy process (a gateway) getting
-        it back can take a switch interval (5 ms) per call."""
-        assert self._events is not None
-        batch = take(self._events, _DRAIN_BATCH, timeout)
+        """Read what the tail has; keep the outcomes and events of tracked commands. In
+        batches: each call into librdkafka lets go of the GIL, and in a busy process (a
+        gateway) getting it back can take a switch interval (5 ms) per call."""
+        assert self._tail is not None
+        batch = take(self._tail, _DRAIN_BATCH, timeout)
         while batch:
             for msg in batch:
                 self._drain_one(msg)
-            batch = take(self._events, _DRAIN_BATCH, 0) if len(batch) == _DRAIN_BATCH else []
+            batch = take(self._tail, _DRAIN_BATCH, 0) if len(batch) == _DRAIN_BATCH else []
 
     def _drain_one(self, msg: Any) -> None:
         err = msg.error()
-        if err is None:
+        if err is not None:
+            if err.fatal():
+                raise unavailable("reading outcomes", KafkaException(err), self.settings)
+            # else a broker restarting, or a partition's end: librdkafka reconnects, and
+            # the caller's deadline bounds the wait
+            return
+        if msg.topic() == self.settings.outcomes_topic:
             try:
-                event = self.codec.decode_event(msg.value() or b"")
+                outcome = self.codec.decode_outcome(msg.value() or b"")
             except DecodeError as e:
                 self._cannot_read(msg, e)
                 return
-            self._saw(event)
-            key = (event.session_id, event.command_id)
-            bucket = self._pending.get(key)
-            if bucket is not None:
-                start, ts = self._pending_from[key]
-                if (msg.offset() or 0) >= start and event.producer_ts in (ts, None):
-                    bucket.append(event)
-        elif err.fatal():
-            raise unavailable("reading outcomes", KafkaException(err), self.settings)
-        # else a broker restarting, or a partition's end: librdkafka reconnects, and the
-        # caller's deadline bounds the wait
+            if outcome.command_id is None:
+                src = (outcome.source_topic, outcome.source_partition, outcome.source_offset)
+                self._by_source[src] = outcome
+                while len(self._by_source) > _BY_SOURCE_MAX:
+                    self._by_source.popitem(last=False)
+                return
+            key = (outcome.session_id, outcome.command_id)
+            if key in self._pending and outcome.status != "forwarded":
+                # (a forwarded record's decision follows on its session's partition)
+                start, _, ts = self._pending_from[key]
+                if (msg.offset() or 0) >= start and outcome.producer_ts in (ts, None):
+                    self._outcomes.setdefault(key, []).append(outcome)
+            return
+        try:
+            event = self.codec.decode_event(msg.value() or b"")
+        except DecodeError as e:
+            self._cannot_read(msg, e)
+            return
+        self._saw(event)
+        key = (event.session_id, event.command_id)
+        bucket = self._pending.get(key)
+        if bucket is not None:
+            _, start, ts = self._pending_from[key]
+            if (msg.offset() or 0) >= start and event.producer_ts in (ts, None):
+                bucket.append(event)
 
     def _cannot_read(self, msg: Any, error: DecodeError) -> None:
-        """An event this version cannot read (a newer sessionstream wrote it, or bytes
-        that are no event) is skipped, and the tail goes on. The tracked commands of its
-        session (its key's first part) whose outcome may start at or before it can no
+        """A record this version cannot read (a newer sessionstream wrote it, or bytes
+        that are none of ours) is skipped, and the tail goes on. The tracked commands of
+        its session (its key's first part) whose outcome may start at or before it can no
         longer be known: `wait` and `collect` raise `IncompatibleEvent` for those only."""
         offset = msg.offset() or 0
         where = f"{msg.topic()}[{msg.partition()}]@{offset}"
+        outcomes = msg.topic() == self.settings.outcomes_topic
         reason = (
-            f"an event at {where} this version cannot read ({error.reason}): upgrade sessionstream"
+            f"a record at {where} this version cannot read ({error.reason}): upgrade sessionstream"
         )
         session = (msg.key() or b"").split(b"/", 1)[0].decode(errors="replace")
         hit = [
             key
-            for key, (start, _) in self._pending_from.items()
-            if key[0] == session and offset >= start
+            for key, (out_start, ev_start, _) in self._pending_from.items()
+            if key[0] == session and offset >= (out_start if outcomes else ev_start)
         ]
         for key in hit:
             self._unreadable[key] = reason
         log.warning("%s; skipped (%d tracked commands of its session affected)", reason, len(hit))
 
-    def _fetched_end(self, partition: int) -> int | None:
-        """The events partition's high watermark as the tail's last fetch reported it, or
-        None when the tail does not read the partition (or has not fetched it yet)."""
-        if self._events is None or partition not in self._tailing:
+    def _fetched_end(self, topic: str, partition: int) -> int | None:
+        """A partition's high watermark as the tail's last fetch reported it, or None when
+        the tail does not read it (or has not fetched it yet)."""
+        if self._tail is None or (topic, partition) not in self._tailing:
             return None
-        tp = TopicPartition(self.settings.events_topic, partition)
         try:
-            _low, high = self._events.get_watermark_offsets(tp, cached=True)
+            _low, high = self._tail.get_watermark_offsets(
+                TopicPartition(topic, partition), cached=True
+            )
         except KafkaException:
             return None
         return int(high) if high is not None and high >= 0 else None
 
-    def _tail_position(self, partition: int) -> int:
-        assert self._events is not None
-        tp = TopicPartition(self.settings.events_topic, partition)
-        position = int(self._events.position([tp])[0].offset)
+    def _tail_position(self, topic: str, partition: int) -> int:
+        assert self._tail is not None
+        position = int(self._tail.position([TopicPartition(topic, partition)])[0].offset)
         # nothing consumed yet: the tail stands where it was assigned
-        return position if position >= 0 else self._tailing[partition]
+        return position if position >= 0 else self._tailing[(topic, partition)]
 
     def wait(self, handle: CommandHandle, timeout: float = 30.0) -> Outcome:
-        """Block until the command's outcome is visible, or raise `CommandTimeout`.
-
-        The processor commits its input offsets in the transaction of the events, so once
-        its committed offset is past the command, all of the command's events are below the
-        events partition's high watermark read then; a tail at that watermark with no event
-        of the command means the processor applied nothing: a duplicate command id.
-        """
+        """Block until the command's outcome is known, or raise `CommandTimeout`."""
         deadline = time.monotonic() + timeout
         cid = handle.command.command_id
         if handle.events_from is None:
@@ -591,7 +576,7 @@ class SessionClient:
                     self._drain(0)
                 else:
                     self._drain(0.02)
-                outcome = self._step(handle, _Round(self))
+                outcome = self._step(handle)
                 if outcome is not None:
                     return outcome
                 if time.monotonic() > deadline:
@@ -604,40 +589,17 @@ class SessionClient:
         self, handles: list[CommandHandle], timeout: float = 0.01
     ) -> list[tuple[CommandHandle, Outcome | SessionstreamError]]:
         """One round of `wait` for many tracked commands at once, waiting at most
-        `timeout` for new events: the outcomes (or errors) known now. Those handles are
-        released; the others stay tracked for the next round (or `release`). Watermarks
-        and the processor's position are read once per partition per round, so the cost
-        grows with partitions, not with commands in flight; the last stable offsets that
-        settle commands are asked in one round and answered in a later one
-        (`_settle_points`), so an outcome needs at least two rounds."""
+        `timeout` for new records: the outcomes (or errors) known now. Those handles are
+        released; the others stay tracked for the next round (or `release`)."""
         self.producer.poll(0)
-        if self._events is not None:
+        if self._tail is not None:
             self._drain(timeout)
         elif timeout > 0:
             time.sleep(timeout)
-        self._round_no += 1
-        rnd = _Round(self, lso_async=True)
-        self._settle_points(handles)
-        # the processor's positions this round's duplicate checks ask for: one request
-        now = time.monotonic()
-        asking = set()
-        for h in handles:
-            key = _key(h)
-            w = self._waits.get(key)
-            if (
-                h.acked
-                and h.partition is not None
-                and h.topic
-                and not self._pending.get(key)
-                and (w is None or (w.settle_at is None and now >= w.next_check))
-            ):
-                asking.add((h.topic, h.partition))
-        if asking:
-            rnd.prefetch_positions(asking)
         out: list[tuple[CommandHandle, Outcome | SessionstreamError]] = []
         for h in handles:
             try:
-                got: Outcome | SessionstreamError | None = self._step(h, rnd)
+                got: Outcome | SessionstreamError | None = self._step(h)
             except SessionstreamError as e:
                 got = e
             if got is not None:
@@ -645,193 +607,87 @@ class SessionClient:
                 self.release(h)
         return out
 
-    def _settle_points(self, handles: list[CommandHandle]) -> None:
-        """Where each command whose events arrived is settled: the last stable offset of
-        its partition, read after its first event was. The reads do not hold up the round
-        (under load one takes 15 ms and more, and every command in flight waited for it):
-        this round asks one request for the commands whose events arrived since, and a
-        later round takes the answer. An answer settles only commands whose events had
-        arrived before it was asked (read earlier, the offset could stop short of their
-        transaction's marker); a failed one is asked again at once, by a request that
-        falls back to the high watermark."""
-        unsettled: list[tuple[CommandHandle, _WaitState]] = []
-        for h in handles:
-            key = _key(h)
-            if h.partition is None or not self._pending.get(key):
-                continue
-            w = self._waits.setdefault(key, _WaitState())
-            if w.settle_at is None:
-                if w.events_round is None:
-                    w.events_round = self._round_no
-                unsettled.append((h, w))
-        if not unsettled and not self._lso_asks:
-            return
-        answered: list[tuple[int, dict[int, int]]] = []
-        failed: set[int] = set()
-        waiting = []
-        for asked, futures in self._lso_asks:
-            if not all(f.done() for f in futures.values()):
-                waiting.append((asked, futures))
-                continue
-            try:
-                answered.append((asked, {p: int(f.result().offset) for p, f in futures.items()}))
-            except KafkaException:
-                failed.update(futures)
-        self._lso_asks = waiting
-        if failed:  # not left waiting for the next round
-            answered.append((self._round_no, self._hwms(failed, committed=True)))
-        still: list[tuple[CommandHandle, _WaitState]] = []
-        for h, w in unsettled:
-            assert h.partition is not None and w.events_round is not None
-            for asked, lso in answered:
-                if asked >= w.events_round and h.partition in lso:
-                    w.settle_at = lso[h.partition]
-                    break
-            else:
-                still.append((h, w))
-        # what the asks in flight will not settle: one more request
-        ask = set()
-        for h, w in still:
-            assert h.partition is not None and w.events_round is not None
-            if not any(
-                asked >= w.events_round and h.partition in futures
-                for asked, futures in self._lso_asks
-            ):
-                ask.add(h.partition)
-        if ask:
-            try:
-                self._lso_asks.append((self._round_no, self._ask_offsets(ask, committed=True)))
-            except KafkaException:  # refused before it was sent: read now, as a failed one
-                lso = self._hwms(ask, committed=True)
-                for h, w in still:
-                    if h.partition in lso:
-                        w.settle_at = lso[h.partition]
-
     def release(self, handle: CommandHandle) -> None:
         """Stop tracking `handle` (its outcome is known, or no longer wanted)."""
         key = _key(handle)
         self._pending.pop(key, None)
         self._pending_from.pop(key, None)
-        self._waits.pop(key, None)
+        self._outcomes.pop(key, None)
         self._unreadable.pop(key, None)
 
-    def _step(self, handle: CommandHandle, rnd: _Round) -> Outcome | None:
-        """The outcome of `handle` if what was read so far proves it, else None."""
+    def _step(self, handle: CommandHandle) -> Outcome | None:
+        """The outcome of `handle` if it has been read (with all its events), else None."""
         if handle.error is not None:
             raise KafkaUnavailable(
                 f"command not delivered: {handle.error}", bootstrap=self.settings.kafka_bootstrap
             )
-        unreadable = self._unreadable.get(_key(handle))
+        key = _key(handle)
+        unreadable = self._unreadable.get(key)
         if unreadable is not None:
             raise IncompatibleEvent(unreadable)
-        if not handle.acked or handle.partition is None:
+        o = self._outcome_of(handle)
+        if o is None:
             return None
-        if handle.offset is None:  # acknowledged without one: its upper bound
-            handle.offset = self._hwm(handle.partition, topic=handle.topic) - 1
-        key = _key(handle)
         cid = handle.command.command_id
-        p = handle.partition
-        w = self._waits.setdefault(key, _WaitState())
-        mine = self._pending[key]
-        # a command's events are one transaction, so they all precede its commit marker;
-        # the tail read the first of them read_committed, so that marker was written
-        # before, and the partition's last stable offset read now lies past it: once the
-        # tail reaches it, it has them all. (Not the high watermark: that also covers the
-        # records of transactions still open, and waiting for it meant waiting for the
-        # processor's next commit too.)
-        if mine:
-            if w.settle_at is None:
-                if rnd.lso_async:  # `collect` asks for it; a later round has the answer
-                    return None
-                w.settle_at = rnd.lso(p)
-            if rnd.tail_position(p) >= w.settle_at:
-                return outcome_of(cid, mine)
-        elif time.monotonic() >= w.next_check:
-            w.next_check = time.monotonic() + 0.1
-            if w.settle_at is None and rnd.processor_position(p, handle.topic) > handle.offset:
-                # the high watermark here, not the last stable offset: the processor's
-                # offsets can be visible before its markers on this partition are, and
-                # then the transaction is still open here (the stable offset before it)
-                w.settle_at = rnd.hwm(p)
-            if w.settle_at is not None and rnd.tail_position(p) >= w.settle_at:
-                reason = self._dead_letter_reason(handle)
-                if reason is not None:
-                    return Outcome("dead_letter", cid, reason=reason)
-                return Outcome("duplicate", cid)
-        return None
-
-    def _dlq_ends(self) -> dict[int, int]:
-        """Where the dead-letter topic ends now, per partition."""
-        if self._dlq_parts is None:
-            meta = self._meta_consumer().list_topics(self.settings.dlq_topic, timeout=10)
-            topic = meta.topics.get(self.settings.dlq_topic)
-            if topic is None or topic.error is not None:
-                return {}
-            self._dlq_parts = sorted(topic.partitions)
-        return {p: self._hwm(p, topic=self.settings.dlq_topic) for p in self._dlq_parts}
-
-    def _dead_letter_reason(self, handle: CommandHandle) -> str | None:
-        """The processor applied nothing: was the record dead-lettered (rather than a
-        duplicate)? Its dead letter names the command's partition and offset."""
-        if not handle.dlq_from:
-            return None
-        src = (handle.topic, handle.partition, handle.offset)
-        dlq = self.settings.dlq_topic
-        ends = {(dlq, p): self._hwm(p, topic=dlq) for p in handle.dlq_from}
-        if all(ends[(dlq, p)] <= o for p, o in handle.dlq_from.items()):
-            return None  # nothing was dead-lettered since the command was sent
-        # read_uncommitted: the processor's commit is visible (we saw its offsets), the
-        # marker on the DLQ partition may not be written yet
-        for r in read_records(
-            self.settings,
-            {dlq: list(handle.dlq_from)},
-            start={(dlq, p): o for p, o in handle.dlq_from.items()},
-            end=ends,
-            timeout=10,
-            group_id=f"sessionstream-client-{uuid.uuid4()}",
-            read_committed=False,
-        ):
-            d = DeadLetter.from_headers(r.headers)
-            if d is None:
-                continue
-            if handle.offset_exact:
-                if (d.topic, d.partition, d.offset) == src:
-                    return d.reason
-            elif (  # at or below the bound, with the bytes sent
-                (d.topic, d.partition) == src[:2]
-                and d.offset <= (handle.offset or 0)
-                and r.value == handle.sent
-            ):
-                return d.reason
-        return None
-
-    def _hwms(self, partitions: set[int], *, committed: bool = False) -> dict[int, int]:
-        """High watermarks of several events partitions in one request (`_hwm` asks once
-        per partition); `committed`: their last stable offsets (where a read_committed
-        reader ends now). Falls back to `_hwm` when the request fails (a high watermark is
-        never below the last stable offset, so waiting for it is only slower)."""
-        if len(partitions) < 2 and not committed:
-            return {p: self._hwm(p) for p in partitions}
-        try:
-            got = self._ask_offsets(partitions, committed=committed)
-            return {p: int(f.result(timeout=10).offset) for p, f in got.items()}
-        except KafkaException:
-            return {p: self._hwm(p) for p in partitions}
-
-    def _ask_offsets(self, partitions: set[int], *, committed: bool) -> dict[int, Future[Any]]:
-        """Where these events partitions end (`committed`: their last stable offsets), asked
-        in one request; the answers come as futures."""
-        if self._admin is None:
-            self._admin = AdminClient(client_config(self.settings))
-        topic = self.settings.events_topic
-        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
-        isolation = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
-        got = self._admin.list_offsets(
-            {TopicPartition(topic, p): latest for p in partitions},
-            isolation_level=isolation,
-            request_timeout=10,
+        if o.status == "duplicate":
+            return Outcome("duplicate", cid)
+        if o.status == "dead_letter":
+            return Outcome("dead_letter", cid, reason=o.reason)
+        mine = self._pending.get(key, [])
+        if len(mine) < o.event_count:
+            # its events are in the outcome's transaction: read on until they are all in
+            # (or the tail is past the last of them: one was not this version's to read)
+            last = o.last_event_offset
+            p = o.source_partition
+            if last is None or self._tail_position(self.settings.events_topic, p) <= last:
+                return None
+        status: Literal["accepted", "rejected"] = (
+            "rejected" if o.status == "rejected" else "accepted"
         )
-        return {tp.partition: f for tp, f in got.items()}
+        return Outcome(status, cid, run_id=o.run_id, reason=o.reason, events=list(mine))
+
+    def _outcome_of(self, handle: CommandHandle) -> CommandOutcome | None:
+        """The outcome record of `handle`'s record: the one written for that very record
+        when its place is known; else a decision (accepted, rejected, duplicate) of the
+        command id, which is the session's whichever record of it was read. A dead letter
+        is only ever one record's (the same bytes under another key are another record,
+        dead-lettered apart)."""
+        if not handle.acked:
+            # which record is ours is known from its delivery report: a dead letter of
+            # another record with the same bytes must not be taken for it meanwhile
+            return None
+        where = (handle.topic, handle.partition, handle.offset)
+        exact = handle.offset is not None and handle.offset_exact
+        found = self._outcomes.get(_key(handle), ())
+        if exact:
+            for o in found:
+                if (o.source_topic, o.source_partition, o.source_offset) == where:
+                    return o
+            mine = self._by_source.pop(where, None)  # type: ignore[arg-type]
+            if mine is not None:
+                return mine
+        for o in found:
+            if o.status != "dead_letter" or not exact:
+                return o
+        return None
+
+    def _ends(self, partitions: set[int], topics: tuple[str, ...]) -> dict[tuple[str, int], int]:
+        """Where these partitions of `topics` end now (high watermarks), asked in one
+        request; one read each when that fails."""
+        try:
+            if self._admin is None:
+                self._admin = AdminClient(client_config(self.settings))
+            latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+            got = self._admin.list_offsets(
+                {TopicPartition(t, p): latest for t in topics for p in partitions},
+                isolation_level=IsolationLevel.READ_UNCOMMITTED,
+                request_timeout=10,
+            )
+            return {
+                (tp.topic, tp.partition): int(f.result(timeout=10).offset) for tp, f in got.items()
+            }
+        except KafkaException:
+            return {(t, p): self._hwm(p, topic=t) for t in topics for p in partitions}
 
     def _hwm(self, partition: int, timeout: float = 10.0, topic: str | None = None) -> int:
         """A partition's high watermark (events topic by default), retrying while
@@ -857,87 +713,21 @@ class SessionClient:
     def close(self) -> None:
         if self._producer is not None:
             self._producer.flush(10)
-        for c in (self._events, self._offsets, self._meta):
+        for c in (self._tail, self._meta):
             if c is not None:
                 c.close()
-        self._producer = self._events = self._offsets = self._meta = None
+        self._producer = self._tail = self._meta = None
         self._admin = None
         self._tailing.clear()
         self._pending.clear()
         self._pending_from.clear()
-        self._waits.clear()
-        self._lso_asks.clear()
+        self._outcomes.clear()
 
     def __enter__(self) -> SessionClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-@dataclass
-class _WaitState:
-    settle_at: int | None = None
-    next_check: float = 0.0
-    #: the `collect` round in which the command's first event was seen
-    events_round: int | None = None
-
-
-class _Round:
-    """Broker reads of one `collect`/`wait` round, once per partition. A watermark read
-    for a duplicate check must come after the processor's position it relies on, so
-    reading a position drops the partition's cached watermark."""
-
-    def __init__(self, client: SessionClient, *, lso_async: bool = False) -> None:
-        self.client = client
-        #: `collect`'s round: the last stable offsets come from `_settle_points`
-        self.lso_async = lso_async
-        self._hwm: dict[int, int] = {}
-        self._lso: dict[int, int] = {}
-        self._position: dict[tuple[str, int], int] = {}
-        self._tail: dict[int, int] = {}
-
-    def prefetch_positions(self, keys: set[tuple[str, int]]) -> None:
-        """The processor's positions on these input partitions, those not read within the
-        last 50 ms in one request."""
-        now = time.monotonic()
-        stale = [
-            k
-            for k in keys
-            if k not in self._position and now - self.client._positions.get(k, (0.0, -1))[0] > 0.05
-        ]
-        if not stale:
-            return
-        got = self.client._processor_positions(stale)
-        at = time.monotonic()
-        for (topic, partition), value in got.items():
-            self.client._positions[(topic, partition)] = (at, value)
-            self._position[(topic, partition)] = value
-            self._hwm.pop(partition, None)
-
-    def lso(self, partition: int) -> int:
-        if partition not in self._lso:
-            self._lso.update(self.client._hwms({partition}, committed=True))
-        return self._lso[partition]
-
-    def tail_position(self, partition: int) -> int:
-        if partition not in self._tail:
-            self._tail[partition] = self.client._tail_position(partition)
-        return self._tail[partition]
-
-    def hwm(self, partition: int) -> int:
-        if partition not in self._hwm:
-            self._hwm[partition] = self.client._hwm(partition)
-        return self._hwm[partition]
-
-    def processor_position(self, partition: int, topic: str) -> int:
-        """Read at most every 50 ms per input partition (a watermark read later is still
-        read after it, which is all a duplicate's proof needs)."""
-        key = (topic, partition)
-        if key not in self._position:
-            self.prefetch_positions({key})  # read now if the last read is too old
-            self._position.setdefault(key, self.client._positions.get(key, (0.0, -1))[1])
-        return self._position[key]
 
 
 def _key(handle: CommandHandle) -> tuple[str, str]:

@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Final
 
-from schemas._avro import command_schema, event_schema
+from schemas._avro import command_schema, event_schema, outcome_schema
 from schemas.codec import Codec
 from schemas.errors import UnknownSchema
 from sessionstream.errors import RegistryUnavailable, SchemaIncompatible
@@ -48,6 +48,7 @@ COMPATIBILITY: Final = "BACKWARD_TRANSITIVE"
 _SCHEMAS: Final[dict[str, Callable[[], dict[str, Any]]]] = {
     "command": command_schema,
     "event": event_schema,
+    "outcome": outcome_schema,
 }
 
 
@@ -58,6 +59,7 @@ def subjects_of(settings: Settings) -> dict[str, str]:
         f"{settings.worker_commands_topic}-value": "command",
         f"{settings.timers_topic}-value": "command",
         f"{settings.events_topic}-value": "event",
+        f"{settings.outcomes_topic}-value": "outcome",
     }
 
 
@@ -118,7 +120,7 @@ class SchemaRegistry:
     # -- resolving ids ------------------------------------------------------------------------
     def resolve(
         self,
-        kinds: tuple[str, ...] = ("command", "event"),
+        kinds: tuple[str, ...] = ("command", "event", "outcome"),
         *,
         register: bool = True,
         topics: tuple[str, ...] | None = None,
@@ -395,8 +397,8 @@ def attach_registry(
         )
         return None
     reg = SchemaRegistry(settings, stop=stop)
-    wanted = tuple(k for k in ("command", "event") if k in writes)
-    others = tuple(k for k in ("command", "event") if k not in writes)
+    wanted = tuple(k for k in _SCHEMAS if k in writes)
+    others = tuple(k for k in _SCHEMAS if k not in writes)
     deadline = time.monotonic() + patience_s
     wait = 0.5
     while wanted:

@@ -221,6 +221,11 @@ class Settings(BaseSettings):
     """Changelog of the command ids each session remembers (duplicate detection), keyed
     ``{session_id}/{digest}``; compacted, and deleted after the dedup window."""
 
+    outcomes_topic: str = "session.outcomes"
+    """One record per command the processor reads (accepted, rejected, duplicate, dead
+    letter, forwarded), in the transaction of its events; keyed ``{session_id}/{command_id}``
+    on the command's partition (co-partitioned with the commands)."""
+
     processor_group: str = "sessionstream-processor"
     """Consumer group of the session processors (also the prefix of their transactional ids)."""
 

@@ -17,7 +17,7 @@ state live on the partition number of its commands.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaException, TopicCollection
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
@@ -47,6 +47,9 @@ class TopicSpec:
     config: dict[str, str]
     #: must have the same partition count as the commands topic
     co_partitioned: bool = True
+    #: set when the topic is created (and by `--align`), not checked: a topic of an
+    #: earlier version without it still works
+    preferred: dict[str, str] = field(default_factory=dict)
 
 
 def topic_specs(settings: Settings) -> list[TopicSpec]:
@@ -72,6 +75,8 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
                 "min.compaction.lag.ms": "60000",
                 "max.message.bytes": str(2 * 1024 * 1024),
             },
+            # replay by time: the broker's append time, monotonic per partition
+            preferred={"message.timestamp.type": "LogAppendTime"},
         ),
         # one record per session matters; compact often so a restore reads little. Sized
         # to the largest state the decider's bounds allow (streams.step)
@@ -95,6 +100,19 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
                 "retention.ms": str(2 * 24 * 3600 * 1000),
                 "segment.ms": str(3600 * 1000),
             },
+        ),
+        # one record per command read; unique keys (compaction only drops re-emitted copies),
+        # kept longer than the dedup window (24 h): a duplicate's first outcome is still there
+        TopicSpec(
+            settings.outcomes_topic,
+            n,
+            {
+                "cleanup.policy": "compact,delete",
+                "retention.ms": str(7 * 24 * 3600 * 1000),
+                "min.compaction.lag.ms": "60000",
+                "max.message.bytes": str(2 * 1024 * 1024),
+            },
+            preferred={"message.timestamp.type": "LogAppendTime"},
         ),
         # small: one record per session whose run waits for a holder; every worker reads all
         TopicSpec(
@@ -175,7 +193,9 @@ def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
             f"cannot list topics: {e}", bootstrap=settings.kafka_bootstrap
         ) from e
     new = [
-        NewTopic(s.name, s.partitions, settings.replication_factor, config=s.config)
+        NewTopic(
+            s.name, s.partitions, settings.replication_factor, config={**s.config, **s.preferred}
+        )
         for s in topic_specs(settings)
         if s.name not in existing
     ]
@@ -221,6 +241,9 @@ def align_topics(settings: Settings, timeout: float = 30.0) -> dict[str, dict[st
             try:
                 _check_config(TopicSpec(sp.name, sp.partitions, {key: want}), current[sp.name])
             except TopicMisconfigured:
+                todo[key] = want
+        for key, want in sp.preferred.items():
+            if current[sp.name].get(key) != want:
                 todo[key] = want
         if not todo:
             continue

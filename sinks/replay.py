@@ -11,10 +11,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from schemas.codec import Codec
 from schemas.events import Event
+from sessionstream.errors import KafkaUnavailable
 from sessionstream.kafka import METADATA_WAIT_S, partitions_of, read_messages, reader_config
 from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
@@ -26,7 +27,9 @@ __all__ = [
     "events_of_command",
     "events_of_run",
     "events_of_session",
+    "offsets_for_time",
     "offsets_of_run",
+    "parse_time",
     "read_range",
     "rebuild",
     "session_partition",
@@ -142,6 +145,54 @@ def read_range(
                 if key[key.rfind(b"/", 0, last) : last + 1] != run:
                     continue
         yield msg.offset() or 0, decode(msg.value() or b"")
+
+
+def offsets_for_time(
+    settings: Settings, ts_ms: int, partitions: list[int] | None = None
+) -> dict[int, int]:
+    """Per events partition, the first offset whose record was appended at or after
+    `ts_ms` (epoch ms): the partition's end when none was. The events topic is
+    `LogAppendTime` (the broker stamps each record as it appends it), so the answer is exact;
+    on a topic of an earlier version (`CreateTime`) it is the processor's clock instead."""
+    topic = settings.events_topic
+    consumer = Consumer(reader_config(settings))
+    try:
+        parts = partitions if partitions is not None else _partitions(settings)
+        asked = [TopicPartition(topic, p, ts_ms) for p in parts]
+        got = consumer.offsets_for_times(asked, timeout=METADATA_WAIT_S)
+        out = {}
+        for tp in got:
+            if tp.offset < 0:  # nothing at or after the time: the partition's end
+                _low, high = consumer.get_watermark_offsets(
+                    TopicPartition(topic, tp.partition), timeout=METADATA_WAIT_S, cached=False
+                )
+                out[tp.partition] = int(high)
+            else:
+                out[tp.partition] = int(tp.offset)
+        return out
+    except KafkaException as e:
+        raise KafkaUnavailable(
+            f"offsets of {topic} at {ts_ms}: {e}", bootstrap=settings.kafka_bootstrap
+        ) from e
+    finally:
+        consumer.close()
+
+
+def parse_time(text: str) -> int:
+    """Epoch milliseconds of an ISO 8601 time (``2026-12-05T10:00:00Z``, ``...+01:00``; a
+    time without a zone is UTC) or of a number of epoch milliseconds."""
+    from datetime import UTC, datetime
+
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as e:
+        raise ValueError(f"not an ISO 8601 time nor epoch milliseconds: {text!r}") from e
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return int(when.timestamp() * 1000)
 
 
 def _partitions(settings: Settings) -> list[int]:

@@ -270,7 +270,8 @@ SCRAM_ARGS=()
 secure_prepare() { # credentials files, the broker's jaas.conf, the format-time SCRAM users
     local out
     out="$("$PYTHON" -m sessionstream._secure_stack prepare "$CRED_DIR" --bootstrap "$BOOTSTRAP" \
-        --database-url "$CFG_SECURE_DATABASE_URL" --jaas "$KAFKA_JAAS")" \
+        --database-url "$CFG_SECURE_DATABASE_URL" --jaas "$KAFKA_JAAS" \
+        --registry-url "$REGISTRY_URL")" \
         || die "kafka-secure: could not write the credentials in $CRED_DIR"
     SCRAM_ARGS=()
     local line
@@ -766,10 +767,22 @@ pg_status() {
 # checked against Central's SHA-1. Its schemas live in PostgreSQL (database
 # sessionstream_registry), so a registry restart keeps every schema id the records carry.
 REGISTRY_VERSION=3.0.9
-REGISTRY_PORT=8081
-REGISTRY_DB=sessionstream_registry
 REGISTRY_HOME="${SESSIONSTREAM_REGISTRY_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/sessionstream/apicurio-registry-$REGISTRY_VERSION}"
-REGISTRY_DIR="$STATE_DIR/registry"
+# the secured profile has a registry of its own: another port and database, HTTP basic
+# authentication (one user, its password in the roles' credentials files); the cluster
+# profile uses the default one
+if [[ $PROFILE == secure ]]; then
+    REGISTRY_PORT="${SESSIONSTREAM_SECURE_REGISTRY_PORT:-8181}"
+    REGISTRY_DB=sessionstream_registry_secure
+    REGISTRY_DIR="$PROFILE_DIR/registry"
+    REGISTRY_AUTH=1
+else
+    REGISTRY_PORT=8081
+    REGISTRY_DB=sessionstream_registry
+    REGISTRY_DIR="$STATE_DIR/registry"
+    REGISTRY_AUTH=0
+fi
+REGISTRY_URL="http://127.0.0.1:$REGISTRY_PORT/apis/ccompat/v7"
 REGISTRY_PIDFILE="$REGISTRY_DIR/registry.pid"
 REGISTRY_LOG="$REGISTRY_DIR/registry.log"
 REGISTRY_HEAP="${SESSIONSTREAM_REGISTRY_HEAP:-256m}"
@@ -810,6 +823,13 @@ SELECT 'CREATE DATABASE $REGISTRY_DB OWNER $PG_ROLE' WHERE NOT EXISTS
 SQL
 }
 
+registry_probe() { # wait [pid]: ask the profile's registry (with the credentials it needs)
+    local args=(registry "$REGISTRY_URL" --wait "$1")
+    [[ -n "${2:-}" ]] && args+=(--pid "$2")
+    [[ $REGISTRY_AUTH == 1 ]] && args+=(--credentials "$CRED_DIR/admin.env")
+    "$PYTHON" -m sessionstream._probe "${args[@]}"
+}
+
 registry_fail() {
     warn "error: $1"
     show_tail "$REGISTRY_LOG" 40
@@ -818,7 +838,7 @@ registry_fail() {
 
 registry_up() {
     local desc pid
-    if [[ "$CFG_REGISTRY_LOCAL" != 1 ]]; then
+    if [[ $PROFILE == default && "$CFG_REGISTRY_LOCAL" != 1 ]]; then
         desc="$("$PYTHON" -m sessionstream._probe registry "$CFG_REGISTRY_URL" --wait 15)" \
             || die "registry: SESSIONSTREAM_SCHEMA_REGISTRY_URL=$CFG_REGISTRY_URL does not answer (see above); not starting a local registry for an external address"
         say "registry: external $CFG_REGISTRY_URL answers ($desc); not starting a local registry"
@@ -826,13 +846,13 @@ registry_up() {
     fi
     [[ "$CFG_PG_LOCAL" == 1 ]] || die "registry: the local registry keeps its schemas in the local PostgreSQL; with an external database set SESSIONSTREAM_SCHEMA_REGISTRY_URL to a registry of your own"
     if pid="$(registry_pid)"; then
-        desc="$("$PYTHON" -m sessionstream._probe registry "$CFG_REGISTRY_URL" --wait "$TIMEOUT" --pid "$pid")" \
-            || registry_fail "registry: ours (pid $pid) runs but $CFG_REGISTRY_URL does not answer"
+        desc="$(registry_probe "$TIMEOUT" "$pid")" \
+            || registry_fail "registry: ours (pid $pid) runs but $REGISTRY_URL does not answer"
         say "registry: already running (pid $pid, $desc) - nothing to do"
         return 0
     fi
     if listening 127.0.0.1 "$REGISTRY_PORT"; then
-        if desc="$("$PYTHON" -m sessionstream._probe registry "$CFG_REGISTRY_URL" --wait 5)"; then
+        if desc="$(registry_probe 5)"; then
             say "registry: 127.0.0.1:$REGISTRY_PORT already answers and was not started by sessionstream ($desc) - using it"
             return 0
         fi
@@ -843,10 +863,15 @@ registry_up() {
     find_pg_bin || die "registry: no PostgreSQL binaries"
     registry_database || die "registry: could not create database $REGISTRY_DB"
     mkdir -p "$REGISTRY_DIR"
+    if [[ $REGISTRY_AUTH == 1 ]]; then
+        # config/application.properties in its working directory: the user it accepts
+        "$PYTHON" -m sessionstream._secure_stack registry-config "$CRED_DIR" "$REGISTRY_DIR" \
+            || die "registry: could not write the secured registry's configuration"
+    fi
     say "registry: starting Apicurio Registry $REGISTRY_VERSION, waiting up to ${TIMEOUT}s"
     # a small pool (its default keeps 20 connections open) and quiet logs; the subjects
     # bound is Apicurio's, raised: every test world registers subjects of its own topics
-    nohup java "-Xmx$REGISTRY_HEAP" -XX:+UseSerialGC -Djava.awt.headless=true \
+    (cd "$REGISTRY_DIR" && exec nohup java "-Xmx$REGISTRY_HEAP" -XX:+UseSerialGC -Djava.awt.headless=true \
         -Dquarkus.http.host=127.0.0.1 -Dquarkus.http.port="$REGISTRY_PORT" \
         -Dapicurio.storage.sql.kind=postgresql \
         -Dapicurio.datasource.url="jdbc:postgresql://127.0.0.1:$PG_PORT/$REGISTRY_DB" \
@@ -857,12 +882,14 @@ registry_up() {
         -Dquarkus.http.access-log.enabled=false -Dquarkus.log.level=WARN \
         -Dquarkus.log.category.\"io.apicurio\".level=WARN \
         -jar "$REGISTRY_HOME/apicurio-registry-app-$REGISTRY_VERSION-runner.jar" \
-        >"$REGISTRY_LOG" 2>&1 </dev/null &
+        >"$REGISTRY_LOG" 2>&1 </dev/null) &
     pid=$!
     printf '%s\n' "$pid" >"$REGISTRY_PIDFILE"
-    desc="$("$PYTHON" -m sessionstream._probe registry "$CFG_REGISTRY_URL" --wait "$TIMEOUT" --pid "$pid")" \
-        || registry_fail "registry: started (pid $pid) but $CFG_REGISTRY_URL did not answer within ${TIMEOUT}s"
-    say "registry: ready on $CFG_REGISTRY_URL (pid $pid, $desc; schemas in PostgreSQL database $REGISTRY_DB)"
+    desc="$(registry_probe "$TIMEOUT" "$pid")" \
+        || registry_fail "registry: started (pid $pid) but $REGISTRY_URL did not answer within ${TIMEOUT}s"
+    local auth=""
+    [[ $REGISTRY_AUTH == 1 ]] && auth=", basic authentication (the roles' credentials files)"
+    say "registry: ready on $REGISTRY_URL (pid $pid, $desc; schemas in PostgreSQL database $REGISTRY_DB$auth)"
 }
 
 registry_down() { # [signal]
@@ -884,7 +911,7 @@ registry_down() { # [signal]
 
 registry_status() {
     local pid desc
-    if [[ "$CFG_REGISTRY_LOCAL" != 1 ]]; then
+    if [[ $PROFILE == default && "$CFG_REGISTRY_LOCAL" != 1 ]]; then
         if desc="$("$PYTHON" -m sessionstream._probe registry "$CFG_REGISTRY_URL")"; then
             say "registry: external $CFG_REGISTRY_URL answers ($desc)"
         else
@@ -893,8 +920,8 @@ registry_status() {
         return 0
     fi
     if pid="$(registry_pid)"; then
-        desc="$("$PYTHON" -m sessionstream._probe registry "$CFG_REGISTRY_URL" 2>&1)" || true
-        say "registry: running (pid $pid, $CFG_REGISTRY_URL: $desc)"
+        desc="$(registry_probe 0 2>&1)" || true
+        say "registry: running (pid $pid, $REGISTRY_URL: $desc)"
     else
         say "registry: not running"
     fi
@@ -972,11 +999,14 @@ case "$cmd" in
         ;;
     down)
         kafka_down
-        # the profiles share the default stack's PostgreSQL and registry: its `down` stops them
+        # the profiles share the default stack's PostgreSQL (and the cluster its registry):
+        # the default `down` stops them; the secured profile stops its own registry
         if [[ $PROFILE == default ]]; then
             load_config
             registry_down
             pg_down
+        elif [[ $PROFILE == secure ]]; then
+            registry_down
         fi
         ;;
     status)
@@ -1026,7 +1056,13 @@ case "$cmd" in
         else
             if [[ $PROFILE == secure ]]; then
                 load_config
+                registry_down
                 secure_pg_reset
+                if secure_pg_ours; then
+                    as_pg "$PG_BIN/psql" -X -q -h "$PG_SOCK" -p "$PG_PORT" -U postgres -d postgres \
+                        -c "DROP DATABASE IF EXISTS $REGISTRY_DB" >/dev/null \
+                        || die "registry: could not drop $REGISTRY_DB"
+                fi
             fi
             say "removing $PROFILE_DIR (the jar cache $KAFKA_LIBS stays)"
             rm -rf "$PROFILE_DIR"

@@ -79,6 +79,8 @@ class StepOutcome:
     state: SessionState | None = None
     remember: DedupRecord | None = None
     dead_letter: Undecidable | None = None
+    #: an exact duplicate: when the command id was first decided (its outcome says so)
+    first_decided_at: int | None = None
     #: the partition the record belongs to, when it was found on another one
     forward_to: int | None = None
 
@@ -198,7 +200,9 @@ class CommandStep:
         seen = dedup_of(command.session_id, id_hash)
         d = decide(state, command, self.config, at=at, seen=seen, via=via)
         if not d.events:
-            return StepOutcome(command=command, state=d.state)
+            return StepOutcome(
+                command=command, state=d.state, first_decided_at=seen[1] if seen else None
+            )
         records = [(e.key.encode(), self.codec.encode_event(e)) for e in d.events]
         too_big = self._too_big(d.state, records)
         if too_big is not None:

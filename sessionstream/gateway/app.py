@@ -43,7 +43,7 @@ from sessionstream.gateway.limits import StreamCounts
 from sessionstream.gateway.sse import CatchUpSlots, StreamLimits, event_stream, parse_last_event_id
 from sessionstream.gateway.tenancy import Sessions
 from sessionstream.settings import Settings
-from sinks.replay import events_of_command
+from sinks.replay import events_of_command, offsets_for_time, parse_time
 
 __all__ = ["create_app"]
 
@@ -258,9 +258,18 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
         lastEventId: Annotated[
             str | None, Query(description="Last-Event-ID for clients that cannot set it")
         ] = None,
+        since: Annotated[
+            str | None,
+            Query(
+                description="start with the events appended at or after this time (ISO 8601 "
+                "or epoch ms); a Last-Event-ID wins (a reconnect resumes where it was)"
+            ),
+        ] = None,
     ) -> Response:
         after = parse_last_event_id(last_event_id, lastEventId)
         full = await gw.sessions.full_id(who.tenant_id, session_id)
+        if after is None and since is not None:
+            after = await _offset_at(gw, full, _time(since, "since")) - 1
         h = request.headers
         return event_stream(
             gw.fanout,
@@ -272,6 +281,50 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
             still_valid=lambda: gw.auth.still_valid(h.get("authorization"), h.get("x-api-key")),
             on_close=gw.streams.open(who.key_id, who.tenant_id),
         )
+
+    @app.get(
+        "/v1/sessions/{sessionId}/history",
+        summary="A session's events from the log (Kafka), by offset or by time, a page at a time",
+    )
+    async def get_session_history(
+        session_id: SessionId,
+        who: Caller,
+        from_: Annotated[int | None, Query(alias="from", ge=0, description="first offset")] = None,
+        to: Annotated[int | None, Query(ge=0, description="stop before this offset")] = None,
+        since: Annotated[
+            str | None, Query(description="first event appended at or after (ISO 8601 / ms)")
+        ] = None,
+        until: Annotated[
+            str | None, Query(description="stop before the first appended at or after")
+        ] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+    ) -> dict[str, Any]:
+        full = await gw.sessions.full_id(who.tenant_id, session_id)
+        p = gw.fanout.partition_of(full)
+        start = from_ if from_ is not None else 0
+        if since is not None:
+            start = max(start, await _offset_at(gw, full, _time(since, "since")))
+        end = gw.fanout.position(p) if to is None else min(to, gw.fanout.position(p))
+        if until is not None:
+            end = min(end, await _offset_at(gw, full, _time(until, "until")))
+        events: list[dict[str, Any]] = []
+        pos = start
+        while pos < end and len(events) < limit:
+            items, pos = await gw.slots.read(
+                who.tenant_id, gw.fanout, full, pos, end, settings.gateway_catch_up_page_bytes
+            )
+            for item in items:
+                if len(events) == limit:
+                    pos = item.offset
+                    break
+                events.append(views.event_json(item.event, item.offset))
+        return {
+            "sessionId": session_id,
+            "partition": p,
+            "events": events,
+            # where the next page starts (null: the range is read to its end)
+            "next": pos if pos < end else None,
+        }
 
     @app.get("/v1/runs/{runId}", summary="A run, from PostgreSQL")
     async def get_run(run_id: RunId, who: Caller) -> dict[str, Any]:
@@ -350,6 +403,26 @@ def _docs(app: FastAPI) -> None:
         return HTMLResponse(page, headers={"Content-Security-Policy": DOCS_CSP})
 
     app.mount("/docs/assets", StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")
+
+
+def _time(raw: str, name: str) -> int:
+    try:
+        return parse_time(raw)
+    except ValueError as e:
+        raise ApiError(400, "invalid_request", f"{name}: {e}") from None
+
+
+async def _offset_at(gw: Gateway, session_id: str, ts_ms: int) -> int:
+    """The first offset of the session's events partition appended at or after `ts_ms`."""
+    p = gw.fanout.partition_of(session_id)
+    loop = asyncio.get_running_loop()
+    try:
+        got = await loop.run_in_executor(
+            gw.fanout.catch_up_threads, offsets_for_time, gw.settings, ts_ms, [p]
+        )
+    except SessionstreamError as e:
+        raise ApiError(503, "kafka_unavailable", str(e).splitlines()[0]) from e
+    return got[p]
 
 
 def _positive(raw: str | None, name: str) -> float | None:

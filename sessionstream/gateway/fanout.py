@@ -176,6 +176,11 @@ class EventFanout:
             self._subs.setdefault(session_id, set()).add(sub)
             return sub, self._position[p]
 
+    def position(self, partition: int) -> int:
+        """Where the tail stands in an events partition: every event below was handed out."""
+        with self._lock:
+            return self._position[partition]
+
     def unsubscribe(self, sub: Subscriber) -> None:
         sub.closed = True
         with self._lock:

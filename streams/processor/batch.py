@@ -18,10 +18,16 @@ from confluent_kafka import Message, Producer
 
 from schemas.codec import Codec
 from schemas.commands import Command, CommandClass
-from schemas.events import Event
+from schemas.events import SESSION_LOG, CommandRejected, Event
+from schemas.outcomes import CommandOutcome
 from sessionstream.settings import Settings
 from streams.open_runs import open_run, opening_key
-from streams.processor.cloudevents import CloudEventHeaders
+from streams.processor.cloudevents import (
+    CONTENT_TYPE,
+    CONTENT_TYPE_SINGLE_OBJECT,
+    CloudEventHeaders,
+    rfc3339_ms,
+)
 from streams.processor.partition import PartitionState
 from streams.processor.records import log_time
 from streams.state import SessionState
@@ -35,7 +41,7 @@ from streams.step import (
     encode_state,
 )
 
-__all__ = ["Batch", "View", "decide_batch", "input_classes", "produce"]
+__all__ = ["Batch", "View", "decide_batch", "input_classes", "outcome_records", "produce"]
 
 #: (topic, partition)
 TP = tuple[str, int]
@@ -48,8 +54,10 @@ class Batch:
     messages: list[Message]
     timers: list[tuple[int, Command]]
     outcomes: list[StepOutcome] = field(default_factory=list)
-    #: (partition, key, value) of every event, in decision order
-    #: (partition, key, value, the event): its CloudEvents headers are made when produced
+    #: the command record each outcome is of (revoked partitions' records have none)
+    sources: list[Message] = field(default_factory=list)
+    #: (partition, key, value, the event) of every event, in decision order (its
+    #: CloudEvents headers are made when produced)
     events: list[tuple[int, bytes, bytes, Event]] = field(default_factory=list)
     #: the latest state of every session the batch changed
     staged: dict[tuple[int, str], SessionState] = field(default_factory=dict)
@@ -58,6 +66,9 @@ class Batch:
     #: sessions whose open-runs record changes: (partition, session) -> record or tombstone
     open_runs: dict[tuple[int, str], bytes | None] = field(default_factory=dict)
     dead_letters: list[tuple[Message, StepOutcome]] = field(default_factory=list)
+    #: per partition, the offsets of its events in `session.events`, in produce order
+    #: (delivery reports come in that order per partition): for the outcome records
+    event_offsets: dict[int, list[int]] = field(default_factory=dict)
     forwards: list[tuple[Message, int]] = field(default_factory=list)
     #: next offset to commit, and the first offset consumed, per input partition
     offsets: dict[TP, int] = field(default_factory=dict)
@@ -76,6 +87,7 @@ class Batch:
         self.messages += later.messages
         self.timers += later.timers
         self.outcomes += later.outcomes
+        self.sources += later.sources
         self.events += later.events
         self.staged.update(later.staged)
         self.remembered.update(later.remembered)
@@ -169,6 +181,7 @@ def decide_batch(
             via=classes[topic],
         )
         outcomes.append(outcome)
+        batch.sources.append(msg)
         if outcome.records:
             for (key, value), event in zip(outcome.records, outcome.events, strict=True):
                 events.append((p, key, value, event))
@@ -209,8 +222,20 @@ def produce(
         events_topic, s.schema_registry_url, codec.schema_ids()["event"]
     )
     headers_of = ce.of
+    offsets = batch.event_offsets = {}
+    reports: dict[int, Callable[[Any, Message], None]] = {}
     for p, key, value, event in batch.events:
-        put(events_topic, key=key, value=value, partition=p, headers=headers_of(event, key))
+        report = reports.get(p)
+        if report is None:
+            report = reports[p] = _offsets_into(offsets.setdefault(p, []))
+        put(
+            events_topic,
+            key=key,
+            value=value,
+            partition=p,
+            headers=headers_of(event, key),
+            on_delivery=report,
+        )
     # states: grouped by partition, the last one of each reports
     by_p: dict[int, list[tuple[str, SessionState]]] = {}
     for (p, sid), state in batch.staged.items():
@@ -249,3 +274,102 @@ def produce(
             value=codec.encode_command(cmd),
             partition=p,
         )
+
+
+def _offsets_into(into: list[int]) -> Callable[[Any, Message], None]:
+    add = into.append
+
+    def report(err: Any, msg: Message) -> None:
+        add(-1 if err is not None else (msg.offset() or 0))
+
+    return report
+
+
+def outcome_records(
+    batch: Batch,
+    codec: Codec,
+    key_of_dead: Callable[[Message], tuple[str | None, str | None]],
+    source: bytes = b"/sessionstream",
+) -> list[tuple[int, bytes, bytes, list[tuple[str, str | bytes | None]]]]:
+    """(partition, key, value, headers) of the outcome record of every command the batch
+    read, once its events' offsets are known (`batch.event_offsets`, from their delivery
+    reports). The headers name it without Avro (`outcome_headers`)."""
+    out = []
+    taken: dict[int, int] = {}
+    for o, msg in zip(batch.outcomes, batch.sources, strict=True):
+        topic, p, offset = msg.topic() or "", msg.partition() or 0, msg.offset() or 0
+        n = len(o.records)
+        first = last = None
+        if n:
+            k = taken.get(p, 0)
+            offs = batch.event_offsets.get(p, [])[k : k + n]
+            taken[p] = k + n
+            if len(offs) == n and min(offs) >= 0:
+                first, last = offs[0], offs[-1]
+        c = o.command
+        command_id: str | None
+        if c is not None:
+            session_id, command_id = c.session_id, c.command_id
+        else:
+            peeked, command_id = key_of_dead(msg)
+            session_id = peeked or (msg.key() or b"").decode(errors="replace")
+        fields: dict[str, Any] = {
+            "command_id": command_id,
+            "session_id": session_id,
+            "tenant_id": c.tenant_id if c is not None else None,
+            "command_type": c.type if c is not None else None,
+            "source_topic": topic,
+            "source_partition": p,
+            "source_offset": offset,
+            "producer_ts": c.ts if c is not None else None,
+            "ts": log_time(msg),
+            "event_count": n,
+            "first_event_offset": first,
+            "last_event_offset": last,
+        }
+        if o.dead_letter is not None:
+            fields.update(
+                status="dead_letter", reason=o.dead_letter.reason, detail=o.dead_letter.error[:1000]
+            )
+        elif o.forward_to is not None:
+            fields.update(status="forwarded", forwarded_to=o.forward_to)
+        elif o.events:
+            rejected = next((e for e in o.events if e.type == "command.rejected"), None)
+            if rejected is not None:
+                r = rejected.payload_as(CommandRejected)
+                fields.update(status="rejected", reason=r.reason, run_id=r.target_run_id)
+            else:
+                run_id = next((e.run_id for e in o.events if e.run_id != SESSION_LOG), None)
+                fields.update(status="accepted", run_id=run_id)
+        else:
+            fields.update(status="duplicate", first_decided_at=o.first_decided_at)
+        outcome = CommandOutcome.model_construct(**fields)
+        key = outcome.key.encode()
+        value = codec.encode_outcome(outcome)
+        out.append((p, key, value, outcome_headers(outcome, key, source, value[:1] == b"\x00")))
+    return out
+
+
+def outcome_headers(
+    o: CommandOutcome, key: bytes, source: bytes, registry: bool = True
+) -> list[tuple[str, str | bytes | None]]:
+    """CloudEvents headers of an outcome record (binary mode), so a shell, a router or a
+    producer in any language learns the status without decoding the value."""
+    headers: list[tuple[str, str | bytes | None]] = [
+        ("ce_specversion", b"1.0"),
+        ("ce_id", key),
+        ("ce_source", source),
+        ("ce_type", f"sessionstream.outcome.{o.status}".encode()),
+        ("ce_time", rfc3339_ms(o.ts)),
+        ("ce_subject", o.session_id.encode()),
+    ]
+    for name, value in (
+        ("ce_tenantid", o.tenant_id),
+        ("ce_commandid", o.command_id),
+        ("ce_runid", o.run_id),
+        ("ce_reason", o.reason),
+    ):
+        if value is not None:
+            headers.append((name, value.encode()))
+    headers.append(("content-type", CONTENT_TYPE if registry else CONTENT_TYPE_SINGLE_OBJECT))
+    return headers

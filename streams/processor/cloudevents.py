@@ -26,7 +26,7 @@ from typing import Final
 
 from schemas.events import Event
 
-__all__ = ["CONTENT_TYPE", "CloudEventHeaders"]
+__all__ = ["CONTENT_TYPE", "CloudEventHeaders", "rfc3339_ms"]
 
 CONTENT_TYPE: Final = b"application/avro; schemaregistry=confluent"
 #: records of a codec without a registry (single-object encoding)

@@ -43,6 +43,7 @@ store is never ahead of the committed log.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import socket
 import threading
@@ -78,7 +79,14 @@ from sessionstream.registry import attach_registry
 from sessionstream.settings import PRODUCER_MARK, Settings, check_instance_id
 from sessionstream.topics import check_topics, ensure_topics
 from streams.decider import DeciderConfig
-from streams.processor.batch import Batch, View, decide_batch, input_classes, produce
+from streams.processor.batch import (
+    Batch,
+    View,
+    decide_batch,
+    input_classes,
+    outcome_records,
+    produce,
+)
 from streams.processor.cloudevents import CloudEventHeaders
 from streams.processor.partition import PartitionState
 from streams.processor.records import coords
@@ -191,9 +199,18 @@ class _Commit:
     the delivery reports of the changelog records (commit_transaction flushes). `slot`:
     which of the processor's producers runs the transaction."""
 
-    def __init__(self, batch: Batch, slot: int) -> None:
+    def __init__(
+        self,
+        batch: Batch,
+        slot: int,
+        outcomes: Callable[[], list[tuple[int, bytes, bytes, Any]]] | None = None,
+        outcomes_topic: str = "",
+    ) -> None:
         self.batch = batch
         self.slot = slot
+        #: the outcome records, made once the events' delivery reports are in
+        self.outcomes = outcomes
+        self.outcomes_topic = outcomes_topic
         #: (topic, partition) -> next offset after the records the transaction delivered
         self.delivered: dict[tuple[str, int], int] = {}
         self.phases: dict[str, float] = {}
@@ -219,7 +236,24 @@ class _Commit:
         try:
             with unmasked():
                 t0 = clock()
-                # Step 3: the input offsets join the transaction
+                # Step 3a: the outcome of every command read: its events' offsets come
+                # from their delivery reports, so those are waited for first
+                if self.outcomes is not None:
+                    left = producer.flush(COMMIT_LIMIT_S)
+                    if left:
+                        raise KafkaException(
+                            KafkaError(
+                                KafkaError._TIMED_OUT,
+                                f"{left} records of the transaction not delivered",
+                            )
+                        )
+                    put = producer.produce
+                    topic = self.outcomes_topic
+                    for p, key, value, headers in self.outcomes():
+                        put(topic, key=key, value=value, partition=p, headers=headers)
+                self.phases["outcomes"] = clock() - t0
+                t0 = clock()
+                # Step 3b: the input offsets join the transaction
                 if offsets:
                     producer.send_offsets_to_transaction(offsets, metadata, SEND_OFFSETS_LIMIT_S)
                 t1 = clock()
@@ -378,7 +412,11 @@ class TransactionalProcessor:
         counts = check_topics(s).partitions
         # the ids of this version's schemas, once: a re-emitted event is byte-identical
         attach_registry(
-            self.codec, s, writes=("command", "event"), stop=self._stop, patience_s=START_PATIENCE_S
+            self.codec,
+            s,
+            writes=("command", "event", "outcome"),
+            stop=self._stop,
+            patience_s=START_PATIENCE_S,
         )
         self._cloudevents = CloudEventHeaders(
             s.events_topic, s.schema_registry_url, self.codec.schema_ids()["event"]
@@ -620,7 +658,22 @@ class TransactionalProcessor:
         self._slot = (slot + 1) % len(self._producers)
         producer = self._producers[slot]
         clock = time.perf_counter
-        commit = _Commit(batch, slot)
+        commit = _Commit(
+            batch,
+            slot,
+            # commands were read: each gets its outcome record (a batch of fired timers only
+            # has none to give, and needs no wait for its deliveries)
+            functools.partial(
+                outcome_records,
+                batch,
+                self.codec,
+                self._dead_ids,
+                f"/sessionstream/{self.settings.outcomes_topic}".encode(),
+            )
+            if batch.outcomes
+            else None,
+            self.settings.outcomes_topic,
+        )
         commit.phases["decide"] = decided
         t0 = self._last_begin = clock()
         try:
@@ -687,6 +740,10 @@ class TransactionalProcessor:
         commit.phases["store"] = clock() - t1
         self.observer.phases(**commit.phases)
         return True
+
+    def _dead_ids(self, msg: Message) -> tuple[str | None, str | None]:
+        """(session id, command id) of a record that could not be decided, if readable."""
+        return self.codec.peek_ids(msg.value() or b"")
 
     def _dead_letter(self, producer: Producer, msg: Message, outcome: StepOutcome) -> None:
         assert outcome.dead_letter is not None

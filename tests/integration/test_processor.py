@@ -626,45 +626,8 @@ class OneEventPerRound(SessionClient):
     """A client whose outcome tail reads one event per `collect` round: the events of one
     transaction reach it in separate rounds, as they do when a fetch ends among them."""
 
-    def _consumer(self, *, read_committed: bool = True) -> Any:
-        c = super()._consumer(read_committed=read_committed)
-        return _OneAtATime(c) if read_committed else c
-
-
-def test_the_processors_position_does_not_wait_for_its_open_transaction(iso: Settings) -> None:
-    """The SDK (and the gateway's commands thread) reads the processor group's committed
-    offset to prove a duplicate. A processor nearly always has a transaction open with
-    offsets in it; a read that asks for stable offsets (what a read_committed consumer
-    asks) is refused with UNSTABLE_OFFSET_COMMIT and retried until that transaction ends
-    (p90 0.7 s, p99 1.6 s at 500 commands/s, often the whole 5 s timeout). The committed
-    offset is all the proof needs: it must come back while the transaction stays open."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    from sessionstream.kafka import reader_config
-
-    group = Consumer(reader_config(iso, group_id=iso.processor_group))
-    tx = Producer(
-        {"bootstrap.servers": iso.kafka_bootstrap, "transactional.id": f"it-{uuid.uuid4()}"}
-    )
-    tx.init_transactions(30)
-    meta = group.consumer_group_metadata()
-    tp = [TopicPartition(iso.commands_topic, 0, 3)]
-    try:
-        tx.begin_transaction()
-        tx.send_offsets_to_transaction(tp, meta, 30)
-        tx.commit_transaction(30)
-        tx.begin_transaction()
-        tx.send_offsets_to_transaction([TopicPartition(iso.commands_topic, 0, 7)], meta, 30)
-        with SessionClient("t", iso) as c:
-            assert c._processor_position(0, iso.commands_topic) == 3  # not -1 (timed out)
-            tx.commit_transaction(30)
-            wait_until(
-                lambda: c._processor_position(0, iso.commands_topic) == 7,
-                timeout=30,
-                what="the committed offset after the commit",
-            )
-    finally:
-        group.close()
+    def _consumer(self) -> Any:
+        return _OneAtATime(super()._consumer())
 
 
 def test_an_earlier_send_of_the_same_id_decided_later_is_not_the_outcome(

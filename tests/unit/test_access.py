@@ -71,7 +71,10 @@ def test_readers_and_their_groups() -> None:
     assert not _allowed("sink", "READ", "group", S.processor_group)
     assert _allowed("producer", "READ", "group", "sessionstream-client-1234")
     # the SDK fetches the processor's committed offsets, it must not join or commit
-    assert _allowed("producer", "DESCRIBE", "group", S.processor_group)
+    # outcomes come from session.outcomes: the processor's offsets are none of its business
+    assert not _allowed("producer", "DESCRIBE", "group", S.processor_group)
+    assert _allowed("producer", "READ", "topic", S.outcomes_topic)
+    assert not _allowed("producer", "READ", "topic", S.dlq_topic)
     assert not _allowed("producer", "READ", "group", S.processor_group)
     assert not _allowed("producer", "READ", "topic", S.state_topic)
     assert not _allowed("worker", "READ", "topic", S.state_topic)
