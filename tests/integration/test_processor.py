@@ -893,3 +893,62 @@ def test_a_restarted_instance_fences_both_of_its_predecessors_producers(iso: Set
         KafkaError.PRODUCER_FENCED,
         KafkaError.INVALID_PRODUCER_EPOCH,
     ), fenced.value
+
+
+def test_every_outcome_names_exactly_its_commands_events_in_big_batches(
+    iso: Settings, procs: list[Proc]
+) -> None:
+    """A backlog (so a transaction carries hundreds of commands of each partition) of
+    prompts, steers, aborts and retried ids: one outcome record per command read, and an
+    outcome's `first/last_event_offset` name exactly the events its command made — from
+    the spec (docs/producers.md), not from how the processor finds them."""
+    rnd = random.Random(7)
+    sids = [f"ob-{i}-{uuid.uuid4().hex[:4]}" for i in range(24)]
+    sent = 0
+    with SessionClient("tenant-a", iso) as c:
+        for i in range(700):
+            sid = rnd.choice(sids)
+            kind = rnd.choice(["prompt", "prompt", "steer", "abort", "follow_up"])
+            payload: dict[str, Any] = {} if kind == "abort" else {"text": f"{kind} {i}"}
+            if kind == "prompt":
+                payload["policy"] = rnd.choice(["reject", "enqueue", "interrupt"])
+            cmd = c.command(sid, kind, payload, command_id=f"ob-{i}")
+            c.submit(cmd, track=False)
+            sent += 1
+            if i % 9 == 0:  # a retry: the same id again, a duplicate outcome
+                c.submit(cmd, track=False)
+                sent += 1
+        c.flush()
+    procs.append(processor(iso))
+    wait_processed(iso, procs=procs)
+    codec = reader_codec()
+    events = {
+        (r.partition, r.offset): codec.decode_event(r.value or b"")
+        for r in read_topic(iso, iso.events_topic)
+    }
+    outcomes = [codec.decode_outcome(r.value or b"") for r in read_topic(iso, iso.outcomes_topic)]
+    assert len(outcomes) == sent
+    by_command: dict[str, list[tuple[int, int]]] = {}
+    for (p, off), e in events.items():
+        by_command.setdefault(e.command_id or "", []).append((p, off))
+    decided: set[str] = set()
+    for o in outcomes:
+        assert o.command_id is not None
+        if o.status == "duplicate":
+            assert o.event_count == 0 and o.first_event_offset is None
+            continue
+        assert o.command_id not in decided, f"{o.command_id} decided twice"
+        decided.add(o.command_id)
+        assert o.status in ("accepted", "rejected"), o
+        p = o.source_partition
+        assert o.first_event_offset is not None and o.last_event_offset is not None, o
+        named = [
+            (p, off)
+            for off in range(o.first_event_offset, o.last_event_offset + 1)
+            if (p, off) in events
+        ]
+        assert len(named) == o.event_count > 0
+        assert sorted(by_command[o.command_id]) == named, o
+        if o.run_id is not None:
+            assert o.run_id in {events[k].run_id for k in named}, o
+    assert len(decided) == 700
