@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: help install up down status test soak lint demo bench clean browser
+.PHONY: help install up down status connect test soak lint demo bench clean browser
 
 help:
 	@echo "make install  virtualenv in $(VENV) with sessionstream and its dev tools"
@@ -18,6 +18,7 @@ help:
 	@echo "make status   say what runs"
 	@echo "               (SESSIONSTREAM_STACK_SECURE=1: the secured stack; SESSIONSTREAM_KAFKA_BROKERS=3:"
 	@echo "                the 3-node cluster; both next to the default one, see docs/local-stack.md)"
+	@echo "make connect  start Kafka Connect and land session.events in PostgreSQL (analytics.run_events)"
 	@echo "make test     install, up, chromium for the browser test, run all tests"
 	@echo "make soak     install, up, the fault suites at 10x load and rounds, the 3-node cluster faults"
 	@echo "make lint     ruff + mypy + lint-imports (the layer contracts in pyproject.toml)"
@@ -53,6 +54,14 @@ down:
 
 status: install
 	@stack/stack.sh status
+
+# Kafka Connect on demand (Apache Kafka's Connect runtime, Apicurio's Avro converter and
+# Debezium's JDBC sink from Maven Central) and the connector that lands session.events in
+# PostgreSQL's analytics.run_events (docs/analytics.md). `make down` stops it too.
+connect: install up
+	@stack/stack.sh connect-up
+	@$(VENV)/bin/sessionstream db migrate >/dev/null
+	@$(VENV)/bin/sessionstream connect deploy $(CONNECT_ARGS)
 
 # The console's browser test drives Debian's headless Chromium with its chromedriver, and
 # the shell example of docs/producers.md runs Debian's kcat: installed like PostgreSQL (as

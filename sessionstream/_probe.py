@@ -172,6 +172,28 @@ def registry_answers(url: str, timeout: float = 5.0, auth: tuple[str, str] | Non
     return f"schema registry, {len(subjects)} subject(s)"
 
 
+def connect_answers(url: str, timeout: float = 5.0) -> str:
+    """Describe the Kafka Connect worker behind ``url`` (its REST root), or raise."""
+    import httpx
+
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    if not _any_listening([(host, port)]):
+        raise NotListening(f"nothing listens on {host}:{port}")
+    try:
+        r = httpx.get(f"{url.rstrip('/')}/", timeout=timeout)
+        root = r.json() if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError) as e:
+        raise NotAnswering(f"Kafka Connect at {url}: {type(e).__name__}: {e}") from e
+    if not isinstance(root, dict) or "version" not in root:
+        raise NotAnswering(f"Kafka Connect at {url}: GET / answered {r.status_code}")
+    try:
+        plugins = httpx.get(f"{url.rstrip('/')}/connector-plugins", timeout=timeout).json()
+    except (httpx.HTTPError, ValueError) as e:
+        raise NotAnswering(f"Kafka Connect at {url}: its plugins: {e}") from e
+    return f"Kafka Connect {root['version']}, {len(plugins)} connector plugin(s)"
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -233,6 +255,7 @@ def _print_config() -> int:
         "CFG_DATABASE_URL_SHOWN": _redacted(s.database_url),
         "CFG_PG_LOCAL": "1" if is_local_postgres(s.database_url) else "0",
         "CFG_REGISTRY_URL": s.schema_registry_url,
+        "CFG_CONNECT_URL": s.connect_url,
         "CFG_REGISTRY_LOCAL": "1" if s.schema_registry_url.rstrip("/") == LOCAL_REGISTRY else "0",
     }
     for key, value in values.items():
@@ -244,7 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sessionstream._probe")
     sub = parser.add_subparsers(dest="what", required=True)
     sub.add_parser("config")
-    for name, target in (("kafka", "bootstrap"), ("postgres", "url"), ("registry", "url")):
+    for name, target in (
+        ("kafka", "bootstrap"),
+        ("postgres", "url"),
+        ("registry", "url"),
+        ("connect", "url"),
+    ):
         p = sub.add_parser(name)
         p.add_argument(target)
         p.add_argument("--wait", type=float, default=0.0)
@@ -271,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "registry":
         auth = registry_credentials(args.credentials) if args.credentials else None
         return _wait(lambda: registry_answers(url, timeout=5.0, auth=auth), args.wait, args.pid)
+    if args.what == "connect":
+        return _wait(lambda: connect_answers(url, timeout=5.0), args.wait, args.pid)
     return _wait(lambda: postgres_answers(url, timeout=5.0), args.wait, args.pid)
 
 

@@ -277,6 +277,10 @@ from sessionstream._cli_gateway import register as _register_gateway  # noqa: E4
 
 _register_gateway(app)
 
+from sessionstream._cli_connect import register as _register_connect  # noqa: E402
+
+_register_connect(app)
+
 
 @app.command()
 def analytics(

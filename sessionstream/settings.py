@@ -385,6 +385,10 @@ class Settings(BaseSettings):
     """Finished runs and rejections older than this (event time, behind the newest event of
     their partition) are dropped from the analytics table; the stats cover at most this."""
 
+    connect_url: str = "http://127.0.0.1:8083"
+    """REST address of the Kafka Connect worker ``sessionstream connect`` deploys the
+    analytics sink to (``make connect`` starts one here)."""
+
     gateway_host: str = "127.0.0.1"
     """Address ``sessionstream gateway`` (the HTTP API and the web console) listens on."""
 

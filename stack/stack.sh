@@ -8,6 +8,7 @@
 #   stack/stack.sh reset    down, then delete the state (data, logs); keeps the jar cache
 #   stack/stack.sh restart-postgres|restart-kafka|restart-registry   stop and start one server
 #   stack/stack.sh kill-registry   kill -9 the registry (fault tests)
+#   stack/stack.sh connect-up|connect-down|kill-connect   Kafka Connect, on demand (make connect)
 #   stack/stack.sh kill-node|stop-node|start-node N  kill -9 / stop / start one Kafka node
 #   stack/stack.sh where    print the profile's addresses and directories (shell assignments)
 #
@@ -927,6 +928,129 @@ registry_status() {
     fi
 }
 
+# ---------------------------------------------------------------- Kafka Connect (on demand)
+# Apache Kafka's own Connect runtime (the broker's release) with two plugins from Maven
+# Central: Apicurio's Avro converter and Debezium's JDBC sink (stack/connect/pom.xml,
+# docs/analytics.md). Not part of `up`: `connect-up` (make connect) starts it next to the
+# default profile's broker, registry and PostgreSQL; `down` and `status` know it.
+CONNECT_LIBS="${SESSIONSTREAM_CONNECT_LIBS:-${XDG_CACHE_HOME:-$HOME/.cache}/sessionstream/connect-libs}"
+CONNECT_DIR="$STATE_DIR/connect"
+CONNECT_PORT=8083
+CONNECT_PIDFILE="$CONNECT_DIR/connect.pid"
+CONNECT_LOG="$CONNECT_DIR/connect.log"
+CONNECT_HEAP="${SESSIONSTREAM_CONNECT_HEAP:-512m}"
+# what the plugins bring that the runtime has: loaded from the runtime instead (two copies
+# of Jackson make Hibernate's ServiceLoader fail with "not a subtype"); the JDBC drivers of
+# the databases we do not write to
+CONNECT_SHARED="kafka-clients,connect-api,connect-json,slf4j-api,lz4-java,snappy-java,zstd-jni,jackson-core,jackson-databind,jackson-annotations"
+CONNECT_DRIVERS="mariadb-java-client,mssql-jdbc,mysql-connector-j,ojdbc11"
+
+ensure_connect_libs() {
+    local want have="" tmp profile out excl
+    want="$(sha256sum "$STACK/connect/pom.xml" | cut -d' ' -f1)"
+    [[ -f "$CONNECT_LIBS/.pom.sha256" ]] && have="$(cat "$CONNECT_LIBS/.pom.sha256")"
+    [[ "$want" == "$have" ]] && return 0
+    say "connect: resolving Kafka Connect and its plugins from Maven Central into $CONNECT_LIBS"
+    tmp="$CONNECT_LIBS.tmp.$$"
+    rm -rf "$tmp"
+    mkdir -p "$tmp"
+    for profile in runtime converter jdbc; do
+        case $profile in
+            runtime) out="$tmp/runtime"; excl="" ;;
+            converter) out="$tmp/plugins/apicurio-converter"; excl="$CONNECT_SHARED" ;;
+            jdbc) out="$tmp/plugins/debezium-jdbc"; excl="$CONNECT_SHARED,$CONNECT_DRIVERS" ;;
+        esac
+        if ! mvn -q -B -f "$STACK/connect/pom.xml" -P "$profile" dependency:copy-dependencies \
+            -DincludeScope=runtime -DexcludeArtifactIds="$excl" -DoutputDirectory="$out" \
+            >"$tmp/mvn.log" 2>&1; then
+            show_tail "$tmp/mvn.log" 60
+            rm -rf "$tmp"
+            die "connect: mvn could not resolve the $profile jars (log above)"
+        fi
+    done
+    rm -f "$tmp/mvn.log"
+    printf '%s\n' "$want" >"$tmp/.pom.sha256"
+    rm -rf "$CONNECT_LIBS"
+    mv "$tmp" "$CONNECT_LIBS"
+}
+
+connect_pid() {
+    local pid
+    [[ -f "$CONNECT_PIDFILE" ]] || return 1
+    pid="$(cat "$CONNECT_PIDFILE")"
+    [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null && grep -q "ConnectDistributed" "/proc/$pid/cmdline" 2>/dev/null || return 1
+    printf '%s\n' "$pid"
+}
+
+connect_probe() { # wait [pid]
+    local args=(connect "http://127.0.0.1:$CONNECT_PORT" --wait "$1")
+    [[ -n "${2:-}" ]] && args+=(--pid "$2")
+    "$PYTHON" -m sessionstream._probe "${args[@]}"
+}
+
+connect_up() {
+    local pid desc
+    [[ $PROFILE == default ]] || die "connect: runs next to the default profile only"
+    [[ "$CFG_KAFKA_LOCAL" == 1 ]] || die "connect: the local worker serves the local broker; with SESSIONSTREAM_KAFKA_BOOTSTRAP=$CFG_KAFKA_BOOTSTRAP run a Connect cluster of your own and set SESSIONSTREAM_CONNECT_URL"
+    if pid="$(connect_pid)"; then
+        desc="$(connect_probe "$TIMEOUT" "$pid")" \
+            || { warn "error: connect: ours (pid $pid) runs but does not answer"; show_tail "$CONNECT_LOG" 40; exit 1; }
+        say "connect: already running (pid $pid, $desc) - nothing to do"
+        return 0
+    fi
+    if listening 127.0.0.1 "$CONNECT_PORT"; then
+        if desc="$(connect_probe 5)"; then
+            say "connect: 127.0.0.1:$CONNECT_PORT already answers and was not started by sessionstream ($desc) - using it"
+            return 0
+        fi
+        die "connect: 127.0.0.1:$CONNECT_PORT is taken by something that is no Kafka Connect: $(who_listens "$CONNECT_PORT")"
+    fi
+    ensure_java_and_maven
+    ensure_connect_libs
+    mkdir -p "$CONNECT_DIR"
+    sed -e "s#@BOOTSTRAP@#$BOOTSTRAP#" -e "s#@PORT@#$CONNECT_PORT#" \
+        -e "s#@PLUGINS@#$CONNECT_LIBS/plugins#" "$STACK/connect/worker.properties.in" \
+        >"$CONNECT_DIR/worker.properties"
+    say "connect: starting Kafka Connect (distributed, one worker), waiting up to ${TIMEOUT}s"
+    (cd "$CONNECT_DIR" && exec nohup java "-Xmx$CONNECT_HEAP" -XX:+UseSerialGC -Djava.awt.headless=true \
+        -Dlog4j2.configurationFile="$STACK/connect/log4j2.properties" \
+        -Dconnect.logs.dir="$CONNECT_DIR" \
+        -cp "$CONNECT_LIBS/runtime/*" org.apache.kafka.connect.cli.ConnectDistributed \
+        "$CONNECT_DIR/worker.properties" >"$CONNECT_DIR/stdout.log" 2>&1 </dev/null) &
+    pid=$!
+    printf '%s\n' "$pid" >"$CONNECT_PIDFILE"
+    desc="$(connect_probe "$TIMEOUT" "$pid")" \
+        || { warn "error: connect: started (pid $pid) but did not answer within ${TIMEOUT}s"; show_tail "$CONNECT_LOG" 40; exit 1; }
+    say "connect: ready on http://127.0.0.1:$CONNECT_PORT (pid $pid, $desc; log $CONNECT_LOG)"
+}
+
+connect_down() { # [signal]
+    local pid sig="${1:-TERM}" i
+    if ! pid="$(connect_pid)"; then
+        rm -f "$CONNECT_PIDFILE"
+        [[ "${2:-}" == quiet ]] || say "connect: not running"
+        return 0
+    fi
+    kill "-$sig" "$pid" 2>/dev/null || true
+    for ((i = 0; i < 60; i++)); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.5
+    done
+    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
+    rm -f "$CONNECT_PIDFILE"
+    say "connect: stopped (pid $pid, SIG$sig)"
+}
+
+connect_status() {
+    local pid desc
+    if pid="$(connect_pid)"; then
+        desc="$(connect_probe 0 2>&1)" || true
+        say "connect: running (pid $pid, http://127.0.0.1:$CONNECT_PORT: $desc)"
+    else
+        say "connect: not running (on demand: make connect)"
+    fi
+}
+
 # ------------------------------------------------------ PostgreSQL of the secured profile
 
 secure_pg_ours() { # the roles are made with our cluster's superuser: only there
@@ -998,6 +1122,7 @@ case "$cmd" in
         registry_up
         ;;
     down)
+        if [[ $PROFILE == default ]]; then connect_down TERM quiet; fi
         kafka_down
         # the profiles share the default stack's PostgreSQL (and the cluster its registry):
         # the default `down` stops them; the secured profile stops its own registry
@@ -1014,6 +1139,14 @@ case "$cmd" in
         kafka_status
         pg_status
         registry_status
+        if [[ $PROFILE == default ]]; then connect_status; fi
+        ;;
+    connect-up)
+        load_config
+        connect_up
+        ;;
+    connect-down|kill-connect)
+        if [[ $cmd == kill-connect ]]; then connect_down KILL; else connect_down; fi
         ;;
     kill-registry)
         load_config
@@ -1049,6 +1182,7 @@ case "$cmd" in
         kafka_down
         if [[ $PROFILE == default ]]; then
             load_config
+            connect_down TERM quiet
             registry_down
             pg_down
             say "removing $KAFKA_DIR, $REGISTRY_DIR and $PG_DIR (the jar caches $KAFKA_LIBS and $REGISTRY_HOME stay)"
@@ -1069,6 +1203,6 @@ case "$cmd" in
         fi
         ;;
     *)
-        die "usage: $0 up|down|status|reset|restart-postgres|restart-kafka|restart-registry|kill-registry|kill-node N|stop-node N|start-node N|where"
+        die "usage: $0 up|down|status|reset|restart-postgres|restart-kafka|restart-registry|kill-registry|connect-up|connect-down|kill-connect|kill-node N|stop-node N|start-node N|where"
         ;;
 esac
