@@ -7,16 +7,20 @@ and why a restart neither double counts nor loses is `consumers.analytics.fold`'
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import faust
+import httpx
+from faust.exceptions import ConsumerNotStarted
 
-from consumers.analytics import stats
+from consumers.analytics import shares, stats
 from consumers.analytics._transport import transport_class
+from consumers.analytics.facts import Rejection, RunFacts
 from consumers.analytics.fold import Folder
 from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
@@ -27,6 +31,9 @@ log = logging.getLogger("sessionstream.analytics")
 
 TABLE_NAME = "analytics"
 _DEFAULT_MINUTES = 60
+#: how long a page waits for another instance's share
+_PEER_TIMEOUT_S = 5.0
+_R = TypeVar("_R", RunFacts, Rejection)
 
 
 def state_dir(settings: Settings) -> Path:
@@ -111,7 +118,7 @@ def build_app(settings: Settings) -> tuple[Any, Folder]:
                 else:
                     table[key.encode()] = value
 
-    _pages(app, folder)
+    _pages(app, folder, settings)
     return app, folder
 
 
@@ -126,31 +133,143 @@ def _window(request: Any) -> stats.Window:
     return stats.Window(since=since, until=until, tenant=q.get("tenant"))
 
 
-def _pages(app: Any, folder: Folder) -> None:
+class _Peers:
+    """This instance's share of a page and the shares of the app's other instances.
+
+    The other instances are the members of the last rebalance as faust's assignor tells
+    every member (`external_topics_metadata`: canonical URL -> partitions), asked over
+    HTTP at `/stats/local`. A member that does not answer is left out; if that leaves a
+    partition unserved, `shares.merge` says so instead of answering short.
+    """
+
+    def __init__(self, app: Any, folder: Folder, settings: Settings) -> None:
+        self.app = app
+        self.folder = folder
+        self.settings = settings
+
+    @property
+    def url(self) -> str:
+        return str(self.app.conf.canonical_url)
+
+    def members(self) -> list[str]:
+        """Canonical URLs of the group's members at the last rebalance, this one first."""
+        assignor = self.app.assignor
+        known = set(assignor.external_topics_metadata()) | set(assignor.tables_metadata())
+        return [self.url, *sorted(known - {self.url})]
+
+    def local(self, kind: shares.Kind, w: stats.Window) -> shares.Share:
+        """The records of the partitions folded here and still assigned here (a revoked
+        partition's records linger until the next recovery: they are not ours to serve)."""
+        try:
+            assigned = {
+                tp.partition
+                for tp in self.app.consumer.assignment()
+                if tp.topic == self.settings.events_topic
+            }
+        except ConsumerNotStarted:
+            assigned = set()
+        served = self.folder.owned() & assigned
+        cursors = self.folder.cursors()
+        records = shares.select(kind, self.folder.runs(), self.folder.rejections(), w)
+        return shares.Share(
+            url=self.url,
+            partitions={p: cursors[p].next_offset if p in cursors else 0 for p in served},
+            records=[r for r in records if r.partition in served],
+        )
+
+    async def _ask(
+        self, client: httpx.AsyncClient, url: str, kind: shares.Kind, w: stats.Window
+    ) -> shares.Share | None:
+        params = {"kind": kind, "since": str(w.since), "until": str(w.until)}
+        if w.tenant is not None:
+            params["tenant"] = w.tenant
+        try:
+            r = await client.get(f"{url}/stats/local", params=params)
+            r.raise_for_status()
+            return shares.Share.from_json(r.json())
+        except (httpx.HTTPError, KeyError, TypeError, ValueError) as e:
+            # down (killed, restarting) or a version this one cannot read: its partitions
+            # are then unserved unless another member holds them
+            log.info("analytics: peer %s not asked: %r", url, e)
+            return None
+
+    async def records(self, kind: shares.Kind, w: stats.Window) -> list[shares.Record]:
+        """Every partition's records for a page (`shares.Incomplete` if one is unserved)."""
+        others = self.members()[1:]
+        got: list[shares.Share | None] = []
+        if others:
+            async with httpx.AsyncClient(timeout=_PEER_TIMEOUT_S, trust_env=False) as client:
+                got = await asyncio.gather(*(self._ask(client, u, kind, w) for u in others))
+        answered = [self.local(kind, w), *(g for g in got if g is not None)]
+        return shares.merge(answered, self.settings.partitions)
+
+
+def _pages(app: Any, folder: Folder, settings: Settings) -> None:
+    peers = _Peers(app, folder, settings)
+
+    def unserved(web: Any, e: shares.Incomplete) -> Any:
+        body = {"error": {"code": "partitions_unserved", "message": str(e)}, "missing": e.missing}
+        return web.json(body, status=503, headers={"Retry-After": "1"})
+
     @app.page("/stats/runs")  # type: ignore[untyped-decorator]
     async def runs(web: Any, request: Any) -> Any:
-        return web.json(stats.runs(folder.runs(), _window(request)))
+        w = _window(request)
+        try:
+            records = await peers.records("runs", w)
+        except shares.Incomplete as e:
+            return unserved(web, e)
+        return web.json(stats.runs(_of(RunFacts, records), w))
 
     @app.page("/stats/rejections")  # type: ignore[untyped-decorator]
     async def rejections(web: Any, request: Any) -> Any:
-        return web.json(stats.rejections(folder.rejections(), _window(request)))
+        w = _window(request)
+        try:
+            records = await peers.records("rejections", w)
+        except shares.Incomplete as e:
+            return unserved(web, e)
+        return web.json(stats.rejections(_of(Rejection, records), w))
 
     @app.page("/stats/cancel-latency")  # type: ignore[untyped-decorator]
     async def cancel_latency(web: Any, request: Any) -> Any:
-        return web.json(stats.cancel_latency(folder.runs(), _window(request)))
+        w = _window(request)
+        try:
+            records = await peers.records("finished", w)
+        except shares.Incomplete as e:
+            return unserved(web, e)
+        return web.json(stats.cancel_latency(_of(RunFacts, records), w))
 
     @app.page("/stats/durations")  # type: ignore[untyped-decorator]
     async def durations(web: Any, request: Any) -> Any:
-        return web.json(stats.durations(folder.runs(), _window(request)))
+        w = _window(request)
+        try:
+            records = await peers.records("finished", w)
+        except shares.Incomplete as e:
+            return unserved(web, e)
+        return web.json(stats.durations(_of(RunFacts, records), w))
 
     @app.page("/stats/active")  # type: ignore[untyped-decorator]
     async def active(web: Any, request: Any) -> Any:
-        return web.json(stats.active_runs(folder.runs(), request.query.get("tenant")))
+        tenant = request.query.get("tenant")
+        try:
+            records = await peers.records("active", stats.Window(0, 0, tenant))
+        except shares.Incomplete as e:
+            return unserved(web, e)
+        return web.json(stats.active_runs(_of(RunFacts, records), tenant))
+
+    @app.page("/stats/local")  # type: ignore[untyped-decorator]
+    async def local(web: Any, request: Any) -> Any:
+        # one instance's share, for the pages of its peers; never asks further
+        kind = request.query.get("kind", "")
+        if kind not in shares.KINDS:
+            return web.json({"error": f"kind must be one of {sorted(shares.KINDS)}"}, status=400)
+        return web.json(peers.local(kind, _window(request)).to_json())
 
     @app.page("/stats/progress")  # type: ignore[untyped-decorator]
     async def progress(web: Any, request: Any) -> Any:
         return web.json(
             {
+                "url": peers.url,
+                "members": peers.members(),
                 "partitions": {
                     str(p): {
                         "nextOffset": c.next_offset,
@@ -163,6 +282,10 @@ def _pages(app: Any, folder: Folder) -> None:
                 "fold": vars(folder.stats),
             }
         )
+
+
+def _of(cls: type[_R], records: list[shares.Record]) -> list[_R]:
+    return [r for r in records if isinstance(r, cls)]
 
 
 def run_analytics(settings: Settings, log_level: str = "INFO") -> int:

@@ -22,6 +22,8 @@ __all__ = [
     "cursor_key",
     "decode_fact",
     "encode_fact",
+    "fact_from_json",
+    "fact_to_json",
     "rejection_key",
     "run_key",
 ]
@@ -117,15 +119,26 @@ def cursor_key(partition: int) -> str:
     return f"{CURSOR_PREFIX}{partition}"
 
 
-def encode_fact(fact: Fact) -> bytes:
-    """Compact JSON with a type tag; deterministic (same fact, same bytes)."""
+def fact_to_json(fact: Fact) -> dict[str, Any]:
+    """The fact as a JSON object with its type tag (`t`)."""
     body = asdict(fact)
     body["t"] = _TAGS[type(fact)]
-    return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+    return body
 
 
-def decode_fact(data: bytes) -> Fact:
-    body = json.loads(data)
+def fact_from_json(body: dict[str, Any]) -> Fact:
+    """The inverse of `fact_to_json`; KeyError or TypeError for a body this version cannot
+    read (an unknown tag or field)."""
+    body = dict(body)
     cls = _BY_TAG[body.pop("t")]
     fact: Fact = cls(**body)
     return fact
+
+
+def encode_fact(fact: Fact) -> bytes:
+    """Compact JSON with a type tag; deterministic (same fact, same bytes)."""
+    return json.dumps(fact_to_json(fact), separators=(",", ":"), sort_keys=True).encode()
+
+
+def decode_fact(data: bytes) -> Fact:
+    return fact_from_json(json.loads(data))

@@ -159,6 +159,10 @@ class Folder:
     def cursors(self) -> dict[int, Cursor]:
         return dict(self._cursors)
 
+    def owned(self) -> frozenset[int]:
+        """The partitions whose state is loaded and folded here."""
+        return frozenset(self._owned)
+
     def runs(self) -> Iterator[RunFacts]:
         return (f for f in self._facts.values() if isinstance(f, RunFacts))
 
