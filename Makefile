@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: help install up down status connect test soak lint demo bench clean browser
+.PHONY: help install up down status connect flink test soak lint demo bench clean browser
 
 help:
 	@echo "make install  virtualenv in $(VENV) with sessionstream and its dev tools"
@@ -19,7 +19,8 @@ help:
 	@echo "               (SESSIONSTREAM_STACK_SECURE=1: the secured stack; SESSIONSTREAM_KAFKA_BROKERS=3:"
 	@echo "                the 3-node cluster; both next to the default one, see docs/local-stack.md)"
 	@echo "make connect  start Kafka Connect and land session.events in PostgreSQL (analytics.run_events)"
-	@echo "make test     install, up, chromium for the browser test, run all tests"
+	@echo "make flink    PyFlink 2.2.1 in a virtualenv of its own + the Kafka / Avro-registry SQL jars"
+	@echo "make test     install, up, chromium for the browser test, Flink, run all tests"
 	@echo "make soak     install, up, the fault suites at 10x load and rounds, the 3-node cluster faults"
 	@echo "make lint     ruff + mypy + lint-imports (the layer contracts in pyproject.toml)"
 	@echo "make demo     install, up, run the demo"
@@ -80,8 +81,14 @@ browser:
 		fi; \
 	fi
 
+# Flink SQL analytics (consumers/analytics/flink): PyFlink in its own ~830 MB virtualenv
+# and two jars, both cached outside the repo (stack/flink/install.sh where); a no-op once
+# installed. `sessionstream flink-sql` runs the queries.
+flink:
+	@PYTHON=$(PYTHON) stack/flink/install.sh
+
 # pytest exits 5 when it collected no tests: that is a failure here, not a pass.
-test: install up browser
+test: install up browser flink
 	@rc=0; $(PY) -m pytest $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc

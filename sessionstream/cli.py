@@ -281,6 +281,10 @@ from sessionstream._cli_connect import register as _register_connect  # noqa: E4
 
 _register_connect(app)
 
+from sessionstream._cli_flink import register as _register_flink  # noqa: E402
+
+_register_flink(app)
+
 
 @app.command()
 def analytics(

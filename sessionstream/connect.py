@@ -155,11 +155,14 @@ def _first_byte_at(consumer: Any, topic: str, partition: int, offset: int) -> in
     raise ConnectError(f"{topic}[{partition}] @ {offset}: no record read within 15 s")
 
 
-def framed_starts(settings: Settings, topic: str | None = None) -> dict[int, tuple[int, int]]:
+def framed_starts(
+    settings: Settings, topic: str | None = None, *, every_partition: bool = False
+) -> dict[int, tuple[int, int]]:
     """Per partition of the events topic whose log begins with records written before the
     switch to the registry's framing (Avro single-object encoding, `C3 01` + fingerprint,
-    which no registry-aware converter reads): `(first framed offset, low watermark)`.
-    The switch is one-way, so a binary search over offsets finds it in a few reads."""
+    which no registry-aware converter reads): `(first framed offset, low watermark)`
+    (`every_partition`: the others too, as `(low, low)`). The switch is one-way, so a
+    binary search over offsets finds it in a few reads."""
     from confluent_kafka import Consumer, TopicPartition
 
     from sessionstream.kafka import client_config
@@ -182,6 +185,8 @@ def framed_starts(settings: Settings, topic: str | None = None) -> dict[int, tup
         for p in sorted(meta.partitions):
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), 10)
             if high <= low or _first_byte_at(consumer, topic, p, low) in (0, None):
+                if every_partition:
+                    out[p] = (low, low)
                 continue
             lo, hi = low, high  # the record at lo is old; find the first offset whose is not
             while hi - lo > 1:
