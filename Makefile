@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: help install up down status connect flink test soak lint demo bench clean browser
+.PHONY: help install up down status connect flink test test-unit soak lint demo bench clean browser
 
 help:
 	@echo "make install  virtualenv in $(VENV) with sessionstream and its dev tools"
@@ -20,7 +20,8 @@ help:
 	@echo "                the 3-node cluster; both next to the default one, see docs/local-stack.md)"
 	@echo "make connect  start Kafka Connect and land session.events in PostgreSQL (analytics.run_events)"
 	@echo "make flink    PyFlink 2.2.1 in a virtualenv of its own + the Kafka / Avro-registry SQL jars"
-	@echo "make test     install, up, chromium for the browser test, Flink, run all tests"
+	@echo "make test-unit  the tests that need no stack (about a minute)"
+	@echo "make test     install, the unit lane, up, chromium for the browser test, Flink, the integration tests"
 	@echo "make soak     install, up, the fault suites at 10x load and rounds, the 3-node cluster faults"
 	@echo "make lint     ruff + mypy + lint-imports (the layer contracts in pyproject.toml)"
 	@echo "make demo     install, up, run the demo"
@@ -87,9 +88,18 @@ browser:
 flink:
 	@PYTHON=$(PYTHON) stack/flink/install.sh
 
+# The lane without the stack: the pure core, codecs, configs, docs checks (about a minute).
+UNIT_TESTS = tests/unit tests/test_stack_files.py
+test-unit: install
+	@rc=0; $(PY) -m pytest -q $(UNIT_TESTS) || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; \
+	exit $$rc
+
+# The unit lane first (a broken core fails in a minute, before the stack starts), then
+# the integration tests on the real stack (or what PYTEST_ARGS names).
 # pytest exits 5 when it collected no tests: that is a failure here, not a pass.
-test: install up browser flink
-	@rc=0; $(PY) -m pytest $(PYTEST_ARGS) || rc=$$?; \
+test: test-unit up browser flink
+	@rc=0; $(PY) -m pytest $(or $(PYTEST_ARGS),tests/integration) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
 

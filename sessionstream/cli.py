@@ -26,6 +26,31 @@ def version() -> None:
     typer.echo(__version__)
 
 
+@app.command("settings")
+def show_settings(
+    markdown: Annotated[
+        bool, typer.Option("--markdown", help="every setting as a markdown table (the README's)")
+    ] = False,
+) -> None:
+    """Print the settings this process would run with (passwords masked), as JSON."""
+    import json
+
+    from sessionstream.settings import get_settings, settings_table
+
+    if markdown:
+        typer.echo(settings_table())
+        return
+    from urllib.parse import urlsplit
+
+    shown = get_settings().model_dump(mode="json")
+    for name, value in shown.items():
+        if name.endswith("_url") and isinstance(value, str) and urlsplit(value).password:
+            parts = urlsplit(value)
+            netloc = parts.netloc.replace(f":{parts.password}@", ":**********@")
+            shown[name] = parts._replace(netloc=netloc).geturl()
+    typer.echo(json.dumps(shown, indent=2))
+
+
 @app.command()
 def smoke() -> None:
     """Round trip one record: new topic -> produce -> consume -> PostgreSQL -> read back."""
@@ -333,10 +358,14 @@ def main() -> None:
     down: a line every few ms) stay quiet in short commands; the long-running ones log
     them at their --log-level."""
     import logging
+    import os
 
     from sessionstream.errors import SessionstreamError
+    from sessionstream.settings import unknown_variables
 
     logging.getLogger("sessionstream.kafka").setLevel(logging.CRITICAL)
+    for line in unknown_variables(os.environ):
+        typer.echo(f"warning: {line}", err=True)
     try:
         app()
     except SessionstreamError as e:

@@ -13,7 +13,9 @@ file, then the defaults. Passwords are ``SecretStr``: they never show in a repr 
 
 from __future__ import annotations
 
+import difflib
 import os
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -492,3 +494,75 @@ class Settings(BaseSettings):
 def get_settings() -> Settings:
     """The process-wide settings, read from the environment on first use."""
     return Settings()
+
+
+#: ``SESSIONSTREAM_*`` variables read by the local stack, the tests and the benchmarks (not
+#: by the processes): known, so they are not warned about
+TOOLING_VARIABLES: frozenset[str] = frozenset(
+    f"SESSIONSTREAM_{name}"
+    for name in [
+        "STATE_DIR",
+        "PG_DIR",
+        "KAFKA_LIBS",
+        "KAFKA_HEAP",
+        "KAFKA_FORMAT_ARGS",
+        "STACK_TIMEOUT",
+        "STACK_SECURE",
+        "KAFKA_BROKERS",
+        "SECURE_STATE_DIR",
+        "SECURE_DATABASE",
+        "SECURE_KAFKA_PORT",
+        "SECURE_CONTROLLER_PORT",
+        "SECURE_REGISTRY_PORT",
+        "CLUSTER_STATE_DIR",
+        "CLUSTER_KAFKA_PORT",
+        "CLUSTER_CONTROLLER_PORT",
+        "CLUSTER_SETTLE_S",
+        "CLUSTER_RATE",
+        "REGISTRY_HOME",
+        "REGISTRY_HEAP",
+        "MAVEN_CENTRAL",
+        "CONNECT_LIBS",
+        "CONNECT_HEAP",
+        "FLINK_HOME",
+        "FLINK_VENV",
+        "FLINK_JARS",
+        "SOAK",
+        "HOLD_ON_FAILURE",
+    ]
+)
+
+
+def setting_variables() -> frozenset[str]:
+    """The environment variable of every setting (``SESSIONSTREAM_<FIELD>``)."""
+    return frozenset(f"SESSIONSTREAM_{name.upper()}" for name in Settings.model_fields)
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """One line per ``SESSIONSTREAM_*`` variable in `environ` that no setting and no tool
+    reads (a typo, or a setting that does not exist): it would be ignored in silence."""
+    known = setting_variables() | TOOLING_VARIABLES
+    lines = []
+    for name in sorted(environ):
+        if name.startswith("SESSIONSTREAM_") and name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            lines.append(f"{name} is not a sessionstream setting and is ignored{hint}")
+    return lines
+
+
+def settings_table() -> str:
+    """The settings as a markdown table (variable, default, meaning), from the fields and
+    their docstrings: the README's configuration table is this (a test keeps it so)."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for name, field in Settings.model_fields.items():
+        default = field.get_default(call_default_factory=True)
+        if isinstance(default, SecretStr):
+            default = "(set)"
+        shown = "unset" if default is None or default == "" else f"`{default}`"
+        if name == "store_dir":
+            shown = "`$XDG_STATE_HOME/sessionstream/store`"
+        meaning = " ".join((field.description or "").split()).replace("``", "`")
+        meaning = meaning.replace("|", "\\|")
+        rows.append(f"| `SESSIONSTREAM_{name.upper()}` | {shown} | {meaning} |")
+    return "\n".join(rows)

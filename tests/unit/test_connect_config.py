@@ -15,6 +15,16 @@ from sessionstream.settings import Settings
 SHIPPED = Path(__file__).resolve().parents[2] / "stack" / "connect" / "analytics-events.json"
 
 
+@pytest.fixture(autouse=True)
+def _no_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The defaults, whatever the shell running the tests sets."""
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("SESSIONSTREAM_"):
+            monkeypatch.delenv(name)
+
+
 def _defaults() -> Settings:
     return Settings(_env_file=None)  # type: ignore[call-arg]
 

@@ -101,7 +101,7 @@ def _starting_processor(monkeypatch: pytest.MonkeyPatch, init: Callable[..., obj
     from sessionstream.settings import Settings
     from streams.processor import loop
 
-    s = Settings()
+    s = Settings(schema_registry_url="")  # no registry: the test needs no stack
     monkeypatch.setattr(loop, "ensure_topics", lambda settings: [])
     monkeypatch.setattr(
         loop, "check_topics", lambda settings: SimpleNamespace(partitions={s.commands_topic: 4})
