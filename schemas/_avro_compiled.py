@@ -26,17 +26,18 @@ from typing import Any, Final
 from pydantic import BaseModel
 
 from schemas._base import construct
+from sessionstream.errors import SessionstreamError
 
 __all__ = ["Envelope", "ReadError", "Record", "Unsupported"]
 
 _DOUBLE: Final = struct.Struct("<d")
 
 
-class Unsupported(TypeError):
+class Unsupported(SessionstreamError, TypeError):
     """The schema uses Avro the compiler does not cover (the codec then uses fastavro)."""
 
 
-class ReadError(ValueError):
+class ReadError(SessionstreamError, ValueError):
     """The bytes are not a well-formed record of the compiled schema."""
 
 

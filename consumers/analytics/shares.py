@@ -24,6 +24,7 @@ from typing import Any, Final, Literal
 
 from consumers.analytics.facts import Rejection, RunFacts, fact_from_json, fact_to_json
 from consumers.analytics.stats import Window
+from sessionstream.errors import SessionstreamError
 
 __all__ = ["KINDS", "Incomplete", "Kind", "Share", "merge", "select"]
 
@@ -36,7 +37,7 @@ KINDS: Final[frozenset[str]] = frozenset({"runs", "finished", "active", "rejecti
 Record = RunFacts | Rejection
 
 
-class Incomplete(Exception):
+class Incomplete(SessionstreamError):
     """No share holds these partitions: an answer from the others would be short."""
 
     def __init__(self, missing: Sequence[int], asked: Sequence[str]) -> None:

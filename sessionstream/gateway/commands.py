@@ -26,6 +26,7 @@ from starlette.requests import ClientDisconnect, Request
 from schemas.commands import COMMAND_PAYLOADS, MAX_ID_CHARS, PRODUCER_COMMAND_TYPES, Command
 from schemas.sessions import local_session_id
 from sessionstream.client import Outcome, outcome_of
+from sessionstream.errors import SessionstreamError
 from sessionstream.gateway.auth import Principal
 from sessionstream.gateway.errors import ApiError
 from sessionstream.gateway.views import event_json
@@ -119,7 +120,7 @@ async def read_json(request: Request, limit: int) -> Any:
         raise ApiError(400, "malformed_json", f"the body is not UTF-8 JSON: {e}") from e
 
 
-class _DuplicateKey(Exception):
+class _DuplicateKey(SessionstreamError):
     """A key given twice (raised out of json.loads as is: it is no ValueError)."""
 
 

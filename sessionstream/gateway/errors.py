@@ -6,10 +6,12 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
+from sessionstream.errors import SessionstreamError
+
 __all__ = ["ApiError", "error_response"]
 
 
-class ApiError(Exception):
+class ApiError(SessionstreamError):
     """An HTTP error with a stable `code` (documented in docs/http.md)."""
 
     def __init__(

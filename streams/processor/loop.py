@@ -66,7 +66,7 @@ from confluent_kafka import (
 from schemas.codec import Codec
 from schemas.commands import Command
 from sessionstream import metrics
-from sessionstream.errors import KafkaUnavailable, SingleWriterViolation
+from sessionstream.errors import KafkaUnavailable, SessionstreamError, SingleWriterViolation
 from sessionstream.kafka import (
     KAFKA_LOG,
     data_messages,
@@ -303,7 +303,7 @@ def default_instance_id() -> str:
     return socket.gethostname()
 
 
-class Stopping(Exception):
+class Stopping(SessionstreamError):
     """Asked to stop while waiting for a transaction coordinator that does not answer."""
 
 
