@@ -1,4 +1,4 @@
-"""Flink SQL over the run event stream (issue 36): the queries in `flink/*.sql` on PyFlink in
+"""Flink SQL over the run event stream: the queries in `flink/*.sql` on PyFlink in
 local mode, read_committed, as one job.
 
 Runs with the Flink virtualenv's Python (`stack/flink/install.sh`), not the project's, and

@@ -1,0 +1,23 @@
+"""Docs and the installed code name features and versions, not the tracker's issue
+numbers (a reader has the docs, not the tracker)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+ISSUE = re.compile(r"\b[Ii]ssues? #?\d+")
+
+
+def test_no_issue_numbers_in_docs_or_packages() -> None:
+    files = [REPO / "README.md", *(REPO / "docs").rglob("*.md")]
+    for pkg in ("sessionstream", "schemas", "streams", "sinks", "consumers"):
+        files += (REPO / pkg).rglob("*.py")
+    found = [
+        f"{f.relative_to(REPO)}:{n}: {line.strip()[:80]}"
+        for f in files
+        for n, line in enumerate(f.read_text().splitlines(), 1)
+        if ISSUE.search(line)
+    ]
+    assert not found, "\n".join(found)
