@@ -4,7 +4,8 @@ One processor (Prometheus endpoint on), a paced producer per `--rates` step for 
 (after a warm-up), a `read_committed` tail timing each command's first event. Printed per
 rate: p50 / p90 / p99 latency, the processor's transactions and their mean size, and the
 mean milliseconds of each transaction phase (`sessionstream_transaction_phase_seconds`:
-decide, wait (for the transaction before), begin, produce, send_offsets, commit, store) over
+decide, wait (for the transaction before), begin, produce, send_offsets, outcomes (the
+events acknowledged, the outcome records produced), commit, store) over
 that step, plus the load
 average. Then, per rate, the ceiling measured the same way in the same run
 (`bench/_baselines.py: passthrough_latency`: the raw transactional pass-through, no
@@ -37,7 +38,7 @@ from bench._harness import (
 )
 from sessionstream.client import SessionClient
 
-PHASES = ("decide", "wait", "begin", "produce", "send_offsets", "commit", "store")
+PHASES = ("decide", "wait", "begin", "produce", "send_offsets", "outcomes", "commit", "store")
 
 
 def free_port() -> int:

@@ -236,7 +236,13 @@ class _Commit:
         try:
             with unmasked():
                 t0 = clock()
-                # Step 3a: the outcome of every command read: its events' offsets come
+                # Step 3a: the input offsets join the transaction — first, so that its two
+                # round trips (AddOffsetsToTxn, TxnOffsetCommit) overlap the events' own
+                # produce requests, which 3b waits for
+                if offsets:
+                    producer.send_offsets_to_transaction(offsets, metadata, SEND_OFFSETS_LIMIT_S)
+                t1 = clock()
+                # Step 3b: the outcome of every command read: its events' offsets come
                 # from their delivery reports, so those are waited for first
                 if self.outcomes is not None:
                     left = producer.flush(COMMIT_LIMIT_S)
@@ -251,12 +257,7 @@ class _Commit:
                     topic = self.outcomes_topic
                     for p, key, value, headers in self.outcomes():
                         put(topic, key=key, value=value, partition=p, headers=headers)
-                self.phases["outcomes"] = clock() - t0
-                t0 = clock()
-                # Step 3b: the input offsets join the transaction
-                if offsets:
-                    producer.send_offsets_to_transaction(offsets, metadata, SEND_OFFSETS_LIMIT_S)
-                t1 = clock()
+                t2 = clock()
                 # Step 4: commit — events, changelogs, dead letters, forwards, timers and
                 # offsets at once; a retriable error (broker restarting, coordinator moving)
                 # is retried
@@ -269,7 +270,8 @@ class _Commit:
                         if kerr.fatal() or kerr.txn_requires_abort() or not kerr.retriable():
                             raise
                         log.warning("commit_transaction: %s; retrying", kerr)
-            self.phases["send_offsets"], self.phases["commit"] = t1 - t0, clock() - t1
+            self.phases["send_offsets"], self.phases["outcomes"] = t1 - t0, t2 - t1
+            self.phases["commit"] = clock() - t2
             self.committed = True
         except KafkaException as e:
             self.error = e
