@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: help install up down status connect flink test test-unit soak lint demo bench clean browser
+.PHONY: help install up down status connect flink test test-unit soak lint demo bench bench-peers clean browser
 
 help:
 	@echo "make install  virtualenv in $(VENV) with sessionstream and its dev tools"
@@ -26,6 +26,7 @@ help:
 	@echo "make lint     ruff + mypy + lint-imports (the layer contracts in pyproject.toml)"
 	@echo "make demo     install, up, run the demo"
 	@echo "make bench    install, up, run the benchmarks"
+	@echo "make bench-peers  sessionstream beside Restate and Temporal (PEERS_ARGS=--quick)"
 	@echo "make clean    remove the virtualenv and caches (not the stack's data)"
 
 install: $(STAMP)
@@ -131,6 +132,12 @@ bench: install up
 		if [ $${#scripts[@]} -eq 0 ]; then echo "bench: no bench/*.py scripts yet" >&2; exit 1; fi; \
 		for f in "$${scripts[@]}"; do echo "== $$f"; $(PY) "$$f"; done; \
 	fi
+
+# Restate and Temporal on sessionstream's workload, one system at a time (installed on first
+# use into ~/.cache/sessionstream/peers: npm, the Go module proxy, PyPI); < 15 min, --quick ~3
+bench-peers: install up
+	@$(PY) -m pip install --disable-pip-version-check -q -e '.[dev,bench,peers]' >>$(VENV)/install.log 2>&1
+	$(PY) -m bench.peers $(PEERS_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist *.egg-info

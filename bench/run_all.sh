@@ -27,6 +27,10 @@ STEPS=(
   "sweep|160|100|-m bench.bench_sweep|-m bench.bench_sweep --quick"
   "gateway-abuse|75|55|-m bench.bench_gateway_abuse|-m bench.bench_gateway_abuse --tries 5 --streams 100"
 )
+# BENCH_PEERS=1: Restate and Temporal beside us too (past the 10 min budget; installs on first use)
+if [[ ${BENCH_PEERS:-0} == 1 ]]; then
+  STEPS+=("peers|420|200|-m bench.peers|-m bench.peers --quick")
+fi
 
 failed=()
 records=()

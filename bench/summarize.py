@@ -236,6 +236,24 @@ def gateway_abuse(d: Any) -> list[tuple[str, Fmt]]:
     ]
 
 
+def peers(d: Any) -> list[tuple[str, Fmt]]:
+    s, r = d.get("systems", {}), d.get("ratios_to_restate", {})
+
+    def line(name: str) -> str:
+        ph = s[name]["phases"]
+        lat = ph["open-500"]
+        return (
+            f"{n(ph['closed-16']['commands_per_s'])} / {n(ph['closed-64']['commands_per_s'])} "
+            f"cmd/s (C=16 / 64); 500/s p50 / p99 {ms(lat, 'p50_ms', 'p99_ms')}; "
+            f"**{r[name]['c64_cmd_s']}x** Restate's C=64 cmd/s"
+        )
+
+    return [
+        (f"{name}: closed loop, open loop 500/s, vs Restate (same run)", lambda k=name: line(k))
+        for name in ("sessionstream-sdk", "sessionstream-http", "restate", "temporal")
+    ]
+
+
 SECTIONS: list[tuple[str, str, Callable[[Any], list[tuple[str, Fmt]]]]] = [
     ("decider", "decider", decider),
     ("processor", "processor", processor),
@@ -244,6 +262,7 @@ SECTIONS: list[tuple[str, str, Callable[[Any], list[tuple[str, Fmt]]]]] = [
     ("baselines", "vs baselines", baselines),
     ("sweep", "load sweep", sweep),
     ("gateway-abuse", "gateway under attack", gateway_abuse),
+    ("peers", "vs Restate and Temporal", peers),
 ]
 
 

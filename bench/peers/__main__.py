@@ -1,0 +1,172 @@
+"""`python -m bench.peers`: see the package docstring."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench.peers import _install
+from bench.peers._load import Pool, System, closed_loop, open_loop, summary
+from bench.peers._meter import PhaseMeter, loadavg
+from bench.peers._report import markdown, ratios
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+ALL = ("sessionstream-sdk", "sessionstream-http", "restate", "temporal")
+SESSIONS = 1000
+
+NOTES = """Notes on what differs between the systems:
+- Durability: sessionstream's outcome is a committed Kafka transaction (one local broker,
+  replication factor 1, the broker's default flush policy: the page cache, no fsync per
+  write). Restate's default config fsyncs its log (Bifrost) before it acknowledges. The
+  Temporal dev server keeps its history in SQLite *in memory*: nothing survives a restart.
+- Idempotency: every sessionstream command carries a command id the processor dedupes on;
+  Restate calls carry an `idempotency-key` (the same ids); Temporal updates carry an
+  update id.
+- Single writer: sessionstream decides a session on its partition (one processor
+  transaction at a time); Restate runs one exclusive handler per object key at a time;
+  Temporal applies a workflow's updates in its workflow tasks, one at a time.
+- sessionstream runs without a sink and without a worker (an abort cancels at once); the
+  broker's CPU and RSS are counted against sessionstream (a shared broker: anything else
+  on it counts too). CPU ms/cmd is the system's processes only; the driver (this process:
+  the SDK client, or the HTTP / Temporal client) is in brackets.
+- The SDK system drives one `SessionClient` from one thread with `submit_many` + `collect`
+  (as the gateway does); the loads run on one asyncio loop in this process."""
+
+
+def _systems(names: list[str], prefix: str) -> list[tuple[Any, Pool]]:
+    out: list[tuple[Any, Pool]] = []
+    for name in names:
+        pool = Pool(f"{prefix}-{name}", SESSIONS)
+        if name == "sessionstream-sdk":
+            from bench.peers._sessionstream import SdkSystem
+
+            out.append((SdkSystem(), pool))
+        elif name == "sessionstream-http":
+            from bench.peers._sessionstream import HttpSystem
+
+            out.append((HttpSystem(), pool))
+        elif name == "restate":
+            from bench.peers._restate import RestateSystem
+
+            out.append((RestateSystem(), pool))
+        elif name == "temporal":
+            from bench.peers._temporal import TemporalSystem
+
+            out.append((TemporalSystem(list(pool.idle)), pool))
+        else:
+            raise SystemExit(f"unknown system {name!r}; one of {', '.join(ALL)}")
+    return out
+
+
+async def run_system(system: System, pool: Pool, warm: float, secs: float) -> dict[str, Any]:
+    out: dict[str, Any] = {"phases": {}}
+    t0 = time.perf_counter()
+    try:
+        await system.start()
+        out["start_s"] = round(time.perf_counter() - t0, 1)
+        for phase in ("closed-16", "closed-64", "open-100", "open-500"):
+            mode, n = phase.split("-")
+            meter = PhaseMeter(system.processes())
+            if mode == "closed":
+                tally = await closed_loop(system, pool, int(n), warm, secs)
+            else:
+                tally = await open_loop(system, pool, float(n), warm, secs)
+            res = summary(tally, mode, secs)
+            res["meter"] = meter.read(tally.commands)
+            out["phases"][phase] = res
+            print(
+                f"peers: {system.name} {phase}: "
+                + json.dumps({k: v for k, v in res.items() if k != "meter"}),
+                file=sys.stderr,
+                flush=True,
+            )
+        out["sessions_left_broken"] = len(pool.broken)
+        if pool.broken:  # keep the servers' logs to see why
+            system.keep_logs = True  # type: ignore[attr-defined]
+        out["check"] = await asyncio.to_thread(system.check)  # type: ignore[attr-defined]
+    except Exception as e:  # reported in the results, the other systems still run
+        out["error"] = f"{type(e).__name__}: {e}"
+        print(f"peers: {system.name} failed: {out['error']}", file=sys.stderr, flush=True)
+    finally:
+        await system.stop()
+    return out
+
+
+def passthrough(rates: list[float], secs: float) -> dict[str, Any]:
+    from bench._baselines import passthrough_latency
+    from sessionstream.settings import Settings
+
+    s = Settings().model_copy(update={"partitions": 4})
+    out: dict[str, Any] = {}
+    for r in rates:
+        try:
+            out[f"{r:g}"] = passthrough_latency(s, r, secs, warmup=2)
+        except Exception as e:
+            out[f"{r:g}"] = f"failed: {type(e).__name__}: {e}"
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__package__ or "bench.peers"))
+    ap.add_argument("--quick", action="store_true", help="~2-3 min: short phases")
+    ap.add_argument("--systems", default=",".join(ALL))
+    ap.add_argument("--json", action="store_true", help="print the JSON result to stdout")
+    ap.add_argument("--seconds", type=float, help="measured seconds per phase")
+    ap.add_argument("--no-passthrough", action="store_true")
+    ap.add_argument("--no-save", action="store_true", help="do not write bench/results")
+    ap.add_argument("--note", default="", help="a line for the report (e.g. other load)")
+    args = ap.parse_args(argv)
+    names = [n.strip() for n in args.systems.split(",") if n.strip()]
+    warm, secs = (1.0, 5.0) if args.quick else (3.0, 15.0)
+    secs = args.seconds or secs
+    mods = ["hypercorn", "restate"] if "restate" in names else []
+    mods += ["temporalio"] if "temporal" in names else []
+    _install.python_packages(mods)
+    if "restate" in names:
+        _install.restate_server()
+    if "temporal" in names:
+        _install.temporal_cli()
+
+    started = time.time()
+    doc: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
+        "started": started,
+        "mode": "quick" if args.quick else "full",
+        "command": "python -m bench.peers " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "host": {"cpus": os.cpu_count(), "loadavg_start": loadavg(), "note": args.note},
+        "workload": {"sessions": SESSIONS, "warmup_s": warm, "seconds_per_phase": secs},
+        "installs": _install.install_times(),
+        "versions": {
+            "restate-server": _install.RESTATE_VERSION,
+            "temporal-cli": _install.TEMPORAL_CLI_VERSION,
+        },
+        "systems": {},
+    }
+    prefix = f"peers-{uuid.uuid4().hex[:6]}"
+    for system, pool in _systems(names, prefix):
+        print(f"peers: == {system.name}", file=sys.stderr, flush=True)
+        doc["systems"][system.name] = asyncio.run(run_system(system, pool, warm, secs))
+    if not args.no_passthrough:
+        doc["passthrough"] = passthrough([100, 500], 5 if args.quick else 10)
+    doc["ratios_to_restate"] = ratios(doc["systems"])
+    doc["wall_s"] = round(time.time() - started, 1)
+    doc["notes"] = NOTES
+    md = markdown(doc)
+    if not args.no_save:
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / "peers.json").write_text(json.dumps(doc, indent=2) + "\n")
+        (RESULTS / "peers.md").write_text(md)
+    print(json.dumps(doc, indent=2) if args.json else md)
+    failed = any("error" in s for s in doc["systems"].values())
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
