@@ -67,7 +67,7 @@ class _Bridge(threading.Thread):
         while not self.halt.is_set():
             batch = []
             try:
-                batch.append(self.inbox.get(timeout=0.002 if waiting else 0.05))
+                batch.append(self.inbox.get(timeout=0.0005 if waiting else 0.05))
                 while True:
                     batch.append(self.inbox.get_nowait())
             except queue.Empty:
@@ -78,7 +78,7 @@ class _Bridge(threading.Thread):
                     waiting[id(h)] = (h, fut)
             if not waiting:
                 continue
-            for h, got in self.client.collect([h for h, _ in waiting.values()], timeout=0.002):
+            for h, got in self.client.collect([h for h, _ in waiting.values()], timeout=0.0005):
                 _, fut = waiting.pop(id(h))
                 self.loop.call_soon_threadsafe(_settle, fut, got)
 
