@@ -808,13 +808,32 @@ ensure_registry_app() {
     mv "$tmp" "$REGISTRY_HOME"
 }
 
-registry_pid() {
+pidfile_pid() { # pidfile cmdline-pattern -> the pid, if that process still runs it
     local pid
-    [[ -f "$REGISTRY_PIDFILE" ]] || return 1
-    pid="$(cat "$REGISTRY_PIDFILE")"
-    [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null && grep -q "apicurio-registry" "/proc/$pid/cmdline" 2>/dev/null || return 1
+    [[ -f "$1" ]] || return 1
+    pid="$(cat "$1")"
+    [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null && grep -q "$2" "/proc/$pid/cmdline" 2>/dev/null || return 1
     printf '%s\n' "$pid"
 }
+
+pidfile_stop() { # name pidfile cmdline-pattern signal [quiet]: stop it, SIGKILL after 30 s
+    local pid i
+    if ! pid="$(pidfile_pid "$2" "$3")"; then
+        rm -f "$2"
+        [[ "${5:-}" == quiet ]] || say "$1: not running"
+        return 0
+    fi
+    kill "-$4" "$pid" 2>/dev/null || true
+    for ((i = 0; i < 60; i++)); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.5
+    done
+    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
+    rm -f "$2"
+    say "$1: stopped (pid $pid, SIG$4)"
+}
+
+registry_pid() { pidfile_pid "$REGISTRY_PIDFILE" apicurio-registry; }
 
 registry_database() { # the registry's database in our cluster, idempotent
     as_pg "$PG_BIN/psql" -X -q -h "$PG_SOCK" -p "$PG_PORT" -U postgres -d postgres \
@@ -893,22 +912,7 @@ registry_up() {
     say "registry: ready on $REGISTRY_URL (pid $pid, $desc; schemas in PostgreSQL database $REGISTRY_DB$auth)"
 }
 
-registry_down() { # [signal]
-    local pid sig="${1:-TERM}" i
-    if ! pid="$(registry_pid)"; then
-        rm -f "$REGISTRY_PIDFILE"
-        say "registry: not running"
-        return 0
-    fi
-    kill "-$sig" "$pid" 2>/dev/null || true
-    for ((i = 0; i < 60; i++)); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.5
-    done
-    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
-    rm -f "$REGISTRY_PIDFILE"
-    say "registry: stopped (pid $pid, SIG$sig)"
-}
+registry_down() { pidfile_stop registry "$REGISTRY_PIDFILE" apicurio-registry "${1:-TERM}"; }
 
 registry_status() {
     local pid desc
@@ -974,13 +978,7 @@ ensure_connect_libs() {
     mv "$tmp" "$CONNECT_LIBS"
 }
 
-connect_pid() {
-    local pid
-    [[ -f "$CONNECT_PIDFILE" ]] || return 1
-    pid="$(cat "$CONNECT_PIDFILE")"
-    [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null && grep -q "ConnectDistributed" "/proc/$pid/cmdline" 2>/dev/null || return 1
-    printf '%s\n' "$pid"
-}
+connect_pid() { pidfile_pid "$CONNECT_PIDFILE" ConnectDistributed; }
 
 connect_probe() { # wait [pid]
     local args=(connect "http://127.0.0.1:$CONNECT_PORT" --wait "$1")
@@ -1024,21 +1022,8 @@ connect_up() {
     say "connect: ready on http://127.0.0.1:$CONNECT_PORT (pid $pid, $desc; log $CONNECT_LOG)"
 }
 
-connect_down() { # [signal]
-    local pid sig="${1:-TERM}" i
-    if ! pid="$(connect_pid)"; then
-        rm -f "$CONNECT_PIDFILE"
-        [[ "${2:-}" == quiet ]] || say "connect: not running"
-        return 0
-    fi
-    kill "-$sig" "$pid" 2>/dev/null || true
-    for ((i = 0; i < 60; i++)); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.5
-    done
-    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
-    rm -f "$CONNECT_PIDFILE"
-    say "connect: stopped (pid $pid, SIG$sig)"
+connect_down() { # [signal] [quiet]
+    pidfile_stop connect "$CONNECT_PIDFILE" ConnectDistributed "${1:-TERM}" "${2:-}"
 }
 
 connect_status() {

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -211,50 +212,41 @@ def _pages(app: Any, folder: Folder, settings: Settings) -> None:
         body = {"error": {"code": "partitions_unserved", "message": str(e)}, "missing": e.missing}
         return web.json(body, status=503, headers={"Retry-After": "1"})
 
+    async def answer(
+        web: Any, kind: shares.Kind, w: stats.Window, page: Callable[[list[shares.Record]], Any]
+    ) -> Any:
+        """A page over every partition's records of `kind`, or 503 while one is unserved."""
+        try:
+            records = await peers.records(kind, w)
+        except shares.Incomplete as e:
+            return unserved(web, e)
+        return web.json(page(records))
+
     @app.page("/stats/runs")  # type: ignore[untyped-decorator]
     async def runs(web: Any, request: Any) -> Any:
         w = _window(request)
-        try:
-            records = await peers.records("runs", w)
-        except shares.Incomplete as e:
-            return unserved(web, e)
-        return web.json(stats.runs(_of(RunFacts, records), w))
+        return await answer(web, "runs", w, lambda r: stats.runs(_of(RunFacts, r), w))
 
     @app.page("/stats/rejections")  # type: ignore[untyped-decorator]
     async def rejections(web: Any, request: Any) -> Any:
         w = _window(request)
-        try:
-            records = await peers.records("rejections", w)
-        except shares.Incomplete as e:
-            return unserved(web, e)
-        return web.json(stats.rejections(_of(Rejection, records), w))
+        return await answer(web, "rejections", w, lambda r: stats.rejections(_of(Rejection, r), w))
 
     @app.page("/stats/cancel-latency")  # type: ignore[untyped-decorator]
     async def cancel_latency(web: Any, request: Any) -> Any:
         w = _window(request)
-        try:
-            records = await peers.records("finished", w)
-        except shares.Incomplete as e:
-            return unserved(web, e)
-        return web.json(stats.cancel_latency(_of(RunFacts, records), w))
+        return await answer(web, "finished", w, lambda r: stats.cancel_latency(_of(RunFacts, r), w))
 
     @app.page("/stats/durations")  # type: ignore[untyped-decorator]
     async def durations(web: Any, request: Any) -> Any:
         w = _window(request)
-        try:
-            records = await peers.records("finished", w)
-        except shares.Incomplete as e:
-            return unserved(web, e)
-        return web.json(stats.durations(_of(RunFacts, records), w))
+        return await answer(web, "finished", w, lambda r: stats.durations(_of(RunFacts, r), w))
 
     @app.page("/stats/active")  # type: ignore[untyped-decorator]
     async def active(web: Any, request: Any) -> Any:
         tenant = request.query.get("tenant")
-        try:
-            records = await peers.records("active", stats.Window(0, 0, tenant))
-        except shares.Incomplete as e:
-            return unserved(web, e)
-        return web.json(stats.active_runs(_of(RunFacts, records), tenant))
+        w = stats.Window(0, 0, tenant)
+        return await answer(web, "active", w, lambda r: stats.active_runs(_of(RunFacts, r), tenant))
 
     @app.page("/stats/local")  # type: ignore[untyped-decorator]
     async def local(web: Any, request: Any) -> Any:
