@@ -188,10 +188,6 @@ class HttpSystem:
                 "gateway_rate_burst": 1_000_000,
                 # every request comes from this one address
                 "gateway_max_connections_per_address": 1024,
-                # when the key's cache entry expires, every request in flight takes a token of
-                # the per-address bucket for requests without a known key before the one
-                # lookup: past its burst (20) a valid key is refused 429
-                "gateway_unauthenticated_burst": 1_000_000,
             }
         )
         self.world.s = s

@@ -69,7 +69,12 @@ class Authenticator:
         key = _presented(authorization, x_api_key)
         found = self._cached(key) if key is not None else None
         if found is None:
-            if address is not None:
+            # the no-valid-key bucket is for keys not known to be live: a live key whose
+            # cache entry just expired is revalidated (one lookup for all its requests)
+            # without a token, or its owner's burst would be refused 429 at every refresh
+            charged = address is not None and not (key is not None and self._was_live(key))
+            if charged:
+                assert address is not None
                 wait = self._addresses.take(address)
                 if wait > 0:
                     raise too_many(
@@ -80,7 +85,8 @@ class Authenticator:
                     401, "unauthorized", "an API key is required (Authorization: Bearer)"
                 )
             found = await self._lookup(key)
-            if found is not None and address is not None:
+            if found is not None and charged:
+                assert address is not None
                 self._addresses.give_back(address)  # a live key: not what the bucket is for
         if found is None:
             raise ApiError(401, "unauthorized", "unknown or revoked API key")
@@ -93,6 +99,11 @@ class Authenticator:
                 f"more than {self.rate:g} requests/s (burst {self.burst}) with this key", wait
             )
         return Principal(found.key_id, found.tenant_id, found.actor)
+
+    def _was_live(self, key: str) -> bool:
+        """The cache's last word on `key`, expired or not, was a live key."""
+        hit = self._cache.get(key)
+        return hit is not None and hit[1] is not None
 
     def _cached(self, key: str) -> ApiKey | None:
         """The live key the cache holds for `key` (None: not known to be live now)."""

@@ -317,3 +317,35 @@ async def test_swagger_ui_is_off_by_default_and_served_from_the_package(docs: bo
         bundle = await c.get("/docs/assets/swagger-ui-bundle.js")
         assert bundle.status_code == 200 and len(bundle.content) > 100_000
         assert (await c.get("/static/docs.js")).status_code == 200
+
+
+async def test_a_live_key_whose_cache_entry_expired_is_not_charged_as_unauthenticated() -> None:
+    """Found by the peers benchmark: when a live key's cache entry expired under load, each
+    request in flight took a token of the address's no-valid-key bucket before the one
+    lookup; past its burst the key's owner got 429. A key last seen live is revalidated
+    without a token; one last seen dead (or never seen) still pays."""
+    s = Settings(
+        gateway_unauthenticated_per_s=0.01,
+        gateway_unauthenticated_burst=3,
+        gateway_key_cache_s=0.05,
+        gateway_rate_per_s=1000,
+        gateway_rate_burst=1000,
+    )
+    db = _KeyDb(good=_key(9999))
+    auth = Authenticator(s, db)  # type: ignore[arg-type]
+    good = f"Bearer {_key(9999)}"
+    assert (await auth.principal(good, None, "10.0.0.9")).tenant_id == "acme"
+    await asyncio.sleep(0.06)  # the entry expires
+    got = await asyncio.gather(
+        *(auth.principal(good, None, "10.0.0.9") for _ in range(50)), return_exceptions=True
+    )
+    assert [g for g in got if isinstance(g, Exception)] == []
+    assert db.asked == 2  # one revalidation for all fifty
+    # a made-up key from that address still pays, and the bucket is still whole for it
+    codes = []
+    for i in range(5):
+        try:
+            await auth.principal(f"Bearer {_key(i)}", None, "10.0.0.9")
+        except ApiError as e:
+            codes.append(e.status)
+    assert codes == [401, 401, 401, 429, 429]
