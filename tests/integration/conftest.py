@@ -24,7 +24,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from sessionstream._probe import NotAnswering, NotListening, kafka_answers, postgres_answers
 from sessionstream.settings import Settings
 from tests.integration.helpers import wait_until
-from tests.integration.procs import MADE, REPO, Proc
+from tests.integration.procs import MADE, REPO, Proc, isolated_settings
 
 TopicFactory = Callable[..., str]
 
@@ -177,3 +177,11 @@ def procs() -> Iterator[list[Proc]]:
     yield started
     for p in started:
         p.stop()
+
+
+@pytest.fixture
+def iso(request: pytest.FixtureRequest, settings: Settings, kafka_bootstrap: str) -> Settings:
+    """A world of the test's own, named after it: topics, groups, a PostgreSQL schema (all
+    removed at the session's end). A module that needs more (migrations, a cleanup) defines
+    its own `iso`."""
+    return isolated_settings(settings, request.node.name[:20].replace("_", "-"))

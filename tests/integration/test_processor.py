@@ -29,18 +29,12 @@ from tests.integration.procs import (
     TOPIC_FIELDS,
     Proc,
     committed_offsets,
-    isolated_settings,
     processor,
     topic_names,
     wait_processed,
 )
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def iso(request: pytest.FixtureRequest, settings: Settings, kafka_bootstrap: str) -> Settings:
-    return isolated_settings(settings, request.node.name[:20].replace("_", "-"))
 
 
 def _assert_log(s: Settings, sent: set[str]) -> None:

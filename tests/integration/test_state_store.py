@@ -20,7 +20,7 @@ from sessionstream.settings import Settings
 from sessionstream.topics import ensure_topics
 from streams.log_check import state_table
 from tests.integration.helpers import check_log, fold_log, wait_until
-from tests.integration.procs import Proc, isolated_settings, processor, wait_processed
+from tests.integration.procs import Proc, processor, wait_processed
 
 pytestmark = pytest.mark.integration
 
@@ -28,11 +28,6 @@ RESTORED = re.compile(
     r"restored partitions \[[\d, ]*\]: (\d+) changelog records in [\d.]+s "
     r"\((\d+) from a checkpoint, (\d+) in full\)"
 )
-
-
-@pytest.fixture
-def iso(request: pytest.FixtureRequest, settings: Settings, kafka_bootstrap: str) -> Settings:
-    return isolated_settings(settings, request.node.name[:20].replace("_", "-"))
 
 
 def _restores(p: Proc) -> list[tuple[int, int, int]]:

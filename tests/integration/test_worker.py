@@ -19,16 +19,11 @@ from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
 from sinks.migrate import migrate
 from tests.integration.helpers import check_log, wait_until
-from tests.integration.procs import Proc, isolated_settings, processor
+from tests.integration.procs import Proc, processor
 
 pytestmark = pytest.mark.integration
 
 _codec = reader_codec()
-
-
-@pytest.fixture
-def iso(request: pytest.FixtureRequest, settings: Settings, kafka_bootstrap: str) -> Settings:
-    return isolated_settings(settings, "w-" + request.node.name[5:20].replace("_", "-"))
 
 
 @pytest.fixture
