@@ -27,8 +27,8 @@ from tests.integration.test_worker import (
 
 pytestmark = pytest.mark.integration
 
-# the fixtures of test_worker.py, shared
-iso, db = _tw.iso, _tw.db
+# the fixture of test_worker.py, shared
+db = _tw.db  # (`iso` is conftest's)
 
 LEASE_MS = 2500
 

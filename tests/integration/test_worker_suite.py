@@ -35,7 +35,7 @@ from tests.integration.test_worker import ready, start_worker
 
 pytestmark = pytest.mark.integration
 
-iso, db = _tw.iso, _tw.db
+db = _tw.db  # (`iso` is conftest's)
 
 WORKERS = 4
 RUNS = 50
