@@ -286,14 +286,7 @@ class Codec:
         if size > self.max_record_bytes:
             raise OversizedRecord(f"outcome record of {size} bytes", size=size)
         if data[:10] == out.header:
-            try:
-                record = out.compiled.read_dict(data, 10)
-            except ReadError as e:
-                raise MalformedRecord(f"corrupt outcome record: {e}", size=size) from e
-            try:
-                return CommandOutcome.model_validate(record)
-            except ValidationError as e:
-                raise _violation("outcome", e, size) from e
+            return self._compiled_outcome(data, 10)
         if data[:1] != CONFLUENT_MAGIC or size < 5:
             raise MalformedRecord(
                 f"outcome record is neither in the Confluent framing nor single-object; "
@@ -308,8 +301,13 @@ class Codec:
                     return CommandOutcome.model_validate(record)
                 except ValidationError as e:
                     raise _violation("outcome", e, size) from e
+        return self._compiled_outcome(data, 5)
+
+    def _compiled_outcome(self, data: bytes, offset: int) -> CommandOutcome:
+        """The body after its header, read by this version's compiled reader."""
+        size = len(data)
         try:
-            record = out.compiled.read_dict(data, 5)
+            record = self._out.compiled.read_dict(data, offset)
         except ReadError as e:
             raise MalformedRecord(f"corrupt outcome record: {e}", size=size) from e
         try:
