@@ -1,4 +1,4 @@
-"""faust's aiokafka transport with the two changes analytics needs.
+"""faust's aiokafka transport with the three changes analytics needs.
 
 1. `read_committed`: faust reads `read_uncommitted` unless `processing_guarantee` is
    `exactly_once` (`AIOKafkaConsumerThread._create_worker_consumer`), and
@@ -8,6 +8,9 @@
    the records below it reached Kafka (docs/decisions/0002-analytics.md). The app seeks
    in its recovery callback, while the partitions are paused, and again in faust's
    `perform_seek` (which would otherwise seek them to the committed offsets).
+3. When faust drops a batch fetched during a rebalance, the changelog partitions recovery
+   reads are fetched again from where recovery stands (faust leaves them past the dropped
+   records, and recovery then waits for those forever).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 from aiokafka import TopicPartition
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
-__all__ = ["ResumeFn", "transport_class"]
+__all__ = ["ResumeFn", "changelog_positions", "transport_class"]
 
 log = logging.getLogger("sessionstream.analytics")
 
@@ -67,6 +70,8 @@ class _Consumer(faust_aiokafka.Consumer):
         # fetcher hand over records from there, past a cursor that lags the commit
         if type(self).resume_at is None:
             return dict(await super().seek_to_committed())
+        if not self.flow_active:
+            await self._reread_changelogs()
         others = [tp for tp in self.assignment() if tp.topic != self.source_topic]
         offsets: dict[Any, Any] = {}
         if others:
@@ -82,6 +87,46 @@ class _Consumer(faust_aiokafka.Consumer):
             log.info("analytics: %s[%d] resumes at offset %d", tp.topic, tp.partition, where)
         offsets.update(resumed)
         return offsets
+
+    async def _reread_changelogs(self) -> None:
+        """Put each changelog partition faust's recovery reads back where its reader stands.
+
+        faust's `Consumer.getmany` drops a batch fetched while the flow is stopped and calls
+        `perform_seek` to have it fetched again, but aiokafka's `seek_to_committed` leaves a
+        partition without a committed offset where it is: past the dropped records. A
+        changelog partition never has one, so when the dropped batch held the last records
+        below the highwater, recovery waited for them forever (seen in CI after a kill -9:
+        "No event received for active tp ... since recovery start", every partition
+        unserved for minutes)."""
+        recovery: Any = self.app.tables.recovery  # type: ignore[attr-defined]
+        where = changelog_positions(
+            set(self.assignment()),
+            {tp: recovery.active_offsets[tp] for tp in recovery.active_tps},
+            {tp: recovery.standby_offsets[tp] for tp in recovery.standby_tps},
+        )
+        if where:
+            log.info(
+                "analytics: a batch fetched during the rebalance was dropped; changelog "
+                "partitions re-read from %s",
+                {f"{tp.topic}[{tp.partition}]": o for tp, o in sorted(where.items())},
+            )
+            await self.seek_wait(where)
+
+
+def changelog_positions(
+    assigned: set[Any], actives: Mapping[Any, int | None], standbys: Mapping[Any, int | None]
+) -> dict[Any, int]:
+    """The offset to fetch each assigned changelog partition from again: the last offset
+    recovery read, as faust's `Recovery._seek_offsets` seeks (one record read twice, which
+    a table's changelog applies idempotently); -1 or None (nothing read) is the start."""
+    out: dict[Any, int] = {}
+    for offsets in (actives, standbys):
+        for tp, offset in offsets.items():
+            if tp in assigned:
+                at = max(offset or 0, 0)
+                # listed by both readers (a standby promoted): the earlier, never past one
+                out[tp] = min(out.get(tp, at), at)
+    return out
 
 
 def transport_class(source_topic: str, resume_at: ResumeFn) -> type[Any]:

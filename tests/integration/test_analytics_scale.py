@@ -181,6 +181,8 @@ def test_two_instances_answer_for_all_partitions_through_kill9_under_load(
     t0 = time.monotonic()
     procs += [processor(world), sink(world)]
     a, b = instance(world).start(), instance(world).start()
+    stop = threading.Event()
+    drivers: list[threading.Thread] = []
     try:
         wait_until(
             lambda: split([a, b], world.partitions),
@@ -188,8 +190,7 @@ def test_two_instances_answer_for_all_partitions_through_kill9_under_load(
             interval=0.5,
             what="the two analytics instances to split the partitions",
         )
-        stop = threading.Event()
-        drivers = [
+        drivers += [
             threading.Thread(target=drive, args=(world, t, stop, n), daemon=True)
             for n, t in enumerate(TENANTS)
         ]
@@ -254,6 +255,9 @@ def test_two_instances_answer_for_all_partitions_through_kill9_under_load(
                 raise
         print(f"\nnumbers {want}\nin {time.monotonic() - t0:.1f} s")
     finally:
+        stop.set()  # on a failure too: clients left sending time out into later tests
+        for d in drivers:
+            d.join(timeout=90)
         a.stop()
         b.stop()
 
