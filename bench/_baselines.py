@@ -243,6 +243,7 @@ def passthrough_latency(
     lat = [seen[v] - sent[v] for v in measured if v in seen]
     return {
         "target_rate": rate,
+        "sent": i,
         "measured": len(lat),
         "missing": len(measured) - len(lat),
         **percentiles(lat),

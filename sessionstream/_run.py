@@ -31,8 +31,8 @@ def stop_on_signals() -> threading.Event:
 
 def run_processor(instance: str | None) -> int:
     settings = get_settings()
+    from sessionstream.kafka.transactions import Stopping
     from streams.processor import TransactionalProcessor
-    from streams.processor.loop import Stopping
 
     proc = TransactionalProcessor(settings, instance_id=instance)
     stop = stop_on_signals()

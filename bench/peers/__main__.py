@@ -100,14 +100,25 @@ async def run_system(system: System, pool: Pool, warm: float, secs: float) -> di
 
 
 def passthrough(rates: list[float], secs: float) -> dict[str, Any]:
+    """The raw transactional pass-through at each rate: its latency, and the broker's CPU
+    per record (the Kafka floor under the CPU goal: one transaction per poll, two
+    partitions and the offsets per transaction, against the processor's five or six)."""
     from bench._baselines import passthrough_latency
+    from bench._harness import broker_pid
     from sessionstream.settings import Settings
 
     s = Settings().model_copy(update={"partitions": 4})
+    broker = broker_pid()
     out: dict[str, Any] = {}
     for r in rates:
         try:
-            out[f"{r:g}"] = passthrough_latency(s, r, secs, warmup=2)
+            meter = PhaseMeter({"kafka broker": broker} if broker else {})
+            got = passthrough_latency(s, r, secs, warmup=2)
+            used = meter.read(got["sent"])["processes"]
+            if broker:
+                cpu = used["kafka broker"]["cpu_s"]
+                got["broker_cpu_ms_per_record"] = round(1000 * cpu / max(got["sent"], 1), 3)
+            out[f"{r:g}"] = got
         except Exception as e:
             out[f"{r:g}"] = f"failed: {type(e).__name__}: {e}"
     return out

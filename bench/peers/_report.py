@@ -28,6 +28,27 @@ def driver_cpu_per_command(sys_: dict[str, Any]) -> float | None:
     return round(1000 * cpu / cmds, 3) if cmds else None
 
 
+def _cpu_floor(pt: dict[str, Any], systems: dict[str, Any]) -> str:
+    """The broker's CPU per record under the raw pass-through beside each system's CPU per
+    command in the open-loop phase of the same rate."""
+    cells = []
+    for r, v in pt.items():
+        if not isinstance(v, dict) or "broker_cpu_ms_per_record" not in v:
+            continue
+        row = [f"pass-through broker {v['broker_cpu_ms_per_record']}"]
+        for name, sys_ in systems.items():
+            ph = sys_.get("phases", {}).get(f"open-{r}")
+            if ph and ph.get("commands"):
+                row.append(f"{name} {ph['meter']['cpu_ms_per_command']}")
+        cells.append(f"{r}/s: " + ", ".join(row))
+    if not cells:
+        return ""
+    return (
+        "\nCPU ms per record or command in the open-loop phases (the Kafka floor: a broker "
+        "running one transaction a poll of the pass-through, no logic): " + "; ".join(cells)
+    )
+
+
 def rss(sys_: dict[str, Any]) -> dict[str, float]:
     """Peak RSS (MiB) per process over the run, the load driver left out."""
     out: dict[str, float] = {}
@@ -120,6 +141,9 @@ def markdown(doc: dict[str, Any]) -> str:
             "visible p50 / p99 / max ms: "
             + "; ".join(f"{r}/s: {_lat(v)}" for r, v in pt.items() if isinstance(v, dict))
         )
+        floor = _cpu_floor(pt, systems)
+        if floor:
+            lines.append(floor)
     rt = ratios(systems)
     if rt:
         lines.append(

@@ -32,6 +32,10 @@ sequential (one begins after the one before committed), so the logs' order and t
 are those of a single producer; the group coordinator keeps the newest offset commit by its
 position in `__consumer_offsets` whichever marker lands first.
 
+The Kafka side of a transaction — its producer's set-up, the commit on a thread of its own,
+the abort, what librdkafka's errors mean — is the adapter's
+(`sessionstream/kafka/transactions.py`); what to do about them is decided here.
+
 Restore (`restore.py`): on assignment, committed offsets are fetched first (read_committed
 asks the broker for stable offsets, so a predecessor's pending transaction is resolved
 before we go on), then each partition's local store (`store.py`) reads the state and dedup
@@ -48,7 +52,6 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,14 +69,25 @@ from confluent_kafka import (
 from schemas.codec import Codec
 from schemas.commands import Command
 from sessionstream import metrics
-from sessionstream.errors import KafkaUnavailable, SessionstreamError, SingleWriterViolation
+from sessionstream.errors import KafkaUnavailable, SingleWriterViolation
 from sessionstream.kafka import (
-    KAFKA_LOG,
     data_messages,
     dead_letter_headers,
     group_consumer_config,
     transactional_producer_config,
     unmasked,
+)
+from sessionstream.kafka.transactions import (
+    COMMIT_LIMIT_S,
+    FENCING,
+    RENEW_WINDOW_S,
+    SEND_OFFSETS_LIMIT_S,
+    GroupLog,
+    Stopping,
+    TransactionCommit,
+    abort_transaction,
+    consumer_fence_is_foreign,
+    init_transactions,
 )
 from sessionstream.registry import attach_registry
 from sessionstream.settings import PRODUCER_MARK, Settings, check_instance_id
@@ -98,28 +112,12 @@ from streams.step import FORWARDED_HEADER, CommandStep, StepOutcome
 #: decoded in front of it)
 BLOCK_CACHE_BYTES = 32 << 20
 
-__all__ = [
-    "ProcessorStats",
-    "Stopping",
-    "TransactionalProcessor",
-    "default_instance_id",
-    "init_transactions",
-]
+__all__ = ["ProcessorStats", "TransactionalProcessor", "default_instance_id"]
 
 log = logging.getLogger("sessionstream.processor")
 
-#: a producer fenced again this soon after being replaced means a second live instance
-RENEW_WINDOW_S = 60.0
-#: a consumer fenced this soon after librdkafka reported its own session timeout fenced
-#: itself (librdkafka#3437: it rejoins under a new member id and the coordinator fences the
-#: old one); seen 0-2.5 s apart on the 3-node cluster, so 5 session timeouts is generous
-SELF_FENCE_S = 30.0
 #: transactional producers per instance, used in turn (see the module's docstring)
 PRODUCERS = 2
-#: the errors that mean a newer producer has our transactional id
-_FENCING = frozenset(
-    {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
-)
 #: how long a producer that replaces a failed one may keep getting retriable answers to
 #: init_transactions (a restarted broker still loading its transaction coordinator) before
 #: the processor gives up
@@ -128,23 +126,6 @@ RENEW_PATIENCE_S = 600.0
 #: compose up`) may still be loading its transaction coordinator; the topics were already
 #: read by then, so the broker answers and a wrong address has failed before this
 START_PATIENCE_S = 300.0
-#: answers of a broker whose transaction coordinator is not (yet) serving: asked again
-_COORDINATOR_BUSY = frozenset(
-    {
-        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-        KafkaError.COORDINATOR_NOT_AVAILABLE,
-        KafkaError.NOT_COORDINATOR,
-        KafkaError._TIMED_OUT,
-        KafkaError._TRANSPORT,
-        KafkaError._ALL_BROKERS_DOWN,
-    }
-)
-#: longest wait for send_offsets_to_transaction before the producer is given up
-SEND_OFFSETS_LIMIT_S = 30.0
-#: how long abort_transaction may keep timing out before the producer is renewed
-ABORT_LIMIT_S = 30.0
-#: commit_transaction's own timeout (a retriable error is retried within the same bound)
-COMMIT_LIMIT_S = 30.0
 #: the group's max.poll.interval.ms: the main thread waits up to both commit limits for a
 #: stuck commit (a dead coordinator) without polling; at the old 60 s, equal to them, such a
 #: wait also made the processor leave its group and restore (56 s to decide again, 3-node
@@ -157,33 +138,6 @@ MAX_POLL_INTERVAL_MS = int((SEND_OFFSETS_LIMIT_S + COMMIT_LIMIT_S) * 1000) + 30_
 LIGHT_BATCH = 64
 
 
-class GroupLog:
-    """The group consumer's librdkafka logger: each line goes to `sessionstream.kafka` as
-    for every client, and the time of the consumer's last own session timeout (facility
-    SESSTMOUT) is kept: a fence that follows one is the consumer's own doing."""
-
-    def __init__(self) -> None:
-        self.session_timeout_at: float | None = None
-
-    def log(self, level: int, msg: str, *args: Any) -> None:
-        if args and args[0] == "SESSTMOUT":
-            self.session_timeout_at = time.monotonic()
-        KAFKA_LOG.log(level, msg, *args)
-
-
-def consumer_fence_is_foreign(
-    now: float, renewed_at: float | None, session_timeout_at: float | None
-) -> bool:
-    """Whether a fatal fence of our static member means a second live instance with our
-    group.instance.id. Not when the consumer's own session timed out within
-    `SELF_FENCE_S` (librdkafka#3437, any number of times: each broker fault can cause
-    one); otherwise yes when the consumer was already renewed within `RENEW_WINDOW_S` (two
-    instances fence each other back and forth)."""
-    if session_timeout_at is not None and now - session_timeout_at < SELF_FENCE_S:
-        return False
-    return renewed_at is not None and now - renewed_at < RENEW_WINDOW_S
-
-
 def transactional_ids(group: str, instance: str) -> list[str]:
     """The transactional ids of an instance's producers: `{group}-{instance}` (the id of
     versions with one producer, so an upgraded instance fences its predecessor), then
@@ -193,158 +147,9 @@ def transactional_ids(group: str, instance: str) -> list[str]:
     return [base if n == 0 else f"{base}{PRODUCER_MARK}{n}" for n in range(PRODUCERS)]
 
 
-class _Commit:
-    """Steps 3-4 of one batch's transaction on a thread of its own: the input offsets join
-    it (`send_offsets_to_transaction`, KIP-447), then it commits. The thread also serves
-    the delivery reports of the changelog records (commit_transaction flushes). `slot`:
-    which of the processor's producers runs the transaction."""
-
-    def __init__(
-        self,
-        batch: Batch,
-        slot: int,
-        outcomes: Callable[[], list[tuple[int, bytes, bytes, Any]]] | None = None,
-        outcomes_topic: str = "",
-    ) -> None:
-        self.batch = batch
-        self.slot = slot
-        #: the outcome records, made once the events' delivery reports are in
-        self.outcomes = outcomes
-        self.outcomes_topic = outcomes_topic
-        #: (topic, partition) -> next offset after the records the transaction delivered
-        self.delivered: dict[tuple[str, int], int] = {}
-        self.phases: dict[str, float] = {}
-        self.error: KafkaException | None = None
-        #: anything else the commit raised: its outcome is unknown (`wait` raises it)
-        self.failure: BaseException | None = None
-        self.committed = False
-        self._done = threading.Event()
-
-    def on_delivery(self, err: KafkaError | None, msg: Message) -> None:
-        if err is None:
-            topic, p, offset = coords(msg)
-            if offset + 1 > self.delivered.get((topic, p), 0):
-                self.delivered[(topic, p)] = offset + 1
-
-    def start(self, producer: Producer, offsets: list[TopicPartition], metadata: Any) -> None:
-        threading.Thread(
-            target=self._run, args=(producer, offsets, metadata), name="commit", daemon=True
-        ).start()
-
-    def _run(self, producer: Producer, offsets: list[TopicPartition], metadata: Any) -> None:
-        clock = time.perf_counter
-        try:
-            with unmasked():
-                t0 = clock()
-                # Step 3a: the input offsets join the transaction — first, so that its two
-                # round trips (AddOffsetsToTxn, TxnOffsetCommit) overlap the events' own
-                # produce requests, which 3b waits for
-                if offsets:
-                    producer.send_offsets_to_transaction(offsets, metadata, SEND_OFFSETS_LIMIT_S)
-                t1 = clock()
-                # Step 3b: the outcome of every command read: its events' offsets come
-                # from their delivery reports, so those are waited for first
-                if self.outcomes is not None:
-                    left = producer.flush(COMMIT_LIMIT_S)
-                    if left:
-                        raise KafkaException(
-                            KafkaError(
-                                KafkaError._TIMED_OUT,
-                                f"{left} records of the transaction not delivered",
-                            )
-                        )
-                    put = producer.produce
-                    topic = self.outcomes_topic
-                    for p, key, value, headers in self.outcomes():
-                        put(topic, key=key, value=value, partition=p, headers=headers)
-                t2 = clock()
-                # Step 4: commit — events, changelogs, dead letters, forwards, timers and
-                # offsets at once; a retriable error (broker restarting, coordinator moving)
-                # is retried
-                while True:
-                    try:
-                        producer.commit_transaction(COMMIT_LIMIT_S)
-                        break
-                    except KafkaException as e:
-                        kerr = e.args[0]
-                        if kerr.fatal() or kerr.txn_requires_abort() or not kerr.retriable():
-                            raise
-                        log.warning("commit_transaction: %s; retrying", kerr)
-            self.phases["send_offsets"], self.phases["outcomes"] = t1 - t0, t2 - t1
-            self.phases["commit"] = clock() - t2
-            self.committed = True
-        except KafkaException as e:
-            self.error = e
-        except BaseException as e:  # never "committed" by default: the waiter raises it
-            self.failure = e
-        finally:
-            self._done.set()
-
-    def wait(self, limit_s: float) -> KafkaException | None:
-        """The commit's error, if any. After a broker restart librdkafka can block in
-        send_offsets_to_transaction forever, its timeout notwithstanding (librdkafka#5456,
-        #5511): past `limit_s` the producer is given up as fatally failed, and a new one
-        with our transactional id fences it (`_renew_producer`). The stuck call keeps its
-        thread. Anything but a KafkaException leaves the commit's outcome unknown: it is
-        raised, and the processor stops (a restart restores what was committed)."""
-        if not self._done.wait(limit_s):
-            return KafkaException(
-                KafkaError(KafkaError._TIMED_OUT, "transaction commit stuck", fatal=True)
-            )
-        if self.error is not None:
-            return self.error
-        if not self.committed:  # neither committed nor a Kafka error: outcome unknown
-            raise RuntimeError(
-                f"the transaction's commit failed unexpectedly: {self.failure!r}"
-            ) from self.failure
-        return None
-
-
 def default_instance_id() -> str:
     """Stable across restarts on one host, so a restart fences its own predecessor."""
     return socket.gethostname()
-
-
-class Stopping(SessionstreamError):
-    """Asked to stop while waiting for a transaction coordinator that does not answer."""
-
-
-def init_transactions(
-    make: Callable[[], Producer],
-    patience_s: float,
-    *,
-    bootstrap: str,
-    stop: threading.Event | None = None,
-) -> Producer:
-    """A producer from `make`, its transactions initialised. Retriable answers (a restarted
-    broker still loading its transaction coordinator, a timeout) are asked again until
-    `patience_s` has passed — by the same producer when librdkafka marks the error
-    retriable (it allows calling init_transactions again then), else by a new one; after
-    that, or on any other error, KafkaUnavailable. While patient it asks in 10 s steps and
-    raises Stopping once `stop` is set."""
-    deadline = time.monotonic() + patience_s
-    producer = make()
-    said = 0.0
-    while True:
-        try:
-            producer.init_transactions(60 if patience_s <= 0 else 10)
-            return producer
-        except KafkaException as e:
-            kerr = e.args[0]
-            now = time.monotonic()
-            retriable = isinstance(kerr, KafkaError) and not kerr.fatal() and kerr.retriable()
-            busy = isinstance(kerr, KafkaError) and kerr.code() in _COORDINATOR_BUSY
-            if not (retriable or busy) or now >= deadline:
-                raise KafkaUnavailable(f"init_transactions failed: {e}", bootstrap=bootstrap) from e
-            if stop is not None and stop.is_set():
-                raise Stopping("stopped while waiting for the transaction coordinator") from e
-            if now - said >= 30:
-                said = now
-                log.warning(
-                    "init_transactions: %s; asking again (%.0fs left)", kerr.str(), deadline - now
-                )
-            if not retriable:
-                producer = make()
 
 
 class TransactionalProcessor:
@@ -391,7 +196,7 @@ class TransactionalProcessor:
         self._group_log = GroupLog()
         self._forward_logged_at = 0.0
         #: the transaction committing on its own thread while the next batch is decided
-        self._inflight: _Commit | None = None
+        self._inflight: TransactionCommit[Batch] | None = None
         self.store_base: Path = settings.store_path / settings.processor_group / self.instance_id
         self._block_cache = rocksdict.Cache(BLOCK_CACHE_BYTES)
         self.last_restore: RestoreReport | None = None
@@ -660,7 +465,7 @@ class TransactionalProcessor:
         self._slot = (slot + 1) % len(self._producers)
         producer = self._producers[slot]
         clock = time.perf_counter
-        commit = _Commit(
+        commit = TransactionCommit(
             batch,
             slot,
             # commands were read: each gets its outcome record (a batch of fired timers only
@@ -808,27 +613,9 @@ class TransactionalProcessor:
         # (a broker restart: OUT_OF_ORDER_SEQUENCE_NUMBER). abort_transaction says if not.
         log.warning("aborting transaction: %s", kerr)
         self.observer.aborted()
-        deadline = time.monotonic() + ABORT_LIMIT_S
-        while True:
-            try:
-                with unmasked():
-                    self._producers[slot].abort_transaction(10)
-                break
-            except KafkaException as e:
-                if e.args[0].fatal():
-                    self._renew_producer(e.args[0], e, slot)
-                    break
-                if not e.args[0].retriable():
-                    raise KafkaUnavailable(
-                        f"processor could not abort its transaction: {e.args[0]}",
-                        bootstrap=self.settings.kafka_bootstrap,
-                    ) from e
-                if time.monotonic() > deadline:
-                    # after a broker restart librdkafka's coordinator request can stay
-                    # queued for good; a new producer's init_transactions aborts for us
-                    self._renew_producer(e.args[0], e, slot, stuck=True)
-                    break
-                log.warning("abort_transaction: %s; retrying", e.args[0])
+        failed = abort_transaction(self._producers[slot], bootstrap=self.settings.kafka_bootstrap)
+        if failed is not None:
+            self._renew_producer(failed.kerr, failed.error, slot, stuck=failed.stuck)
         self._rewind(batches)
 
     def _rewind(self, batches: list[Batch]) -> None:
@@ -867,7 +654,7 @@ class TransactionalProcessor:
         # only fencing says "another instance": a coordinator that moved twice within the
         # window answers INVALID_TXN_STATE to the abort each time (seen on the 3-node
         # cluster: a leader kill that took the coordinator, then a coordinator kill)
-        fenced = kerr.code() in _FENCING
+        fenced = kerr.code() in FENCING
         last = self._renewed_at.get(slot)
         again = fenced and not stuck and last is not None and now - last < RENEW_WINDOW_S
         if again:

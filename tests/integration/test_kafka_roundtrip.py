@@ -18,7 +18,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from sessionstream.kafka import take, unmasked
-from streams.processor.loop import _FENCING
+from sessionstream.kafka.transactions import FENCING
 from tests.integration.conftest import TopicFactory
 
 pytestmark = pytest.mark.integration
@@ -245,4 +245,4 @@ def test_a_fenced_producers_flush_reads_as_the_fence_through_unmasked(
         error = _fenced_flush(kafka_bootstrap, topic, f"{topic}-fenced-{attempt}")
         if error is not None:
             kerr = error.args[0]
-            assert kerr.fatal() and kerr.code() in _FENCING, kerr
+            assert kerr.fatal() and kerr.code() in FENCING, kerr

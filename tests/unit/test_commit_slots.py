@@ -4,7 +4,7 @@ commit whose outcome the driver reports oddly is never taken for committed.
 
 The odd report is real: confluent-kafka's error callback leaves a fenced producer's fatal
 KafkaException set while librdkafka serves the next callback, which then fails with
-"SystemError: <function _Commit.on_delivery ...> returned a result with an exception set"
+"SystemError: <function TransactionCommit.on_delivery ...> returned a result with an exception set"
 (seen in CI on flush(); the open pull request confluent-kafka-python#1146). The integration tests
 (`test_processor.py`) fence real producers on the real broker; these pin the bookkeeping."""
 
@@ -16,9 +16,10 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from sessionstream.kafka import kafka_cause, unmasked
+from sessionstream.kafka.transactions import TransactionCommit
 from sessionstream.settings import Settings
 from streams.processor.batch import Batch
-from streams.processor.loop import TransactionalProcessor, _Commit
+from streams.processor.loop import TransactionalProcessor
 from tests.unit._samples import event
 
 
@@ -118,8 +119,8 @@ def test_a_system_error_while_a_kafka_error_is_handled_stays_a_system_error() ->
 # -- one commit -----------------------------------------------------------------------------
 
 
-def commit_with(producer: FakeProducer) -> _Commit:
-    commit = _Commit(Batch([], []), slot=0)
+def commit_with(producer: FakeProducer) -> TransactionCommit[Batch]:
+    commit = TransactionCommit(Batch([], []), slot=0)
     commit.start(producer, [], object())  # type: ignore[arg-type]
     return commit
 

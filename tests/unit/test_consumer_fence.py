@@ -12,7 +12,7 @@ import logging
 
 import pytest
 
-from streams.processor.loop import (
+from sessionstream.kafka.transactions import (
     RENEW_WINDOW_S,
     SELF_FENCE_S,
     GroupLog,

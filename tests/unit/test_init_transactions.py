@@ -12,7 +12,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from sessionstream.errors import KafkaUnavailable
-from streams.processor.loop import Stopping, init_transactions
+from sessionstream.kafka.transactions import Stopping, init_transactions
 
 
 class Answers:
