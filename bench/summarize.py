@@ -128,9 +128,22 @@ def worker(d: Any) -> list[tuple[str, Fmt]]:
         ),
         (
             "takeover after a worker's kill -9 (p50 / max)",
-            lambda: ms(tk, "p50_ms", "max_ms") + f" ({tk['n']} rounds, lease {d['lease_ms']} ms)",
+            lambda: _takeovers(tk, d["lease_ms"]),
         ),
     ]
+
+
+def _takeovers(tk: Any, lease_ms: Any) -> str:
+    """One figure per pool size (`{n}_workers`), or the older single figure."""
+    if "p50_ms" in tk:
+        return ms(tk, "p50_ms", "max_ms") + f" ({tk['n']} rounds, lease {lease_ms} ms)"
+    cells = [
+        f"{v['workers']} workers: "
+        + ms(v["takeover"], "p50_ms", "max_ms")
+        + f" ({v['takeover']['n']} takeovers)"
+        for _, v in sorted(tk.items())
+    ]
+    return "; ".join(cells) + f"; lease {lease_ms} ms"
 
 
 def baselines(d: Any) -> list[tuple[str, Fmt]]:

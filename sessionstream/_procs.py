@@ -103,6 +103,14 @@ def delete_world(worlds: list[Settings], *, schemas: bool = True) -> list[str]:
 
     if not worlds:
         return []
+    # worlds on several brokers or databases (a secured or clustered stack beside the
+    # default one): each set through its own clients, never all through the first's
+    places: dict[tuple[str, str, str], list[Settings]] = {}
+    for w in worlds:
+        key = (w.kafka_bootstrap, w.kafka_security_protocol, w.database_url)
+        places.setdefault(key, []).append(w)
+    if len(places) > 1:
+        return [f for same in places.values() for f in delete_world(same, schemas=schemas)]
     failed: list[str] = []
     admin = AdminClient(client_config(worlds[0]))
     topics = [t for s in worlds for t in world_topics(s)]

@@ -37,7 +37,12 @@ NOTES = """Notes on what differs between the systems:
   on it counts too). CPU ms/cmd is the system's processes only; the driver (this process:
   the SDK client, or the HTTP / Temporal client) is in brackets.
 - The SDK system drives one `SessionClient` from one thread with `submit_many` + `collect`
-  (as the gateway does); the loads run on one asyncio loop in this process."""
+  (as the gateway does); the loads run on one asyncio loop in this process. The HTTP
+  systems (the gateway, Restate's ingress) are driven by one minimal keep-alive HTTP/1.1
+  client (`PEERS_HTTP_CLIENT=raw`; `aiohttp` and `httpx` to compare), which leaves the
+  systems more of the 2 cores than aiohttp's client did.
+- The broker runs transactions for 20 s before the first sessionstream system (not
+  measured): a freshly restarted JVM compiles its hot paths in its first minutes."""
 
 
 def _systems(names: list[str], prefix: str) -> list[tuple[Any, Pool]]:
@@ -97,6 +102,20 @@ async def run_system(system: System, pool: Pool, warm: float, secs: float) -> di
     finally:
         await system.stop()
     return out
+
+
+def warm_broker(secs: float) -> float:
+    """Transactions through the broker for `secs`, not measured: a broker (a JVM) restarted
+    shortly before compiles its hot paths during the first minutes, and the systems that
+    ran first on it paid for that (a run right after a restart: load average 3.2-3.7 and
+    C=64 1,310 commands/s, against 1.9-2.6 and 1,683 on a broker up for hours)."""
+    from bench._baselines import passthrough_latency
+    from sessionstream.settings import Settings
+
+    print(f"peers: warming the broker up ({secs:g} s)", file=sys.stderr, flush=True)
+    t0 = time.monotonic()
+    passthrough_latency(Settings().model_copy(update={"partitions": 4}), 500, secs, warmup=0)
+    return round(time.monotonic() - t0, 1)
 
 
 def passthrough(rates: list[float], secs: float) -> dict[str, Any]:
@@ -161,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         "systems": {},
     }
     prefix = f"peers-{uuid.uuid4().hex[:6]}"
+    if any(n.startswith("sessionstream") for n in names):
+        doc["broker_warmup_s"] = warm_broker(5 if args.quick else 20)
     for system, pool in _systems(names, prefix):
         print(f"peers: == {system.name}", file=sys.stderr, flush=True)
         doc["systems"][system.name] = asyncio.run(run_system(system, pool, warm, secs))
