@@ -10,6 +10,7 @@ producer, and `Batch.first` says where to rewind to if the transaction fails.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -20,13 +21,14 @@ from schemas.codec import Codec
 from schemas.commands import Command, CommandClass
 from schemas.events import SESSION_LOG, CommandRejected, Event
 from schemas.outcomes import OUTCOME_STATUSES, CommandOutcome, outcome_key
+from sessionstream.kafka import dead_letter_headers
 from sessionstream.settings import Settings
 from streams.open_runs import open_run, opening_key
 from streams.processor.cloudevents import (
     CloudEventHeaders,
 )
 from streams.processor.partition import PartitionState
-from streams.processor.records import log_time
+from streams.processor.records import coords, log_time
 from streams.state import SessionState
 from streams.step import (
     FORWARDED_HEADER,
@@ -38,7 +40,17 @@ from streams.step import (
     encode_state,
 )
 
-__all__ = ["Batch", "View", "decide_batch", "input_classes", "outcome_records", "produce"]
+__all__ = [
+    "Batch",
+    "View",
+    "decide_batch",
+    "input_classes",
+    "outcome_records",
+    "produce",
+    "produce_misfits",
+]
+
+log = logging.getLogger("sessionstream.processor")
 
 #: (topic, partition)
 TP = tuple[str, int]
@@ -278,6 +290,32 @@ def produce(
             key=cmd.session_id.encode(),
             value=codec.encode_command(cmd),
             partition=p,
+        )
+
+
+def produce_misfits(producer: Producer, s: Settings, batch: Batch) -> None:
+    """The batch's records that were not decided here: the dead letters (to the dead-letter
+    topic, with headers that say why and where each was) and the commands produced without
+    the murmur2 partitioner, which sit where their session's processor never looks (to the
+    partition their key hashes to, in this transaction, decided there in their turn)."""
+    for msg, outcome in batch.dead_letters:
+        assert outcome.dead_letter is not None
+        d = outcome.dead_letter
+        topic, partition, offset = coords(msg)
+        headers = dead_letter_headers(msg.headers(), topic, partition, offset, d.reason, d.error)
+        producer.produce(s.dlq_topic, key=msg.key(), value=msg.value(), headers=headers)
+        log.warning("dead letter %s/%s@%s: %s", topic, partition, offset, d.error)
+    for msg, partition in batch.forwards:
+        topic, source, offset = coords(msg)
+        producer.produce(
+            topic,
+            key=msg.key(),
+            value=msg.value(),
+            partition=partition,
+            headers=[
+                *(msg.headers() or []),
+                (FORWARDED_HEADER, f"{topic}/{source}/{offset}".encode()),
+            ],
         )
 
 

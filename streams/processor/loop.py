@@ -69,10 +69,9 @@ from confluent_kafka import (
 from schemas.codec import Codec
 from schemas.commands import Command
 from sessionstream import metrics
-from sessionstream.errors import KafkaUnavailable, SingleWriterViolation
+from sessionstream.errors import KafkaUnavailable
 from sessionstream.kafka import (
     data_messages,
-    dead_letter_headers,
     group_consumer_config,
     transactional_producer_config,
     unmasked,
@@ -100,13 +99,14 @@ from streams.processor.batch import (
     input_classes,
     outcome_records,
     produce,
+    produce_misfits,
 )
 from streams.processor.cloudevents import CloudEventHeaders
-from streams.processor.partition import PartitionState
+from streams.processor.partition import PartitionState, co_partitioned
 from streams.processor.records import coords
 from streams.processor.restore import RestoreReport, restore
 from streams.processor.stats import ProcessorStats, StatsObserver
-from streams.step import FORWARDED_HEADER, CommandStep, StepOutcome
+from streams.step import CommandStep
 
 #: RocksDB's block cache, shared by the processor's stores (the hot states are cached
 #: decoded in front of it)
@@ -283,7 +283,7 @@ class TransactionalProcessor:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if self._inflight is not None:  # our transaction first: its offsets count below
             self._settle()
-        numbers = self._co_partitioned(partitions)
+        numbers = co_partitioned([(tp.topic, tp.partition) for tp in partitions], self.classes)
         # Step 1: committed offsets (stable: waits out a predecessor's pending transaction)
         committed = consumer.committed(partitions, timeout=60)
         # Step 2: state of each partition, read to its end (one reader for all of them)
@@ -314,24 +314,6 @@ class TransactionalProcessor:
         consumer.assign(start)
         log.info("assigned %s", numbers)
         self.ready.set()
-
-    def _co_partitioned(self, partitions: list[TopicPartition]) -> list[int]:
-        """The partition numbers assigned, the same for every input topic. Not so (a
-        member subscribed to other topics, or another assignor: a rolling upgrade across
-        the worker-commands change) would give a session two writers: refuse."""
-        by_topic: dict[str, set[int]] = {t: set() for t in self.classes}
-        for tp in partitions:
-            by_topic.setdefault(tp.topic, set()).add(tp.partition)
-        numbers = set().union(*by_topic.values())
-        if any(got != numbers for got in by_topic.values()):
-            raise SingleWriterViolation(
-                "the assignment is not co-partitioned ("
-                + "; ".join(f"{t}: {sorted(ps)}" for t, ps in sorted(by_topic.items()))
-                + "): every processor of the group must subscribe to "
-                + ", ".join(self.classes)
-                + " with partition.assignment.strategy=range (stop older processors first)"
-            )
-        return sorted(numbers)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # the transaction in flight ends (commits or aborts) before the partitions go
@@ -498,10 +480,9 @@ class TransactionalProcessor:
                     commit.on_delivery,
                     self._cloudevents,
                 )
-                for msg, outcome in batch.dead_letters:
-                    self._dead_letter(producer, msg, outcome)
-                for msg, partition in batch.forwards:
-                    self._forward(producer, msg, partition)
+                produce_misfits(producer, self.settings, batch)
+                if batch.forwards:
+                    self._forwarded(batch.forwards)
                 metadata = self._consumer.consumer_group_metadata()
         except KafkaException as e:
             self._abort(e, [batch], slot)
@@ -552,50 +533,25 @@ class TransactionalProcessor:
         """(session id, command id) of a record that could not be decided, if readable."""
         return self.codec.peek_ids(msg.value() or b"")
 
-    def _dead_letter(self, producer: Producer, msg: Message, outcome: StepOutcome) -> None:
-        assert outcome.dead_letter is not None
-        d = outcome.dead_letter
-        topic, partition, offset = coords(msg)
-        headers = dead_letter_headers(
-            msg.headers(),
-            topic,
-            partition,
-            offset,
-            d.reason,
-            d.error,
-        )
-        producer.produce(self.settings.dlq_topic, key=msg.key(), value=msg.value(), headers=headers)
-        log.warning("dead letter %s/%s@%s: %s", topic, partition, offset, d.error)
-
-    def _forward(self, producer: Producer, msg: Message, partition: int) -> None:
-        """A command produced without the murmur2 partitioner sits where its session's
-        processor never looks for it: it goes, in this transaction, to the partition its key
-        hashes to, and is decided there in its turn."""
-        topic, source, offset = coords(msg)
-        producer.produce(
-            topic,
-            key=msg.key(),
-            value=msg.value(),
-            partition=partition,
-            headers=[
-                *(msg.headers() or []),
-                (FORWARDED_HEADER, f"{topic}/{source}/{offset}".encode()),
-            ],
-        )
-        count = self.observer.forwarded()
-        now = time.monotonic()
-        if now - self._forward_logged_at > 10.0:
-            self._forward_logged_at = now
-            log.warning(
-                "command for session %r found on %s[%s] belongs on partition %s: forwarded. "
-                "Its producer does not place keys with murmur2 (librdkafka clients need "
-                "partitioner=murmur2_random); %s commands forwarded so far",
-                (msg.key() or b"").decode(errors="replace"),
-                topic,
-                source,
-                partition,
-                count,
-            )
+    def _forwarded(self, forwards: list[tuple[Message, int]]) -> None:
+        """Count the commands forwarded to their murmur2 partition; say so (at most every
+        10 s) with what to fix in their producer."""
+        for msg, partition in forwards:
+            count = self.observer.forwarded()
+            now = time.monotonic()
+            if now - self._forward_logged_at > 10.0:
+                self._forward_logged_at = now
+                topic, source, _ = coords(msg)
+                log.warning(
+                    "command for session %r found on %s[%s] belongs on partition %s: "
+                    "forwarded. Its producer does not place keys with murmur2 (librdkafka "
+                    "clients need partitioner=murmur2_random); %s commands forwarded so far",
+                    (msg.key() or b"").decode(errors="replace"),
+                    topic,
+                    source,
+                    partition,
+                    count,
+                )
 
     def _abort(self, error: KafkaException, batches: list[Batch], slot: int) -> None:
         """The transaction of producer `slot` failed: abort it (or renew a fatally failed

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from sessionstream.errors import SingleWriterViolation
 from streams.processor.store import Checkpoint, PartitionStore, remove_private
 from streams.processor.timer_wheel import TimerWheel
 from streams.state import SessionState
 from streams.step import DedupRecord, dedup_key, encode_dedup
 from streams.timers import next_due
 
-__all__ = ["PartitionState"]
+__all__ = ["PartitionState", "co_partitioned"]
 
 _DEDUP_VALUE_BYTES = 16
 
@@ -87,3 +88,23 @@ class PartitionState:
             remove_private(self.store)
         else:
             self.store.close()
+
+
+def co_partitioned(assigned: Iterable[tuple[str, int]], topics: Iterable[str]) -> list[int]:
+    """The partition numbers assigned, the same for every input topic. Not so (a member
+    subscribed to other topics, or another assignor: a rolling upgrade across the
+    worker-commands change) would give a session two writers: refused."""
+    topics = list(topics)
+    by_topic: dict[str, set[int]] = {t: set() for t in topics}
+    for topic, partition in assigned:
+        by_topic.setdefault(topic, set()).add(partition)
+    numbers = set().union(*by_topic.values())
+    if any(got != numbers for got in by_topic.values()):
+        raise SingleWriterViolation(
+            "the assignment is not co-partitioned ("
+            + "; ".join(f"{t}: {sorted(ps)}" for t, ps in sorted(by_topic.items()))
+            + "): every processor of the group must subscribe to "
+            + ", ".join(topics)
+            + " with partition.assignment.strategy=range (stop older processors first)"
+        )
+    return sorted(numbers)
