@@ -341,7 +341,13 @@ def _assert_state_is_fold(s: Settings) -> None:
         diff[:] = sorted(k for k in set(folded) | set(table) if folded.get(k) != table.get(k))
         return not diff
 
-    wait_until(agree, timeout=60, interval=1.0, what="state table == fold of the log")
+    try:
+        wait_until(agree, timeout=60, interval=1.0, what="state table == fold of the log")
+    except AssertionError as e:  # which sessions, and how: the wait alone does not say
+        folded = fold_log(read_topic(s, s.events_topic, timeout=READ_S))
+        table = state_table(read_topic(s, s.state_topic))
+        shown = [f"{k}: fold {folded.get(k)!r} / table {table.get(k)!r}" for k in diff[:3]]
+        raise AssertionError(f"{e}; {len(diff)} sessions differ, e.g. {shown}") from None
     assert not diff, diff[:5]
 
 
