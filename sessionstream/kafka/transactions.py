@@ -13,7 +13,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import (
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
 
 from sessionstream.errors import KafkaUnavailable, SessionstreamError
 from sessionstream.kafka.config import KAFKA_LOG
@@ -34,6 +42,7 @@ __all__ = [
     "abort_transaction",
     "consumer_fence_is_foreign",
     "init_transactions",
+    "stable_offsets",
 ]
 
 log = logging.getLogger("sessionstream.kafka")
@@ -144,6 +153,45 @@ def abort_transaction(producer: Producer, *, bootstrap: str) -> AbortFailed | No
             log.warning("abort_transaction: %s; retrying", kerr)
 
 
+def stable_offsets(
+    config: dict[str, Any],
+    group: str,
+    partitions: list[tuple[str, int]],
+    limit_s: float,
+    *,
+    bootstrap: str,
+) -> dict[tuple[str, int], int]:
+    """The group's committed offsets of `partitions` (-1: none), stable (KIP-447: a pending
+    transactional offset commit is waited out), asked by an admin client: no group member
+    is needed, so a consumer in the middle of a rebalance cannot hold the answer back (its
+    own `committed()` waited for 2 minutes after a broker restart). `config`: the
+    client's (bootstrap, security). Timeouts are asked again until `limit_s`; then
+    KafkaUnavailable."""
+    deadline = time.monotonic() + limit_s
+    admin = AdminClient(config)
+    request = [ConsumerGroupTopicPartitions(group, [TopicPartition(t, p) for t, p in partitions])]
+    while True:
+        try:
+            futures = admin.list_consumer_group_offsets(
+                request, require_stable=True, request_timeout=10
+            )
+            answer = futures[group].result(timeout=15)
+            out: dict[tuple[str, int], int] = {}
+            for tp in answer.topic_partitions or []:
+                if tp.error is not None:
+                    raise KafkaException(tp.error)
+                out[(tp.topic, tp.partition)] = tp.offset
+            return out
+        except Exception as e:  # KafkaException, or the future's TimeoutError
+            if time.monotonic() > deadline:
+                raise KafkaUnavailable(
+                    f"cannot read the committed offsets of group {group!r}: {e}",
+                    bootstrap=bootstrap,
+                ) from e
+            log.warning("committed offsets of group %r: %s; asking again", group, e)
+            time.sleep(0.5)
+
+
 class GroupLog:
     """The group consumer's librdkafka logger: each line goes to `sessionstream.kafka` as
     for every client, and the time of the consumer's last own session timeout (facility
@@ -201,6 +249,8 @@ class TransactionCommit(Generic[B]):
         #: anything else the commit raised: its outcome is unknown (`wait` raises it)
         self.failure: BaseException | None = None
         self.committed = False
+        #: where the commit thread is: "send_offsets", "flush", "commit" (said if stuck)
+        self.step = "start"
         self._done = threading.Event()
 
     def on_delivery(self, err: KafkaError | None, msg: Message) -> None:
@@ -223,10 +273,12 @@ class TransactionCommit(Generic[B]):
                 # trips (AddOffsetsToTxn, TxnOffsetCommit) overlap the records' own produce
                 # requests, which the follow-up records wait for
                 if offsets:
+                    self.step = "send_offsets"
                     producer.send_offsets_to_transaction(offsets, metadata, SEND_OFFSETS_LIMIT_S)
                 t1 = clock()
                 # records made from the delivery reports: those are waited for first
                 if self.follow is not None:
+                    self.step = "flush"
                     left = producer.flush(COMMIT_LIMIT_S)
                     if left:
                         raise KafkaException(
@@ -240,6 +292,7 @@ class TransactionCommit(Generic[B]):
                     for p, key, value, headers in self.follow():
                         put(topic, key=key, value=value, partition=p, headers=headers)
                 t2 = clock()
+                self.step = "commit"
                 # commit — everything produced and the offsets at once; a retriable error
                 # (broker restarting, coordinator moving) is retried
                 while True:
@@ -270,7 +323,11 @@ class TransactionCommit(Generic[B]):
         restores what was committed)."""
         if not self._done.wait(limit_s):
             return KafkaException(
-                KafkaError(KafkaError._TIMED_OUT, "transaction commit stuck", fatal=True)
+                KafkaError(
+                    KafkaError._TIMED_OUT,
+                    f"transaction commit stuck (in {self.step})",
+                    fatal=True,
+                )
             )
         if self.error is not None:
             return self.error

@@ -69,8 +69,9 @@ from confluent_kafka import (
 from schemas.codec import Codec
 from schemas.commands import Command
 from sessionstream import metrics
-from sessionstream.errors import KafkaUnavailable
+from sessionstream.errors import KafkaUnavailable, SingleWriterViolation
 from sessionstream.kafka import (
+    client_config,
     data_messages,
     group_consumer_config,
     transactional_producer_config,
@@ -87,6 +88,7 @@ from sessionstream.kafka.transactions import (
     abort_transaction,
     consumer_fence_is_foreign,
     init_transactions,
+    stable_offsets,
 )
 from sessionstream.registry import attach_registry
 from sessionstream.settings import PRODUCER_MARK, Settings, check_instance_id
@@ -136,6 +138,8 @@ MAX_POLL_INTERVAL_MS = int((SEND_OFFSETS_LIMIT_S + COMMIT_LIMIT_S) * 1000) + 30_
 #: batch (they wait for one commit besides their own, not two). A fuller poll is a backlog,
 #: and the next poll gets them. Deciding ~60 commands costs about one commit here.
 LIGHT_BATCH = 64
+#: how long the group coordinator may take to say whether a failed transaction committed
+OUTCOME_LIMIT_S = 120.0
 
 
 def transactional_ids(group: str, instance: str) -> list[str]:
@@ -485,7 +489,7 @@ class TransactionalProcessor:
                     self._forwarded(batch.forwards)
                 metadata = self._consumer.consumer_group_metadata()
         except KafkaException as e:
-            self._abort(e, [batch], slot)
+            self._abort(e, batch, slot)
             return
         commit.phases["begin"], commit.phases["produce"] = t1 - t0, clock() - t1
         offsets = [TopicPartition(t, p, o) for (t, p), o in batch.offsets.items()]
@@ -502,16 +506,22 @@ class TransactionalProcessor:
         t0 = clock()
         error = commit.wait(SEND_OFFSETS_LIMIT_S + COMMIT_LIMIT_S)
         waited = clock() - t0
-        batch = commit.batch
         if error is not None:
-            self._abort(error, [batch] if also is None else [batch, also], commit.slot)
-            return False
-        # Step 5: only now does the partition's state move on: its store gets the
-        # transaction's states and dedup records with the changelog offsets they reach
-        # (delivery reports are served by commit_transaction; one missing leaves the
-        # checkpoint behind, which only lengthens the next restore's tail)
-        s = self.settings
+            committed = self._abort(error, commit.batch, commit.slot, also=also, commit=commit)
+            return committed and also is None
         t1 = clock()
+        self._committed(commit)
+        commit.phases["wait"] = waited
+        commit.phases["store"] = clock() - t1
+        self.observer.phases(**commit.phases)
+        return True
+
+    def _committed(self, commit: TransactionCommit[Batch]) -> None:
+        """Step 5: only now does the partition's state move on: its store gets the
+        transaction's states and dedup records with the changelog offsets they reach
+        (delivery reports are served by commit_transaction; one missing leaves the
+        checkpoint behind, which only lengthens the next restore's tail)."""
+        s, batch = self.settings, commit.batch
         for p in batch.records.keys() | batch.dedup.keys():
             owner = self.partitions.get(p)
             if owner is not None:
@@ -524,10 +534,6 @@ class TransactionalProcessor:
                 if delta:
                     metrics.ACTIVE_RUNS.inc(delta)
         self.observer.committed(batch.outcomes, len(batch.timers))
-        commit.phases["wait"] = waited
-        commit.phases["store"] = clock() - t1
-        self.observer.phases(**commit.phases)
-        return True
 
     def _dead_ids(self, msg: Message) -> tuple[str | None, str | None]:
         """(session id, command id) of a record that could not be decided, if readable."""
@@ -553,26 +559,83 @@ class TransactionalProcessor:
                     count,
                 )
 
-    def _abort(self, error: KafkaException, batches: list[Batch], slot: int) -> None:
+    def _abort(
+        self,
+        error: KafkaException,
+        batch: Batch,
+        slot: int,
+        *,
+        also: Batch | None = None,
+        commit: TransactionCommit[Batch] | None = None,
+    ) -> bool:
         """The transaction of producer `slot` failed: abort it (or renew a fatally failed
-        producer) and read `batches` again from their first offsets; their fired timers are
-        due again."""
+        producer) and read `batch` (and `also`, decided on top of it) again from their first
+        offsets; their fired timers are due again. `commit`: the transaction had reached its
+        commit, which may have gone through although we were told otherwise (a commit stuck
+        in librdkafka after a broker restart can be the coordinator's committed transaction;
+        the new producer's init_transactions then completes it): the group's committed
+        offsets say which, and a transaction that committed after all counts as committed
+        (step 5) — never decided again. Returns whether it committed."""
         assert self._consumer is not None
         kerr = error.args[0]
+        renewed = True
         if kerr.fatal():
             self._renew_producer(kerr, error, slot)
-            self._rewind(batches)
-            return
-        # Anything else is aborted and the batch decided again: abortable errors (our
-        # partitions moved), retriable ones (a broker restart times out send_offsets), and
-        # the _STATE error produce() raises once the transaction failed in the background
-        # (a broker restart: OUT_OF_ORDER_SEQUENCE_NUMBER). abort_transaction says if not.
-        log.warning("aborting transaction: %s", kerr)
-        self.observer.aborted()
-        failed = abort_transaction(self._producers[slot], bootstrap=self.settings.kafka_bootstrap)
-        if failed is not None:
-            self._renew_producer(failed.kerr, failed.error, slot, stuck=failed.stuck)
-        self._rewind(batches)
+        else:
+            # Anything else is aborted and the batch decided again: abortable errors (our
+            # partitions moved), retriable ones (a broker restart times out send_offsets),
+            # and the _STATE error produce() raises once the transaction failed in the
+            # background (a broker restart: OUT_OF_ORDER_SEQUENCE_NUMBER).
+            # abort_transaction says if not.
+            log.warning("aborting transaction: %s", kerr)
+            self.observer.aborted()
+            failed = abort_transaction(
+                self._producers[slot], bootstrap=self.settings.kafka_bootstrap
+            )
+            if failed is not None:
+                self._renew_producer(failed.kerr, failed.error, slot, stuck=failed.stuck)
+            renewed = failed is not None
+        # an abort the coordinator took is certain; a producer renewed instead leaves it to
+        # the new producer's init_transactions, which completes a commit the coordinator
+        # had begun
+        if commit is not None and renewed and self._committed_after_all(batch):
+            log.warning(
+                "the transaction that failed (%s) committed after all: its decisions stand", kerr
+            )
+            self._committed(commit)
+            self.observer.stats.committed_after_all += 1
+            self._rewind([] if also is None else [also])
+            return True
+        self._rewind([batch] if also is None else [batch, also])
+        return False
+
+    def _committed_after_all(self, batch: Batch) -> bool:
+        """Whether the group's committed offsets (stable: the failed transaction was ended
+        by the new producer's init_transactions) include `batch`'s input offsets, on every
+        partition of it still ours (a transaction is atomic: they agree, or the single
+        writer is broken and the processor stops). Unknown (the coordinator does not answer
+        within the limit): the processor stops rather than decide the batch again or not
+        on a guess — a restart restores what was committed."""
+        ends = {tp: o for tp, o in batch.offsets.items() if tp[1] in self.partitions}
+        if not ends:
+            # fired timers only (decided again, their command ids dedupe them), or no
+            # partition of the batch is ours any more (its next owner reads it)
+            return False
+        s = self.settings
+        got = stable_offsets(
+            client_config(s),
+            s.processor_group,
+            list(ends),
+            OUTCOME_LIMIT_S,
+            bootstrap=s.kafka_bootstrap,
+        )
+        seen = {got.get(tp, -1) >= end for tp, end in ends.items()}
+        if len(seen) > 1:
+            raise SingleWriterViolation(
+                "a failed transaction's input offsets are committed on some of its "
+                f"partitions and not on others: {got} (its ends: {ends})"
+            )
+        return seen == {True}
 
     def _rewind(self, batches: list[Batch]) -> None:
         """Back to the first offset of the batches per partition: nothing of them happened.

@@ -29,6 +29,9 @@ class ProcessorStats:
     forwarded: int = 0
     transactions: int = 0
     aborts: int = 0
+    #: transactions reported failed that the group's offsets showed committed (counted in
+    #: `transactions` too)
+    committed_after_all: int = 0
     rejections_by_reason: dict[str, int] = field(default_factory=dict)
     dead_letters_by_reason: dict[str, int] = field(default_factory=dict)
     #: seconds spent in each phase of the committed transactions, summed

@@ -19,6 +19,7 @@ from sessionstream.kafka import kafka_cause, unmasked
 from sessionstream.kafka.transactions import TransactionCommit
 from sessionstream.settings import Settings
 from streams.processor.batch import Batch
+from streams.processor import loop
 from streams.processor.loop import TransactionalProcessor
 from tests.unit._samples import event
 
@@ -319,3 +320,138 @@ def test_a_clean_stop_whose_last_commit_fails_says_so_and_still_closes(
         proc._shutdown(quiet=False)
     assert proc._consumer is None and proc._producers == []
     assert p0.calls[-1] == "flush" and p1.calls == ["flush"]
+
+
+# -- a failed commit that committed after all ---------------------------------------------
+
+
+class OffsetsConsumer(FakeConsumer):
+    """A group consumer that records the seeks; `committed` stands for the group's
+    committed offsets, as `stable_offsets` reads them (patched in by `owning`)."""
+
+    def __init__(self, committed: dict[tuple[str, int], int]) -> None:
+        self.offsets = committed
+        self.seeks: list[tuple[str, int, int]] = []
+        self.asked = 0
+
+    def seek(self, tp: Any) -> None:
+        self.seeks.append((tp.topic, tp.partition, tp.offset))
+
+
+def read(first: dict[tuple[str, int], int], end: dict[tuple[str, int], int]) -> Batch:
+    """A batch that read [first, end) of each input partition."""
+    b = Batch([], [])
+    b.first.update(first)
+    b.offsets.update(end)
+    return b
+
+
+def stuck() -> KafkaException:
+    return KafkaException(KafkaError(KafkaError._TIMED_OUT, "transaction commit stuck", fatal=True))
+
+
+@pytest.fixture
+def owning(proc: TransactionalProcessor, monkeypatch: pytest.MonkeyPatch) -> TransactionalProcessor:
+    """`proc` owning partitions 0 and 1, renewing producers without a broker."""
+    proc.partitions.update({0: object(), 1: object()})  # type: ignore[dict-item]
+    monkeypatch.setattr(
+        proc, "_transactional_producer", lambda slot, patience_s=0.0: FakeProducer("new")
+    )
+
+    def offsets(config: Any, group: str, tps: list[tuple[str, int]], *a: Any, **k: Any) -> Any:
+        consumer: OffsetsConsumer = proc._consumer  # type: ignore[assignment]
+        consumer.asked += 1
+        return {tp: consumer.offsets[tp] for tp in tps}
+
+    monkeypatch.setattr(loop, "stable_offsets", offsets)
+    return proc
+
+
+C = "session.commands"
+
+
+def test_a_stuck_commit_the_coordinator_committed_counts_as_committed(
+    owning: TransactionalProcessor,
+) -> None:
+    """librdkafka can hang in commit_transaction after a broker restart although the
+    coordinator committed (the new producer's init_transactions completes it): the batch's
+    decisions stand — decided again, they would be appended a second time on top of a store
+    that never had them."""
+    consumer = owning._consumer = OffsetsConsumer({(C, 0): 10, (C, 1): 7})  # type: ignore[assignment]
+    seen: list[Batch] = []
+    owning.observer.committed = lambda outcomes, timers: seen.append(batch)  # type: ignore[method-assign]
+    fakes(owning)[0].fail["commit"] = stuck()
+    batch = read({(C, 0): 4, (C, 1): 2}, {(C, 0): 10, (C, 1): 7})
+    owning._begin(batch, 0.0)
+    assert owning._settle()
+    assert seen == [batch]  # step 5 ran: its states went to the stores
+    assert consumer.seeks == []  # and nothing of it is read again
+    assert fakes(owning)[0].name == "new"
+
+
+def test_a_stuck_commit_that_did_not_commit_is_read_again(owning: TransactionalProcessor) -> None:
+    consumer = owning._consumer = OffsetsConsumer({(C, 0): 4, (C, 1): 2})  # type: ignore[assignment]
+    fakes(owning)[0].fail["commit"] = stuck()
+    owning._begin(read({(C, 0): 4, (C, 1): 2}, {(C, 0): 10, (C, 1): 7}), 0.0)
+    assert not owning._settle()
+    assert sorted(consumer.seeks) == [(C, 0, 4), (C, 1, 2)]
+
+
+def test_the_batch_decided_on_top_of_one_that_committed_after_all_is_read_again(
+    owning: TransactionalProcessor,
+) -> None:
+    """The later batch was never produced: it is decided again, now on the committed one."""
+    consumer = owning._consumer = OffsetsConsumer({(C, 0): 10})  # type: ignore[assignment]
+    fakes(owning)[0].fail["commit"] = stuck()
+    owning._begin(read({(C, 0): 4}, {(C, 0): 10}), 0.0)
+    later = read({(C, 0): 10}, {(C, 0): 12})
+    assert not owning._settle(also=later)
+    assert consumer.seeks == [(C, 0, 10)]
+
+
+def test_an_abort_the_coordinator_took_is_certain_and_read_again(
+    owning: TransactionalProcessor,
+) -> None:
+    consumer = owning._consumer = OffsetsConsumer({(C, 0): 4})  # type: ignore[assignment]
+    fakes(owning)[0].fail["commit"] = KafkaException(
+        KafkaError(KafkaError.NOT_COORDINATOR, "moved", txn_requires_abort=True)
+    )
+    owning._begin(read({(C, 0): 4}, {(C, 0): 10}), 0.0)
+    assert not owning._settle()
+    assert consumer.asked == 0 and consumer.seeks == [(C, 0, 4)]
+
+
+def test_partitions_that_disagree_on_a_transaction_stop_the_processor(
+    owning: TransactionalProcessor,
+) -> None:
+    owning._consumer = OffsetsConsumer({(C, 0): 10, (C, 1): 2})  # type: ignore[assignment]
+    fakes(owning)[0].fail["commit"] = stuck()
+    owning._begin(read({(C, 0): 4, (C, 1): 2}, {(C, 0): 10, (C, 1): 7}), 0.0)
+    with pytest.raises(Exception, match="committed on some of its partitions") as got:
+        owning._settle()
+    assert type(got.value).__name__ == "SingleWriterViolation"
+
+
+def test_a_produce_failure_before_the_commit_is_not_asked_about(
+    owning: TransactionalProcessor,
+) -> None:
+    consumer = owning._consumer = OffsetsConsumer({(C, 0): 4})  # type: ignore[assignment]
+    fakes(owning)[0].fail["produce"] = KafkaException(KafkaError(KafkaError._STATE, "failed"))
+    batch = read({(C, 0): 4}, {(C, 0): 10})
+    batch.events.append((0, b"k", b"v", event("run.steered")))
+    owning._begin(batch, 0.0)
+    assert consumer.asked == 0 and consumer.seeks == [(C, 0, 4)]
+
+
+def test_an_abort_that_cannot_finish_leaves_the_outcome_to_the_offsets(
+    owning: TransactionalProcessor,
+) -> None:
+    """The commit failed and the abort did not go through (fenced): the new producer's
+    init_transactions ended the transaction, which may have been the commit."""
+    consumer = owning._consumer = OffsetsConsumer({(C, 0): 10})  # type: ignore[assignment]
+    p0 = fakes(owning)[0]
+    p0.fail["commit"] = KafkaException(KafkaError(KafkaError._TIMED_OUT, "timed out"))
+    p0.fail["abort"] = masked(fenced())
+    owning._begin(read({(C, 0): 4}, {(C, 0): 10}), 0.0)
+    assert owning._settle()
+    assert consumer.asked == 1 and consumer.seeks == []
