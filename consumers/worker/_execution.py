@@ -11,16 +11,17 @@ as a stale write if someone did) and never starts an approved action after that 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pydantic import ValidationError
 
+from consumers.worker._handler import Handler, ResultRefused, RunResult, result_text
 from consumers.worker._signal import RunAborted, RunFenced
 from consumers.worker.context import FollowUp, RunContext, Steer
 from consumers.worker.executor import ActionExecutor
@@ -45,11 +46,9 @@ from schemas.events import (
 )
 from sessionstream import metrics
 
-__all__ = ["Execution", "Handler", "Host", "RunSpec"]
+__all__ = ["Execution", "Host", "RunSpec"]
 
 log = logging.getLogger("sessionstream.worker")
-
-Handler = Callable[[RunContext], Coroutine[Any, Any, str | None]]
 
 #: how long a cancel waits for approved actions already executing (the processor's cancel
 #: grace is 30 s: the acknowledgement must come well before it)
@@ -120,7 +119,7 @@ class Execution:
         self._granted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._gate: dict[str, asyncio.Future[tuple[str, str | None]]] = {}
         self._gate_cmds: dict[str, str] = {}  # action.request command id -> its key
-        self._handler: asyncio.Task[str | None] | None = None
+        self._handler: asyncio.Task[RunResult] | None = None
         self._complete_cmd: str | None = None
         self._round_end: asyncio.Future[str] | None = None
         self._early_steers: list[Steer] = []
@@ -184,8 +183,18 @@ class Execution:
     async def main(self) -> None:
         try:
             await self._main()
-        except Exception:
+        except Exception as e:
+            # a failure outside what the handler's own errors take (those fail the run in
+            # `_rounds`): if the lease is ours the run fails here, once, saying why. Left to
+            # its lease it would be taken again, fail the same way, and again, until its
+            # deadline
             log.exception("run %s: execution failed", self.run_id)
+            if self.generation is not None:
+                try:
+                    # retryable: the handler did not fail, the worker around it did
+                    self._fail(f"the worker failed executing the run: {e!r}", retryable=True)
+                except Exception:
+                    log.exception("run %s: its run.fail was not sent", self.run_id)
         finally:
             self._finish_local()
 
@@ -239,20 +248,48 @@ class Execution:
         finally:
             heartbeat.cancel()
 
+    async def _call_handler(self, ctx: RunContext) -> RunResult:
+        # called inside the handler's task, so that whatever calling it raises (or a call
+        # that returns no awaitable) is the handler's failure, not the execution's
+        out = self.w.handler(ctx)
+        if not inspect.isawaitable(out):
+            raise TypeError(
+                f"the handler returned a {type(out).__name__}, not an awaitable: "
+                "write it `async def run(ctx)`"
+            )
+        return await out
+
     async def _rounds(self, ctx: RunContext) -> None:
         while not self.done.is_set():
-            self._handler = asyncio.create_task(self.w.handler(ctx))
+            self._handler = asyncio.create_task(self._call_handler(ctx))
             try:
-                result = await self._handler
-            except (asyncio.CancelledError, RunAborted):
-                return  # cancel / fence / finish paths own the rest
+                returned = await self._handler
+            except (asyncio.CancelledError, RunAborted) as e:
+                if ctx.aborted or self.cancelling or self.done.is_set():
+                    return  # cancel / fence / finish paths own the rest
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # this execution itself is being cancelled
+                if isinstance(e, RunFenced):
+                    # the handler met a fence we had not seen (an action refused by a newer
+                    # generation's token): the run is no longer ours to fail
+                    self.self_fence(f"the handler was fenced: {e.reason}")
+                else:
+                    # nothing stopped the run, yet the handler says it was: a run left like
+                    # this would hold its lease, renewed, until its deadline
+                    self._fail(f"the handler raised {e!r}, but the run was not cancelled")
+                return
             except Exception as e:
                 if not ctx.aborted and not self.cancelling:
-                    log.warning("run %s: handler failed: %r", self.run_id, e)
-                    self.send("run.fail", {"error": _storable(repr(e))[:2000]})
-                    metrics.WORKER_RUNS.labels("failed").inc()
+                    log.warning("run %s: handler failed", self.run_id, exc_info=e)
+                    self._fail(repr(e))
                 return
             if ctx.aborted or self.cancelling:
+                return
+            try:
+                result = result_text(returned)
+            except ResultRefused as e:
+                self._fail(f"the result cannot be recorded: {e}")
                 return
             complete = {
                 "result": result,
@@ -280,9 +317,9 @@ class Execution:
             ctx.round += 1
             log.info("run %s: follow-ups delivered, round %s", self.run_id, ctx.round)
 
-    def _fail(self, error: str) -> None:
+    def _fail(self, error: str, *, retryable: bool = False) -> None:
         log.warning("run %s: failed: %s", self.run_id, error)
-        self.send("run.fail", {"error": _storable(error)[:2000]})
+        self.send("run.fail", {"error": _storable(error)[:2000], "retryable": retryable})
         metrics.WORKER_RUNS.labels("failed").inc()
 
     async def _heartbeat(self) -> None:

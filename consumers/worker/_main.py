@@ -7,7 +7,7 @@ import importlib
 import logging
 import signal
 
-from consumers.worker._execution import Handler
+from consumers.worker._handler import Handler, check_handler
 from consumers.worker.model import Model
 from consumers.worker.openai_model import OpenAIChatModel
 from consumers.worker.runtime import Worker
@@ -20,7 +20,8 @@ log = logging.getLogger("sessionstream.worker")
 
 
 def load_handler(agent: str) -> Handler:
-    """`reference`, or `package.module:function` naming an `async def run(ctx)`."""
+    """`reference`, or `package.module:function` naming an `async def run(ctx)`; anything
+    else is a ConfigurationError saying why, before the worker takes any run."""
     if agent == "reference":
         from consumers.worker.reference_agent import reference_agent
 
@@ -28,8 +29,7 @@ def load_handler(agent: str) -> Handler:
     module, _, name = agent.partition(":")
     if not name:
         raise ConfigurationError(f"agent {agent!r}: expected 'reference' or 'module:function'")
-    handler: Handler = getattr(importlib.import_module(module), name)
-    return handler
+    return check_handler(getattr(importlib.import_module(module), name), agent)
 
 
 def model_from_settings(settings: Settings) -> Model | None:

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from consumers.worker._execution import Execution, Handler, RunSpec
+from consumers.worker._execution import Execution, RunSpec
 from consumers.worker._feed import ControlFeed, OpenRunsFeed, PresenceFeed
+from consumers.worker._handler import Handler, check_handler
 from consumers.worker.executor import ActionExecutor
 from consumers.worker.model import FakeModel, Model
 from schemas.codec import Codec
@@ -74,7 +75,8 @@ class _Open:
 
 
 class Worker:
-    """Executes runs with `handler`; one per process (or several, with distinct ids)."""
+    """Executes runs with `handler`, an `async def run(ctx)` (anything else is refused
+    here with a ConfigurationError); one per process (or several, with distinct ids)."""
 
     def __init__(
         self,
@@ -92,7 +94,8 @@ class Worker:
         acquire_step_s: float = 0.3,
     ) -> None:
         self.settings = settings
-        self.handler = handler
+        # refused here, before any run is taken, rather than on each run it would fail
+        self.handler = check_handler(handler)
         self.worker_id = worker_id or default_worker_id()
         self.model: Model = model or FakeModel()
         self.lease_ms = lease_ms or settings.worker_lease_ms

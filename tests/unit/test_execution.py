@@ -327,3 +327,167 @@ async def test_a_result_no_command_may_carry_fails_the_run_saying_why() -> None:
     assert error.startswith("the result cannot be recorded") and "NUL" in error, error
     ex.on_event(event("run.finished", {"terminal_status": "failed"}))
     await asyncio.wait_for(task, 5)
+
+
+# -- every way a handler can go wrong ends the run once, saying why ----------------------------
+async def _ended(host: Host, ex: Execution, task: asyncio.Task[None], status: str) -> None:
+    """The processor's answer to the worker's last word; the execution then ends."""
+    ex.on_event(event("run.finished", {"terminal_status": status}))
+    await asyncio.wait_for(task, 5)
+    assert host.forgotten
+
+
+def _error(host: Host) -> str:
+    fails = [c for c in host.sent if c.type == "run.fail"]
+    assert len(fails) == 1, host.types()
+    return str(fails[0].payload.model_dump()["error"])
+
+
+async def test_a_plain_def_handler_that_slips_past_the_worker_fails_the_run_once() -> None:
+    """`Worker` refuses a plain `def` (test_handler_contract); one that reaches an
+    execution anyway (a callable that returns no awaitable) fails its run, once, saying
+    what to write. It used to escape the execution: a traceback in the log, no `run.fail`,
+    the lease left to expire and the run taken again and again until its deadline."""
+
+    def handler(ctx: RunContext) -> str:
+        return "done, synchronously"
+
+    host = Host(handler)
+    ex, task = await _granted(host)
+    await until(lambda: "run.fail" in host.types())
+    error = _error(host)
+    assert "not an awaitable" in error and "async def" in error, error
+    assert "run.complete" not in host.types() and "lease.release" not in host.types()
+    assert not task.done(), "the execution waits for the run's end, renewing its lease"
+    await _ended(host, ex, task, "failed")
+
+
+async def test_a_plain_def_handler_that_raises_fails_the_run_with_its_error() -> None:
+    def handler(ctx: RunContext) -> str:
+        raise ValueError("bad prompt")
+
+    host = Host(handler)
+    ex, task = await _granted(host)
+    await until(lambda: "run.fail" in host.types())
+    assert _error(host) == "ValueError('bad prompt')"
+    await _ended(host, ex, task, "failed")
+
+
+@pytest.mark.parametrize("raised", ["run_cancelled", "cancelled_error"])
+async def test_a_handler_that_says_cancelled_when_nothing_cancelled_the_run_fails_it(
+    raised: str,
+) -> None:
+    """Nothing asked the run to stop: left as it was, the run held its lease (renewed)
+    with no handler running, until its deadline."""
+    from consumers.worker._signal import RunCancelled
+
+    async def handler(ctx: RunContext) -> str:
+        if raised == "run_cancelled":
+            raise RunCancelled("gave up")
+        raise asyncio.CancelledError
+
+    host = Host(handler)
+    ex, task = await _granted(host)
+    await until(lambda: "run.fail" in host.types())
+    assert "but the run was not cancelled" in _error(host)
+    await _ended(host, ex, task, "failed")
+
+
+async def test_a_fence_the_handler_meets_first_gives_the_run_up_without_failing_it() -> None:
+    """An action refused by a newer generation's token (RunFenced) means another worker
+    holds the run: this one says so with a release of its generation, and does not fail a
+    run that is no longer its own."""
+    from consumers.worker._signal import RunFenced
+
+    async def handler(ctx: RunContext) -> str:
+        raise RunFenced("generation 1 is fenced: generation 2 holds run r-1")
+
+    host = Host(handler)
+    ex, task = await _granted(host)
+    await asyncio.wait_for(task, 5)
+    assert "run.fail" not in host.types()
+    assert host.types()[-1] == "lease.release"
+    assert ex.fenced is not None and "generation 2 holds" in ex.fenced
+
+
+async def test_an_error_of_the_worker_after_the_handler_returned_fails_the_run_once() -> None:
+    """Not the handler's fault: the command that records its result cannot be produced.
+    The run fails once, retryable, rather than be left to its lease."""
+
+    class Refusing(Host):
+        def produce(self, cmd: Command) -> None:
+            if cmd.type == "run.complete":
+                raise RuntimeError("cannot encode this command")
+            super().produce(cmd)
+
+    async def handler(ctx: RunContext) -> str:
+        return "fine"
+
+    host = Refusing(handler)
+    _, task = await _granted(host)
+    await asyncio.wait_for(task, 5)
+    fail = next(c for c in host.sent if c.type == "run.fail").payload.model_dump()
+    assert "the worker failed executing the run" in fail["error"]
+    assert "cannot encode this command" in fail["error"]
+    assert fail["retryable"] is True
+    assert host.types().count("run.fail") == 1 and host.forgotten
+
+
+# -- the result: a str, or any JSON value as its JSON text -------------------------------------
+@pytest.mark.parametrize(
+    ("returned", "recorded"),
+    [
+        ({"answer": "42", "sources": ["a", "b"]}, '{"answer":"42","sources":["a","b"]}'),
+        ([1, 2.5, None, True], "[1,2.5,null,true]"),
+        (7, "7"),
+        (False, "false"),
+        ("plain text", "plain text"),
+        ({"naïve": "日本"}, '{"naïve":"日本"}'),
+        (None, None),
+    ],
+)
+async def test_a_json_result_completes_the_run_as_its_json_text(
+    returned: object, recorded: str | None
+) -> None:
+    async def handler(ctx: RunContext) -> object:
+        return returned
+
+    host = Host(handler)
+    ex, task = await _granted(host)
+    await until(lambda: "run.complete" in host.types())
+    assert "run.fail" not in host.types()
+    assert host.sent[-1].payload.model_dump()["result"] == recorded
+    await _ended(host, ex, task, "completed")
+
+
+@pytest.mark.parametrize(
+    ("returned", "named"),
+    [({1, 2}, "set"), (b"bytes", "bytes"), (float("nan"), "float"), (object(), "object")],
+)
+async def test_a_result_that_is_not_json_fails_the_run_naming_its_type(
+    returned: object, named: str
+) -> None:
+    async def handler(ctx: RunContext) -> object:
+        return returned
+
+    host = Host(handler)
+    ex, task = await _granted(host)
+    await until(lambda: "run.fail" in host.types())
+    error = _error(host)
+    assert error.startswith("the result cannot be recorded: the handler returned"), error
+    assert f"of type {named}, which is not JSON" in error, error
+    assert "run.complete" not in host.types()
+    await _ended(host, ex, task, "failed")
+
+
+async def test_a_json_result_over_the_payload_limit_fails_the_run_at_once_saying_why() -> None:
+    async def handler(ctx: RunContext) -> object:
+        return {"rows": ["x" * 1000] * 300}
+
+    host = Host(handler)
+    ex, task = await _granted(host)
+    await until(lambda: "run.fail" in host.types())
+    error = _error(host)
+    assert "the result is too large to record" in error and "262144" in error, error
+    assert "run.complete" not in host.types()
+    await _ended(host, ex, task, "failed")
