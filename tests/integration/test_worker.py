@@ -406,3 +406,131 @@ def test_a_result_too_large_to_record_fails_the_run_with_the_reason(
         await asyncio.wait_for(running, 30)
 
     asyncio.run(main())
+
+
+def test_a_handler_misused_or_failing_outside_its_own_errors_fails_its_run_once(
+    iso: Settings, db: str, procs: list[Proc]
+) -> None:
+    """A plain `def run(ctx)` is refused when the worker is built. And what used to escape
+    the execution — a plain `def` that slipped through, a result `json` cannot encode — or
+    a handler saying `RunCancelled` when nothing cancelled the run: each fails its run once,
+    at generation 1, saying why. The first two used to log a traceback and send nothing:
+    the lease expired and the run was taken again and again until its deadline."""
+    import asyncio
+
+    from consumers.worker._signal import RunCancelled
+    from consumers.worker.context import RunContext
+    from consumers.worker.runtime import Worker
+    from sessionstream.errors import ConfigurationError
+    from sessionstream.topics import ensure_topics
+
+    def plain(ctx: RunContext) -> str:
+        return "a plain def"
+
+    with pytest.raises(ConfigurationError, match=r"not a coroutine function.*async def run"):
+        Worker(iso, plain, "w-plain", database_url=db)
+
+    ensure_topics(iso)
+    procs.append(processor(iso))
+
+    async def handler(ctx: RunContext) -> object:
+        if ctx.prompt == "set":
+            return {"a", "b"}
+        raise RunCancelled("gave up on my own")
+
+    w = Worker(iso, handler, "w-misuse", database_url=db, lease_ms=1500)
+    # and a plain def that got past the check (assigned after it): the execution's own guard
+    sneaky = Worker(iso, handler, "w-misuse-sync", database_url=db, lease_ms=1500)
+    sneaky.handler = plain  # type: ignore[assignment]
+
+    def finished(run_id: str) -> RunFinished:
+        e = wait_event(iso, run_id, "run.finished", 60.0, procs)
+        return e.payload_as(RunFinished)
+
+    async def run_with(worker: Worker, *texts: str) -> list[tuple[str, RunFinished]]:
+        stop = asyncio.Event()
+        running = asyncio.create_task(worker.run(stop))
+        await asyncio.wait_for(worker.ready.wait(), 60)
+        out = []
+        for text in texts:
+            sid = f"misuse-{uuid.uuid4().hex[:6]}"
+            run_id = await asyncio.to_thread(prompt, iso, sid, text)
+            out.append((run_id, await asyncio.to_thread(finished, run_id)))
+        stop.set()
+        await asyncio.wait_for(running, 30)
+        return out
+
+    async def main() -> list[tuple[str, RunFinished]]:
+        return await run_with(w, "set", "cancelled") + await run_with(sneaky, "plain")
+
+    (not_json, not_json_end), (said_cancelled, said_end), (sync, sync_end) = asyncio.run(main())
+    assert not_json_end.terminal_status == "failed"
+    assert "the handler returned a value of type set, which is not JSON" in (
+        not_json_end.error or ""
+    ), not_json_end
+    assert said_end.terminal_status == "failed"
+    assert "RunCancelled('gave up on my own'), but the run was not cancelled" in (
+        said_end.error or ""
+    ), said_end
+    assert sync_end.terminal_status == "failed"
+    assert "not an awaitable" in (sync_end.error or ""), sync_end
+    for run_id in (not_json, said_cancelled, sync):
+        evs = run_events(iso, run_id)
+        grants = [e for e in evs if e.type == "run.lease_granted"]
+        assert len(grants) == 1 and grants[0].generation == 1, [e.type for e in evs]
+        assert evs[-1].type == "run.finished"
+
+
+def test_a_dict_result_completes_the_run_as_json_after_its_action_ran_once(
+    iso: Settings, db: str, procs: list[Proc]
+) -> None:
+    """An agent that sends an email (an approved action) and returns a dict: the run
+    completes with the dict as its JSON text. It used to fail ("Input should be a valid
+    string") after the email had gone."""
+    import asyncio
+    import json
+
+    from consumers.worker.context import RunContext
+    from consumers.worker.executor import ActionRun
+    from consumers.worker.runtime import Worker
+    from sessionstream.topics import ensure_topics
+
+    ensure_topics(iso)
+    procs.append(processor(iso))
+
+    async def write(a: ActionRun) -> str:
+        assert a.conn is not None
+        await a.conn.execute(
+            "insert into agent_outbox (idempotency_key, session_id, run_id, recipient,"
+            " subject, body) values (%s, %s, %s, %s, %s, %s)",
+            (a.idempotency_key, a.session_id, a.run_id, "ops@example.com", "report", "done"),
+        )
+        return "email to ops@example.com"
+
+    async def handler(ctx: RunContext) -> dict[str, object]:
+        sent = await ctx.action("email", f"{ctx.run_id}:email", write)
+        return {"answer": "42 rows", "email": sent, "steps": [1, 2], "ok": True}
+
+    w = Worker(iso, handler, "w-dict", database_url=db)
+
+    async def main() -> tuple[str, RunFinished]:
+        stop = asyncio.Event()
+        running = asyncio.create_task(w.run(stop))
+        await asyncio.wait_for(w.ready.wait(), 60)
+        run_id = await asyncio.to_thread(prompt, iso, f"dict-{uuid.uuid4().hex[:6]}", "go")
+        e = await asyncio.to_thread(wait_event, iso, run_id, "run.finished", 60.0, procs)
+        stop.set()
+        await asyncio.wait_for(running, 30)
+        return run_id, e.payload_as(RunFinished)
+
+    run_id, done = asyncio.run(main())
+    assert done.terminal_status == "completed", done
+    assert json.loads(done.result or "") == {
+        "answer": "42 rows",
+        "email": "email to ops@example.com",
+        "steps": [1, 2],
+        "ok": True,
+    }
+    assert outbox(db, run_id) == [(f"{run_id}:email", "report")]
+    assert actions(db, run_id) == [(f"{run_id}:email", 1, "done")]
+    assert [e.generation for e in run_events(iso, run_id) if e.type == "run.lease_granted"] == [1]
