@@ -18,8 +18,8 @@ from confluent_kafka import KafkaError, KafkaException
 from sessionstream.kafka import kafka_cause, unmasked
 from sessionstream.kafka.transactions import TransactionCommit
 from sessionstream.settings import Settings
-from streams.processor.batch import Batch
 from streams.processor import loop
+from streams.processor.batch import Batch
 from streams.processor.loop import TransactionalProcessor
 from tests.unit._samples import event
 
