@@ -26,7 +26,6 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from confluent_kafka import (
@@ -50,15 +49,16 @@ from schemas.commands import (
     SteerPayload,
 )
 from schemas.errors import DecodeError
-from schemas.events import SESSION_LOG, CommandRejected, Event
-from schemas.outcomes import CommandOutcome
+from schemas.events import Event
 from schemas.sessions import scoped_session_id
-from sessionstream.errors import (
-    CommandTimeout,
-    IncompatibleEvent,
-    KafkaUnavailable,
-    SessionstreamError,
+from sessionstream._outcomes import (
+    CommandHandle,
+    Outcome,
+    OutcomeMatcher,
+    acknowledged,
+    outcome_of,
 )
+from sessionstream.errors import CommandTimeout, KafkaUnavailable, SessionstreamError
 from sessionstream.kafka import (
     client_config,
     command_producer_config,
@@ -80,8 +80,6 @@ log = logging.getLogger("sessionstream.client")
 _DRAIN_BATCH: Final = 500
 #: sessions whose active run a client remembers (`known_run`), at most
 _RUNS_MAX: Final = 100_000
-#: outcomes of unreadable records kept for their producers to find, at most
-_BY_SOURCE_MAX: Final = 10_000
 
 
 class _KnownRun:
@@ -93,54 +91,6 @@ class _KnownRun:
 
 
 KNOWN_RUN: Final = _KnownRun()
-
-
-@dataclass
-class CommandHandle:
-    """A command on its way; `acked` once the broker acknowledged it, with its
-    `partition` and `offset` (of `topic`, which its class decides).
-
-    The broker may acknowledge without an offset: an idempotent producer's retry of a
-    record the leader already had (after a leader change) is reported delivered with
-    none. `offset` then stays None until `wait` needs it and reads the partition's high
-    watermark: the record is below it (acks=all), so `offset` is an upper bound there
-    and `offset_exact` is False."""
-
-    command: Command
-    #: where the session's events and outcomes partitions ended before it was sent
-    events_from: dict[int, int] | None = None
-    outcomes_from: dict[int, int] | None = None
-    partition: int | None = None
-    offset: int | None = None
-    error: str | None = None
-    topic: str = ""
-    acked: bool = False
-    #: the bytes sent, kept only when the broker gave no offset
-    sent: bytes | None = None
-
-    @property
-    def offset_exact(self) -> bool:
-        """False when the broker gave no offset."""
-        return self.sent is None
-
-
-def acknowledged(handle: CommandHandle, partition: int, offset: int | None, value: bytes) -> None:
-    """Record the broker's acknowledgement of `handle` (its delivery report)."""
-    handle.partition, handle.offset = partition, offset
-    if offset is None:
-        handle.sent = value
-    handle.acked = True
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """The one visible outcome of a command."""
-
-    status: Literal["accepted", "rejected", "duplicate", "dead_letter"]
-    command_id: str
-    run_id: str | None = None
-    reason: str | None = None
-    events: list[Event] = field(default_factory=list)
 
 
 class SessionClient:
@@ -174,20 +124,8 @@ class SessionClient:
         self._meta: Consumer | None = None
         #: (topic, partition) the tail reads -> where it was assigned from
         self._tailing: dict[tuple[str, int], int] = {}
-        # keyed by (session, command id): command ids are per session, and a gateway's
-        # callers choose their own
-        self._pending: dict[tuple[str, str], list[Event]] = {}
-        #: the outcome records read for each tracked command's session and id (one, but for
-        #: the dead letters of other records that carry the same command)
-        self._outcomes: dict[tuple[str, str], list[CommandOutcome]] = {}
-        #: where each tracked command's outcome and events may start, and its `ts`
-        self._pending_from: dict[tuple[str, str], tuple[int, int, int]] = {}
-        #: tracked commands whose session has a record this version cannot read, past
-        #: where their outcome may start: why their outcome cannot be known
-        self._unreadable: dict[tuple[str, str], str] = {}
-        #: outcomes of records no command id could be read from (dead letters), by where
-        #: the record was: its producer knows that from its delivery report
-        self._by_source: OrderedDict[tuple[str, int, int], CommandOutcome] = OrderedDict()
+        #: what the tail read, matched to the tracked commands
+        self._matcher = OutcomeMatcher(self.settings.outcomes_topic)
         self._partitions: int | None = None
         #: the tail's fetch.wait.max.ms (a server waiting on many commands: lower)
         self._fetch_wait_ms = fetch_wait_ms
@@ -462,13 +400,7 @@ class SessionClient:
                     self._tailing[(topic, p)] = offset
         if assign:
             self._tail.incremental_assign(assign)
-        key = _key(handle)
-        self._pending[key] = []
-        self._pending_from[key] = (
-            min(handle.outcomes_from.values()),
-            min(handle.events_from.values()),
-            handle.command.ts,
-        )
+        self._matcher.track(handle)
 
     def _drain(self, timeout: float) -> None:
         """Read what the tail has; keep the outcomes and events of tracked commands. In
@@ -489,58 +421,22 @@ class SessionClient:
             # else a broker restarting, or a partition's end: librdkafka reconnects, and
             # the caller's deadline bounds the wait
             return
+        offset = msg.offset() or 0
         if msg.topic() == self.settings.outcomes_topic:
             try:
                 outcome = self.codec.decode_outcome(msg.value() or b"")
             except DecodeError as e:
-                self._cannot_read(msg, e)
+                self._matcher.cannot_read(msg, e)
                 return
-            if outcome.command_id is None:
-                src = (outcome.source_topic, outcome.source_partition, outcome.source_offset)
-                self._by_source[src] = outcome
-                while len(self._by_source) > _BY_SOURCE_MAX:
-                    self._by_source.popitem(last=False)
-                return
-            key = (outcome.session_id, outcome.command_id)
-            if key in self._pending and outcome.status != "forwarded":
-                # (a forwarded record's decision follows on its session's partition)
-                start, _, ts = self._pending_from[key]
-                if (msg.offset() or 0) >= start and outcome.producer_ts in (ts, None):
-                    self._outcomes.setdefault(key, []).append(outcome)
+            self._matcher.outcome_read(outcome, offset)
             return
         try:
             event = self.codec.decode_event(msg.value() or b"")
         except DecodeError as e:
-            self._cannot_read(msg, e)
+            self._matcher.cannot_read(msg, e)
             return
         self._saw(event)
-        key = (event.session_id, event.command_id)
-        bucket = self._pending.get(key)
-        if bucket is not None:
-            _, start, ts = self._pending_from[key]
-            if (msg.offset() or 0) >= start and event.producer_ts in (ts, None):
-                bucket.append(event)
-
-    def _cannot_read(self, msg: Any, error: DecodeError) -> None:
-        """A record this version cannot read (a newer sessionstream wrote it, or bytes
-        that are none of ours) is skipped, and the tail goes on. The tracked commands of
-        its session (its key's first part) whose outcome may start at or before it can no
-        longer be known: `wait` and `collect` raise `IncompatibleEvent` for those only."""
-        offset = msg.offset() or 0
-        where = f"{msg.topic()}[{msg.partition()}]@{offset}"
-        outcomes = msg.topic() == self.settings.outcomes_topic
-        reason = (
-            f"a record at {where} this version cannot read ({error.reason}): upgrade sessionstream"
-        )
-        session = (msg.key() or b"").split(b"/", 1)[0].decode(errors="replace")
-        hit = [
-            key
-            for key, (out_start, ev_start, _) in self._pending_from.items()
-            if key[0] == session and offset >= (out_start if outcomes else ev_start)
-        ]
-        for key in hit:
-            self._unreadable[key] = reason
-        log.warning("%s; skipped (%d tracked commands of its session affected)", reason, len(hit))
+        self._matcher.event_read(event, offset)
 
     def _fetched_end(self, topic: str, partition: int) -> int | None:
         """A partition's high watermark as the tail's last fetch reported it, or None when
@@ -567,7 +463,7 @@ class SessionClient:
         cid = handle.command.command_id
         if handle.events_from is None:
             raise ValueError("command was submitted with track=False")
-        if _key(handle) not in self._pending:
+        if not self._matcher.tracks(handle):
             self._track(handle)
         try:
             while True:
@@ -609,11 +505,7 @@ class SessionClient:
 
     def release(self, handle: CommandHandle) -> None:
         """Stop tracking `handle` (its outcome is known, or no longer wanted)."""
-        key = _key(handle)
-        self._pending.pop(key, None)
-        self._pending_from.pop(key, None)
-        self._outcomes.pop(key, None)
-        self._unreadable.pop(key, None)
+        self._matcher.release(handle)
 
     def _step(self, handle: CommandHandle) -> Outcome | None:
         """The outcome of `handle` if it has been read (with all its events), else None."""
@@ -621,55 +513,9 @@ class SessionClient:
             raise KafkaUnavailable(
                 f"command not delivered: {handle.error}", bootstrap=self.settings.kafka_bootstrap
             )
-        key = _key(handle)
-        unreadable = self._unreadable.get(key)
-        if unreadable is not None:
-            raise IncompatibleEvent(unreadable)
-        o = self._outcome_of(handle)
-        if o is None:
-            return None
-        cid = handle.command.command_id
-        if o.status == "duplicate":
-            return Outcome("duplicate", cid)
-        if o.status == "dead_letter":
-            return Outcome("dead_letter", cid, reason=o.reason)
-        mine = self._pending.get(key, [])
-        if len(mine) < o.event_count:
-            # its events are in the outcome's transaction: read on until they are all in
-            # (or the tail is past the last of them: one was not this version's to read)
-            last = o.last_event_offset
-            p = o.source_partition
-            if last is None or self._tail_position(self.settings.events_topic, p) <= last:
-                return None
-        status: Literal["accepted", "rejected"] = (
-            "rejected" if o.status == "rejected" else "accepted"
+        return self._matcher.outcome(
+            handle, lambda p: self._tail_position(self.settings.events_topic, p)
         )
-        return Outcome(status, cid, run_id=o.run_id, reason=o.reason, events=list(mine))
-
-    def _outcome_of(self, handle: CommandHandle) -> CommandOutcome | None:
-        """The outcome record of `handle`'s record: the one written for that very record
-        when its place is known; else a decision (accepted, rejected, duplicate) of the
-        command id, which is the session's whichever record of it was read. A dead letter
-        is only ever one record's (the same bytes under another key are another record,
-        dead-lettered apart)."""
-        if not handle.acked:
-            # which record is ours is known from its delivery report: a dead letter of
-            # another record with the same bytes must not be taken for it meanwhile
-            return None
-        where = (handle.topic, handle.partition, handle.offset)
-        exact = handle.offset is not None and handle.offset_exact
-        found = self._outcomes.get(_key(handle), ())
-        if exact:
-            for o in found:
-                if (o.source_topic, o.source_partition, o.source_offset) == where:
-                    return o
-            mine = self._by_source.pop(where, None)  # type: ignore[arg-type]
-            if mine is not None:
-                return mine
-        for o in found:
-            if o.status != "dead_letter" or not exact:
-                return o
-        return None
 
     def _ends(self, partitions: set[int], topics: tuple[str, ...]) -> dict[tuple[str, int], int]:
         """Where these partitions of `topics` end now (high watermarks), asked in one
@@ -719,28 +565,10 @@ class SessionClient:
         self._producer = self._tail = self._meta = None
         self._admin = None
         self._tailing.clear()
-        self._pending.clear()
-        self._pending_from.clear()
-        self._outcomes.clear()
+        self._matcher.clear()
 
     def __enter__(self) -> SessionClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _key(handle: CommandHandle) -> tuple[str, str]:
-    return (handle.command.session_id, handle.command.command_id)
-
-
-def outcome_of(command_id: str, events: list[Event]) -> Outcome:
-    """The outcome that a command's events (all of them, in log order) make."""
-    for e in events:
-        if e.type == "command.rejected":
-            r = e.payload_as(CommandRejected)
-            return Outcome(
-                "rejected", command_id, run_id=r.target_run_id, reason=r.reason, events=events
-            )
-    run_id = next((e.run_id for e in events if e.run_id != SESSION_LOG), None)
-    return Outcome("accepted", command_id, run_id=run_id, events=events)

@@ -16,7 +16,8 @@ import pytest
 from schemas.codec import Codec
 from schemas.commands import AbortPayload, Command
 from schemas.outcomes import CommandOutcome
-from sessionstream.client import CommandHandle, SessionClient, _key
+from sessionstream._outcomes import command_key as _key
+from sessionstream.client import CommandHandle, SessionClient
 from sessionstream.errors import IncompatibleEvent
 from sessionstream.settings import Settings
 from tests.unit._samples import event
@@ -62,9 +63,7 @@ def _tracked(c: SessionClient, session: str, start: int, ts: int = 1) -> Command
     h = CommandHandle(cmd, events_from={0: start}, outcomes_from={0: start})
     # acknowledged: the outcomes below name this record (commands topic, 0, offset 5)
     h.acked, h.partition, h.offset, h.topic = True, 0, 5, S.commands_topic
-    key = _key(h)
-    c._pending[key] = []
-    c._pending_from[key] = (start, start, cmd.ts)
+    c._matcher.track(h)
     return h
 
 
@@ -173,7 +172,7 @@ def test_an_unreadable_record_marks_only_its_sessions_commands_from_before_it() 
     assert c._step(after) is None
     assert c._step(other) is None
     c.release(before)
-    assert _key(before) not in c._unreadable
+    assert _key(before) not in c._matcher._unreadable
 
 
 def test_a_dead_letter_of_another_record_with_the_same_command_is_not_ours() -> None:
@@ -182,7 +181,8 @@ def test_a_dead_letter_of_another_record_with_the_same_command_is_not_ours() -> 
     c = _client()
     h = _tracked(c, "s1", 0)
     c._drain_one(_msg(OUT, b"k", 1, _outcome(h, "dead_letter", reason="key_mismatch")))
-    c._outcomes[_key(h)][0] = c._outcomes[_key(h)][0].model_copy(update={"source_offset": 4})
+    read = c._matcher._outcomes[_key(h)]
+    read[0] = read[0].model_copy(update={"source_offset": 4})
     assert c._step(h) is None, "another record's dead letter"
     c._drain_one(_msg(OUT, b"k", 2, _outcome(h, "duplicate", first_decided_at=1)))
     got = c._step(h)
