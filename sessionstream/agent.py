@@ -1,12 +1,16 @@
-"""The agent SDK, under the one public import root: what an agent author imports.
+"""The agent SDK, under the one public import root: everything an agent author imports.
 
-    from sessionstream.agent import RunContext, RunCancelled, Worker
+    from sessionstream.agent import RunCancelled, RunContext, Worker
 
     async def run(ctx: RunContext) -> str | None: ...
 
 Run it with `sessionstream worker --agent mypkg.agent:run`, or from Python with
-`await Worker(settings, run, worker_id).run(stop)`. The runtime behind these names is the
-worker runtime (lease, generation fencing, cancel propagation; docs/workers.md).
+`await Worker(settings, run, worker_id).run(stop)` (`settings`: a
+`sessionstream.settings.Settings`). A handler is a `Handler` returning a `RunResult`. The
+errors a handler meets are `RunCancelled` / `RunFenced` / `ActionDenied` here, and the
+adapters' `ModelError`, `ModelUnavailable`, `QueryFailed` and `DatabaseUnavailable` in
+`sessionstream.errors`. The runtime behind these names is the worker runtime (lease,
+generation fencing, cancel propagation; docs/workers.md).
 """
 
 from consumers.worker import (
@@ -18,6 +22,7 @@ from consumers.worker import (
     CancelReport,
     FakeModel,
     FollowUp,
+    Handler,
     Model,
     ModelCall,
     OpenAIChatModel,
@@ -25,6 +30,7 @@ from consumers.worker import (
     RunCancelled,
     RunContext,
     RunFenced,
+    RunResult,
     Worker,
     default_worker_id,
     run_query,
@@ -39,6 +45,7 @@ __all__ = [
     "CancelReport",
     "FakeModel",
     "FollowUp",
+    "Handler",
     "Model",
     "ModelCall",
     "OpenAIChatModel",
@@ -46,6 +53,7 @@ __all__ = [
     "RunCancelled",
     "RunContext",
     "RunFenced",
+    "RunResult",
     "Worker",
     "default_worker_id",
     "run_query",

@@ -18,6 +18,9 @@ before the command was sent; an outcome is the command's when it carries its ses
 command id and its `ts` (as `producerTs`), so another send under the same id is never
 taken for it. An outcome or event this version cannot read is skipped (WARNING); the
 tracked commands of its session that it may belong to raise `IncompatibleEvent`.
+
+The commands it sends and the events an outcome carries are the models of
+`sessionstream.commands` and `sessionstream.events`.
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
 """Run workers: lease + generation, heartbeats, a cancel that reaches model, tools, actions.
 
-An agent author writes `async def run(ctx: RunContext) -> str | None` and starts
+The runtime behind the agent SDK: agent authors import these names from
+`sessionstream.agent`, write `async def run(ctx: RunContext) -> str | None` and start
 `Worker(settings, run, worker_id).run()` (or `sessionstream worker --agent module:run`).
 See docs/workers.md.
 """
 
+from consumers.worker._handler import Handler, RunResult
 from consumers.worker._signal import AbortSignal, RunAborted, RunCancelled, RunFenced
 from consumers.worker.context import ActionDenied, CancelReport, FollowUp, ModelCall, RunContext
 from consumers.worker.executor import ActionExecutor, ActionFn, ActionRun
@@ -22,6 +24,7 @@ __all__ = [
     "CancelReport",
     "FakeModel",
     "FollowUp",
+    "Handler",
     "Model",
     "ModelCall",
     "OpenAIChatModel",
@@ -29,6 +32,7 @@ __all__ = [
     "RunCancelled",
     "RunContext",
     "RunFenced",
+    "RunResult",
     "Worker",
     "default_worker_id",
     "run_query",
