@@ -245,7 +245,11 @@ def db_migrate() -> None:
 @app.command()
 def worker(
     agent: Annotated[
-        str, typer.Option(help="'reference' or 'package.module:function' (async def run(ctx))")
+        str,
+        typer.Option(
+            help="'reference', or 'package.module:function' naming an"
+            " async def run(ctx: sessionstream.agent.RunContext)"
+        ),
     ] = "reference",
     worker_id: Annotated[
         str | None, typer.Option(help="this worker's id (default: host-pid)")
