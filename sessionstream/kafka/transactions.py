@@ -235,9 +235,19 @@ class TransactionCommit(Generic[B]):
         slot: int,
         follow: Callable[[], list[tuple[int, bytes, bytes, Any]]] | None = None,
         follow_topic: str = "",
+        after: TransactionCommit[Any] | None = None,
     ) -> None:
         self.batch = batch
         self.slot = slot
+        #: the transaction (of another producer) this one was decided on top of: its
+        #: records and offsets may go out while that one commits, but this one commits only
+        #: once that one did, and aborts if it did not
+        self.after = after
+        #: set once every record of the transaction is acknowledged (the commit is next),
+        #: or once the commit ended whichever way: the next transaction may produce then
+        self.appended = threading.Event()
+        #: set by the caller to give the transaction up while it waits for `after`
+        self.cancel = threading.Event()
         #: records (partition, key, value, headers) for `follow_topic`, made once the
         #: transaction's records so far are acknowledged
         self.follow = follow
@@ -291,7 +301,17 @@ class TransactionCommit(Generic[B]):
                     topic = self.follow_topic
                     for p, key, value, headers in self.follow():
                         put(topic, key=key, value=value, partition=p, headers=headers)
+                # every record acknowledged (commit_transaction would wait for them anyway):
+                # the next transaction's records may follow ours in the partitions
+                self.step = "flush"
+                if producer.flush(COMMIT_LIMIT_S):
+                    raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "records not delivered"))
+                self.appended.set()
                 t2 = clock()
+                if self.after is not None:
+                    self.step = "after"
+                    self._wait_after(self.after)
+                t3 = clock()
                 self.step = "commit"
                 # commit — everything produced and the offsets at once; a retriable error
                 # (broker restarting, coordinator moving) is retried
@@ -305,14 +325,33 @@ class TransactionCommit(Generic[B]):
                             raise
                         log.warning("commit_transaction: %s; retrying", kerr)
             self.phases["send_offsets"], self.phases["outcomes"] = t1 - t0, t2 - t1
-            self.phases["commit"] = clock() - t2
+            self.phases["after"], self.phases["commit"] = t3 - t2, clock() - t3
             self.committed = True
         except KafkaException as e:
             self.error = e
         except BaseException as e:  # never "committed" by default: the waiter raises it
             self.failure = e
         finally:
+            self.appended.set()
             self._done.set()
+
+    def _wait_after(self, after: TransactionCommit[Any]) -> None:
+        """Until the transaction before this one committed; it did not (or we are given
+        up): this one must abort (an error that requires it)."""
+        while not after._done.wait(0.5) and not self.cancel.is_set():
+            pass
+        if self.cancel.is_set() or not after.committed:
+            raise KafkaException(
+                KafkaError(
+                    KafkaError._STATE,
+                    "the transaction this one was decided on top of did not commit",
+                    txn_requires_abort=True,
+                )
+            )
+
+    def done(self) -> bool:
+        """Whether the commit thread has ended (committed or not)."""
+        return self._done.is_set()
 
     def wait(self, limit_s: float) -> KafkaException | None:
         """The commit's error, if any. After a broker restart librdkafka can block in

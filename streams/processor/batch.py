@@ -112,24 +112,28 @@ class Batch:
 
 class View:
     """One partition's sessions as a batch sees them: its own decisions, those of the
-    transaction in flight, then the store."""
+    transactions it was decided on top of (`bases`, newest first: in flight, or decided
+    and not yet begun), then the store."""
 
-    __slots__ = ("base", "batch", "p", "part")
+    __slots__ = ("bases", "batch", "p", "part")
 
-    def __init__(self, p: int, part: PartitionState, batch: Batch, base: Batch | None) -> None:
-        self.p, self.part, self.batch, self.base = p, part, batch, base
+    def __init__(
+        self, p: int, part: PartitionState, batch: Batch, bases: tuple[Batch, ...]
+    ) -> None:
+        self.p, self.part, self.batch, self.bases = p, part, batch, bases
 
     def state(self, sid: str) -> SessionState | None:
         key = (self.p, sid)
         s = self.batch.staged.get(key)
-        if s is None and self.base is not None:
-            s = self.base.staged.get(key)
-        return s if s is not None else self.part.state(sid)
+        if s is not None:
+            return s
+        return self.before(sid)
 
     def before(self, sid: str) -> SessionState | None:
         """The state before this batch (what its open-runs record says now)."""
-        if self.base is not None:
-            s = self.base.staged.get((self.p, sid))
+        key = (self.p, sid)
+        for base in self.bases:
+            s = base.staged.get(key)
             if s is not None:
                 return s
         return self.part.state(sid)
@@ -137,9 +141,18 @@ class View:
     def seen(self, sid: str, h: int) -> tuple[int, int] | None:
         key = (self.p, sid, h)
         r = self.batch.remembered.get(key)
-        if r is None and self.base is not None:
-            r = self.base.remembered.get(key)
+        if r is None:
+            for base in self.bases:
+                r = base.remembered.get(key)
+                if r is not None:
+                    break
         return (r.digest, r.at) if r is not None else self.part.seen(sid, h)
+
+
+def _bases(base: Batch | tuple[Batch, ...] | None) -> tuple[Batch, ...]:
+    if base is None:
+        return ()
+    return base if isinstance(base, tuple) else (base,)
 
 
 def input_classes(s: Settings) -> dict[str, CommandClass]:
@@ -156,12 +169,14 @@ def decide_batch(
     messages: list[Message],
     timers: list[tuple[int, Command]],
     partitions: dict[int, PartitionState],
-    base: Batch | None,
+    base: Batch | tuple[Batch, ...] | None,
     classes: dict[str, CommandClass],
 ) -> Batch:
-    """Decide `messages` (in order) on top of `base`, the batch still committing.
-    `classes`: the command class of each input topic (`input_classes`)."""
+    """Decide `messages` (in order) on top of `base`: the batch still committing, or
+    several whose decisions the stores do not have yet, newest first. `classes`: the
+    command class of each input topic (`input_classes`)."""
     batch = Batch(messages, timers)
+    bases = _bases(base)
     views: dict[int, View] = {}
     outcomes, events, staged = batch.outcomes, batch.events, batch.staged
     remembered, offsets, first = batch.remembered, batch.offsets, batch.first
@@ -173,7 +188,7 @@ def decide_batch(
             part = partitions.get(p)
             if part is None:
                 continue  # revoked mid-batch: the new owner reads it again
-            view = views[p] = View(p, part, batch, base)
+            view = views[p] = View(p, part, batch, bases)
         tp = (topic, p)
         if tp not in first:
             first[tp] = offset

@@ -27,10 +27,16 @@ producer that begins its next transaction at once gets AddPartitionsToTxn refuse
 CONCURRENT_TRANSACTIONS, which librdkafka retries only after a fixed 20 ms (measured in
 `bench/results/profile.md`: up to one transaction in four at 1,000 commands/s on a busy
 broker, most of them back to back). The other producer's previous transaction ended a whole
-transaction earlier. Transactions stay strictly
-sequential (one begins after the one before committed), so the logs' order and the offsets'
-are those of a single producer; the group coordinator keeps the newest offset commit by its
-position in `__consumer_offsets` whichever marker lands first.
+transaction earlier.
+
+Two transactions in flight at most, in order: transaction N+1 (decided on top of N) begins
+and produces once every record of N is acknowledged, while N's EndTxn and markers are under
+way, and commits only after N committed — if N does not commit, N+1 aborts and both are read
+again. So the logs' order and the offsets' are still those of a single producer (N's
+records, then N+1's; N's offset commit, then N+1's), and a `read_committed` reader sees N as
+soon as N's markers are written (N+1's open records come after N's). The group coordinator
+keeps the newest offset commit by its position in `__consumer_offsets` whichever marker
+lands first.
 
 The Kafka side of a transaction — its producer's set-up, the commit on a thread of its own,
 the abort, what librdkafka's errors mean — is the adapter's
@@ -201,6 +207,10 @@ class TransactionalProcessor:
         self._forward_logged_at = 0.0
         #: the transaction committing on its own thread while the next batch is decided
         self._inflight: TransactionCommit[Batch] | None = None
+        #: the transaction before `_inflight`, still committing (its records are all in)
+        self._older: TransactionCommit[Batch] | None = None
+        #: how long the main thread waited for `_inflight`'s records (a phase of the next)
+        self._waited = 0.0
         self.store_base: Path = settings.store_path / settings.processor_group / self.instance_id
         self._block_cache = rocksdict.Cache(BLOCK_CACHE_BYTES)
         self.last_restore: RestoreReport | None = None
@@ -285,8 +295,7 @@ class TransactionalProcessor:
 
     # -- rebalance --------------------------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        if self._inflight is not None:  # our transaction first: its offsets count below
-            self._settle()
+        self._settle_all()  # our transactions first: their offsets count below
         numbers = co_partitioned([(tp.topic, tp.partition) for tp in partitions], self.classes)
         # Step 1: committed offsets (stable: waits out a predecessor's pending transaction)
         committed = consumer.committed(partitions, timeout=60)
@@ -320,9 +329,8 @@ class TransactionalProcessor:
         self.ready.set()
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        # the transaction in flight ends (commits or aborts) before the partitions go
-        if self._inflight is not None:
-            self._settle()
+        # the transactions in flight end (commit or abort) before the partitions go
+        self._settle_all()
         for tp in partitions:
             gone = self.partitions.pop(tp.partition, None)
             if gone is not None:
@@ -334,12 +342,11 @@ class TransactionalProcessor:
     def run(self, stop: threading.Event | None = None) -> None:
         """Process until `stop` is set (or forever).
 
-        Pipelined under a backlog: while batch N's transaction commits (on its own thread),
-        batch N+1 is polled and decided on top of N's decisions; its records go out once N
-        committed. If N fails, N+1's decisions are dropped with it and both are read again.
-        Under light load (a poll of fewer than `LIGHT_BATCH` records) N+1 also takes in,
-        once N committed, the records that arrived while N committed, so those wait for
-        one commit besides their own, not two."""
+        Pipelined: while batch N's transaction commits (on its own thread), batch N+1 is
+        polled and decided on top of N's decisions; its records go out once N's are all
+        acknowledged, and it commits once N committed. If N fails, N+1 is given up with it
+        and both are read again. Under light load (a poll of fewer than `LIGHT_BATCH`
+        records) N+1 also takes in the records that arrived while N's were acknowledged."""
         if self._consumer is None:
             try:
                 self.start(stop)
@@ -352,30 +359,37 @@ class TransactionalProcessor:
         failed = True
         try:
             while not stop.is_set():
+                # two transactions in flight: the older one ends first (the next batch is
+                # decided on top of the newer one, over stores that hold the older one)
+                if self._older is not None and not self._settle():
+                    continue  # it failed: the newer one was given up too, both read again
                 messages = self._poll()
                 if messages is None:
                     continue
                 base = self._inflight.batch if self._inflight is not None else None
                 timers = self._due_timers(base)
                 if not messages and not timers:
-                    if self._inflight is not None:
-                        self._settle()
+                    self._settle_all()
                     continue
                 t0 = time.perf_counter()
                 batch = decide_batch(step, messages, timers, self.partitions, base, self.classes)
                 decided = time.perf_counter() - t0
                 if self._inflight is not None:
-                    if not self._settle(also=batch):
+                    if not self._appended(also=batch):
                         continue  # it failed: this batch, decided on top of it, is read again
                     if len(messages) < min(LIGHT_BATCH, self.batch_size):
-                        # light load: what arrived while that commit ran joins this batch
+                        # light load: what arrived meanwhile joins this batch
+                        committing = self._inflight.batch
                         more = self._more(self.batch_size - len(batch.messages))
                         if more is None:
                             continue  # consumer renewed: its partitions are read again
                         if more:
                             t0 = time.perf_counter()
+                            # on top of this batch, then the one still committing (the
+                            # stores have neither yet)
+                            bases = (batch, committing)
                             batch.absorb(
-                                decide_batch(step, more, [], self.partitions, batch, self.classes)
+                                decide_batch(step, more, [], self.partitions, bases, self.classes)
                             )
                             decided += time.perf_counter() - t0
                 self._begin(batch, decided)
@@ -383,7 +397,7 @@ class TransactionalProcessor:
         except Stopping as e:
             # the producer failed and no new one could start: nothing in flight can commit
             log.info("%s", e)
-            self._inflight = None
+            self._inflight = self._older = None
             failed = False
         finally:
             self._shutdown(quiet=failed)
@@ -393,8 +407,7 @@ class TransactionalProcessor:
         whatever that transaction did. `quiet` (the loop is failing already): its error is
         logged, not raised, so the loop's own error is the one reported."""
         try:
-            if self._inflight is not None:
-                self._settle()
+            self._settle_all()
         except Exception:
             if not quiet:
                 raise
@@ -437,10 +450,11 @@ class TransactionalProcessor:
     def _due_timers(self, base: Batch | None) -> list[tuple[int, Command]]:
         now = self._now()
         empty = Batch([], [])
+        bases = () if base is None else (base,)
         return [
             (p, cmd)
             for p, part in self.partitions.items()
-            for cmd in part.timers.due(now, View(p, part, empty, base).state)
+            for cmd in part.timers.due(now, View(p, part, empty, bases).state)
         ]
 
     def _begin(self, batch: Batch, decided: float) -> None:
@@ -466,6 +480,7 @@ class TransactionalProcessor:
             if batch.outcomes
             else None,
             self.settings.outcomes_topic,
+            after=self._inflight,
         )
         commit.phases["decide"] = decided
         t0 = self._last_begin = clock()
@@ -494,27 +509,81 @@ class TransactionalProcessor:
         commit.phases["begin"], commit.phases["produce"] = t1 - t0, clock() - t1
         offsets = [TopicPartition(t, p, o) for (t, p), o in batch.offsets.items()]
         commit.start(producer, offsets, metadata)
-        self._inflight = commit
+        self._older, self._inflight = self._inflight, commit
+
+    def _settle_all(self) -> None:
+        """Wait for every transaction in flight, oldest first."""
+        while self._inflight is not None:
+            self._settle()
+
+    def _appended(self, also: Batch) -> bool:
+        """Wait until every record of the transaction in flight is acknowledged: the next
+        one (`also`, decided on top of it) may then produce while it commits. If it failed
+        before that, it is settled: aborted, and `also` read again with it (False)."""
+        commit = self._inflight
+        assert commit is not None
+        t0 = time.perf_counter()
+        commit.appended.wait(SEND_OFFSETS_LIMIT_S + COMMIT_LIMIT_S)
+        self._waited = time.perf_counter() - t0
+        if commit.appended.is_set() and (commit.committed or not commit.done()):
+            return True
+        return self._settle(also=also)
 
     def _settle(self, also: Batch | None = None) -> bool:
-        """Wait for the transaction in flight. Committed: step 5, its states and command
-        ids go to the partitions' stores. Failed: aborted, and its batch (and `also`, decided
-        on top of it) read again. Returns whether it committed."""
-        commit, self._inflight = self._inflight, None
-        assert commit is not None
+        """Wait for the oldest transaction in flight. Committed: step 5, its states and
+        command ids go to the partitions' stores. Failed: aborted, and its batch read again
+        with everything decided on top of it — the newer transaction in flight (given up:
+        it waits for this one and aborts) and `also`. Returns whether it committed."""
+        newer: TransactionCommit[Batch] | None = None
+        if self._older is not None:
+            commit, newer = self._older, self._inflight
+            self._older = None
+        else:
+            assert self._inflight is not None
+            commit, self._inflight = self._inflight, None
         clock = time.perf_counter
         t0 = clock()
         error = commit.wait(SEND_OFFSETS_LIMIT_S + COMMIT_LIMIT_S)
         waited = clock() - t0
         if error is not None:
-            committed = self._abort(error, commit.batch, commit.slot, also=also, commit=commit)
-            return committed and also is None
+            later = [] if also is None else [also]
+            if newer is not None:
+                self._inflight = None
+                self._give_up(newer)
+                later.insert(0, newer.batch)
+            committed = self._abort(error, commit.batch, commit.slot, also=later, commit=commit)
+            return committed and not later
         t1 = clock()
         self._committed(commit)
-        commit.phases["wait"] = waited
+        commit.phases["wait"] = waited + self._waited
+        self._waited = 0.0
         commit.phases["store"] = clock() - t1
         self.observer.phases(**commit.phases)
         return True
+
+    def _give_up(self, commit: TransactionCommit[Batch]) -> None:
+        """The transaction before `commit` failed: `commit` (which waits for it, and never
+        commits without it) ends and its transaction is aborted — or its producer renewed,
+        whose init_transactions aborts it. Its batch is the caller's to read again."""
+        commit.cancel.set()
+        error = commit.wait(SEND_OFFSETS_LIMIT_S + COMMIT_LIMIT_S)
+        if error is None:
+            # it commits only after the one before committed, and never once given up: the
+            # one before was reported failed as it committed (a wait that ran out just
+            # then). Both committed; the stores have neither: a restart restores them
+            raise RuntimeError(
+                "a transaction committed while the one before it was taken for failed"
+            )
+        kerr = error.args[0]
+        if kerr.fatal():
+            self._renew_producer(kerr, error, commit.slot)
+            return
+        self.observer.aborted()
+        failed = abort_transaction(
+            self._producers[commit.slot], bootstrap=self.settings.kafka_bootstrap
+        )
+        if failed is not None:
+            self._renew_producer(failed.kerr, failed.error, commit.slot, stuck=failed.stuck)
 
     def _committed(self, commit: TransactionCommit[Batch]) -> None:
         """Step 5: only now does the partition's state move on: its store gets the
@@ -565,7 +634,7 @@ class TransactionalProcessor:
         batch: Batch,
         slot: int,
         *,
-        also: Batch | None = None,
+        also: list[Batch] | None = None,
         commit: TransactionCommit[Batch] | None = None,
     ) -> bool:
         """The transaction of producer `slot` failed: abort it (or renew a fatally failed
@@ -604,9 +673,9 @@ class TransactionalProcessor:
             )
             self._committed(commit)
             self.observer.stats.committed_after_all += 1
-            self._rewind([] if also is None else [also])
+            self._rewind(also or [])
             return True
-        self._rewind([batch] if also is None else [batch, also])
+        self._rewind([batch, *(also or [])])
         return False
 
     def _committed_after_all(self, batch: Batch) -> bool:
@@ -713,8 +782,7 @@ class TransactionalProcessor:
 
     def close(self) -> None:
         try:
-            if self._inflight is not None:
-                self._settle()
+            self._settle_all()
         finally:
             self._release()
 

@@ -153,7 +153,7 @@ def test_a_committed_transaction_has_no_error() -> None:
     producer = FakeProducer("a")
     commit = commit_with(producer)
     assert commit.wait(10) is None
-    assert producer.calls == ["commit"]  # no offsets: send_offsets is not asked
+    assert producer.calls == ["flush", "commit"]  # no offsets: send_offsets is not asked
 
 
 # -- the two producers ----------------------------------------------------------------------
@@ -178,7 +178,7 @@ def test_consecutive_transactions_take_turns_one_after_the_other(
         proc._begin(Batch([], []), 0.0)
         assert proc._inflight is not None
         assert proc._settle()  # the next begins only after this one committed
-    assert [p.calls for p in fakes(proc)] == [["begin", "commit"] * 2] * 2
+    assert [p.calls for p in fakes(proc)] == [["begin", "flush", "commit"] * 2] * 2
 
 
 def test_a_failed_transaction_is_aborted_on_its_own_producer(
@@ -192,8 +192,8 @@ def test_a_failed_transaction_is_aborted_on_its_own_producer(
     assert proc._settle()
     proc._begin(Batch([], []), 0.0)  # p1
     assert not proc._settle()
-    assert p0.calls == ["begin", "commit"]
-    assert p1.calls == ["begin", "commit", "abort"]
+    assert p0.calls == ["begin", "flush", "commit"]
+    assert p1.calls == ["begin", "flush", "commit", "abort"]
 
 
 def test_a_fatal_failure_renews_only_that_slots_producer(
@@ -217,8 +217,8 @@ def test_a_fatal_failure_renews_only_that_slots_producer(
     assert proc._settle()
     proc._begin(Batch([], []), 0.0)
     assert proc._settle()
-    assert p1.calls == ["begin", "commit"]
-    assert fakes(proc)[0].calls == ["begin", "commit"]
+    assert p1.calls == ["begin", "flush", "commit"]
+    assert fakes(proc)[0].calls == ["begin", "flush", "commit"]
 
 
 def test_an_abort_that_reports_its_fence_as_a_system_error_renews_the_producer(
@@ -455,3 +455,71 @@ def test_an_abort_that_cannot_finish_leaves_the_outcome_to_the_offsets(
     owning._begin(read({(C, 0): 4}, {(C, 0): 10}), 0.0)
     assert owning._settle()
     assert consumer.asked == 1 and consumer.seeks == []
+
+
+# -- two transactions in flight -----------------------------------------------------------
+
+
+class GatedProducer(FakeProducer):
+    """commit_transaction waits for `gate` (a coordinator slow to answer EndTxn)."""
+
+    def __init__(self, name: str, fail: dict[str, BaseException] | None = None) -> None:
+        super().__init__(name, fail)
+        import threading
+
+        self.gate = threading.Event()
+
+    def commit_transaction(self, *args: Any) -> None:
+        assert self.gate.wait(10), "the gate was never opened"
+        self._call("commit")
+
+
+def test_the_next_transaction_produces_while_the_one_before_commits_and_commits_after_it(
+    owning: TransactionalProcessor,
+) -> None:
+    p0, p1 = GatedProducer("p0"), FakeProducer("p1")
+    owning._producers = [p0, p1]  # type: ignore[list-item]
+    owning._consumer = OffsetsConsumer({})  # type: ignore[assignment]
+    owning._begin(read({(C, 0): 0}, {(C, 0): 4}), 0.0)  # A on p0: its commit hangs
+    first = owning._inflight
+    assert first is not None and first.appended.wait(5)
+    owning._begin(read({(C, 0): 4}, {(C, 0): 6}), 0.0)  # B on p1, decided on top of A
+    second = owning._inflight
+    assert second is not None and second.appended.wait(5)
+    assert p1.calls == ["begin", "send_offsets", "flush"]  # in; its commit waits for A's
+    assert not second.done()
+    p0.gate.set()
+    assert owning._settle() and owning._older is None  # A
+    assert owning._settle() and owning._inflight is None  # B
+    assert p0.calls == p1.calls == ["begin", "send_offsets", "flush", "commit"]
+
+
+def test_when_the_transaction_before_fails_the_next_one_aborts_and_both_are_read_again(
+    owning: TransactionalProcessor,
+) -> None:
+    p0 = GatedProducer(
+        "p0",
+        {"commit": KafkaException(KafkaError(KafkaError._STATE, "x", txn_requires_abort=True))},
+    )
+    p1 = FakeProducer("p1")
+    owning._producers = [p0, p1]  # type: ignore[list-item]
+    consumer = owning._consumer = OffsetsConsumer({(C, 0): 0})  # type: ignore[assignment]
+    owning._begin(read({(C, 0): 0}, {(C, 0): 4}), 0.0)
+    owning._begin(read({(C, 0): 4, (C, 1): 9}, {(C, 0): 6, (C, 1): 10}), 0.0)
+    p0.gate.set()
+    assert not owning._settle()
+    assert owning._inflight is None and owning._older is None
+    assert "commit" not in p1.calls and p1.calls[-1] == "abort"
+    assert sorted(consumer.seeks) == [(C, 0, 0), (C, 1, 9)]  # the earliest of each partition
+
+
+def test_a_failure_before_the_records_are_in_reads_the_next_batch_again(
+    owning: TransactionalProcessor,
+) -> None:
+    """The batch decided on top of a transaction whose records failed: it never began."""
+    p0 = FakeProducer("p0", {"flush": KafkaException(KafkaError(KafkaError._STATE, "x"))})
+    owning._producers = [p0, FakeProducer("p1")]  # type: ignore[list-item]
+    consumer = owning._consumer = OffsetsConsumer({(C, 0): 0})  # type: ignore[assignment]
+    owning._begin(read({(C, 0): 0}, {(C, 0): 4}), 0.0)
+    assert not owning._appended(also=read({(C, 0): 4}, {(C, 0): 6}))
+    assert owning._inflight is None and consumer.seeks == [(C, 0, 0)]
