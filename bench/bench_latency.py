@@ -5,8 +5,8 @@ One processor (Prometheus endpoint on), a paced producer per `--rates` step for 
 rate: p50 / p90 / p99 latency, the processor's transactions and their mean size, and the
 mean milliseconds of each transaction phase (`sessionstream_transaction_phase_seconds`:
 decide, wait (for the transaction before), begin, produce, send_offsets, outcomes (the
-events acknowledged, the outcome records produced), commit, store) over
-that step, plus the load
+events acknowledged, the outcome records produced, all acknowledged), after (for the
+transaction before to commit), commit, store) over that step, plus the load
 average. Then, per rate, the ceiling measured the same way in the same run
 (`bench/_baselines.py: passthrough_latency`: the raw transactional pass-through, no
 decoding, at the same paced rate), and our p50 / p99 as multiples of it.
@@ -38,7 +38,17 @@ from bench._harness import (
 )
 from sessionstream.client import SessionClient
 
-PHASES = ("decide", "wait", "begin", "produce", "send_offsets", "outcomes", "commit", "store")
+PHASES = (
+    "decide",
+    "wait",
+    "begin",
+    "produce",
+    "send_offsets",
+    "outcomes",
+    "after",
+    "commit",
+    "store",
+)
 
 
 def free_port() -> int:
@@ -119,7 +129,9 @@ def measure(
                         ),
                         "phase_ms": {
                             ph: round(
-                                1000 * (after[f"{ph}.sum"] - before[f"{ph}.sum"]) / max(txns, 1),
+                                1000
+                                * (after.get(f"{ph}.sum", 0.0) - before.get(f"{ph}.sum", 0.0))
+                                / max(txns, 1),
                                 2,
                             )
                             for ph in PHASES
