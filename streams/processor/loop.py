@@ -1,9 +1,9 @@
 """The session processor as a confluent-kafka consume-decide-produce loop, exactly once.
 
 Input: three co-partitioned topics, one per command class — producers' commands, workers'
-commands, and the processor's own fired timers. The range assignor gives one member
-partition p of all three (same partition count, same subscription), so a session has one
-writer; a command of the wrong class for its topic is rejected `not_allowed_here`.
+commands, the processor's own fired timers. The range assignor gives one member partition
+p of all three, so a session has one writer; a command of the wrong class for its topic is
+rejected `not_allowed_here`.
 
 Each batch of commands is one Kafka transaction holding the events (on the command's
 partition number), the new session states (changelog `session.state`), the command ids to
@@ -21,33 +21,24 @@ Zombies: the transactional ids are stable per instance (`{group}-{instance}` and
 predecessor's open transactions at `init_transactions`; a processor that lost its partitions
 is fenced by the group generation when it sends offsets.
 
-Two producers, one transaction at a time: consecutive transactions alternate between them.
-The coordinator answers a commit before it has written the commit's markers, and a
-producer that begins its next transaction at once gets AddPartitionsToTxn refused
-CONCURRENT_TRANSACTIONS, which librdkafka retries only after a fixed 20 ms (measured in
-`bench/results/profile.md`: up to one transaction in four at 1,000 commands/s on a busy
-broker, most of them back to back). The other producer's previous transaction ended a whole
-transaction earlier.
+Two producers, used in turn, two transactions in flight at most: transaction N+1 (decided
+on top of N) begins on the other producer once every record of N is acknowledged, while
+N's EndTxn and markers are under way, and commits only after N committed; if N does not
+commit, N+1 aborts and both are read again. The logs and the offset commits keep a single
+producer's order (N's records, then N+1's), so a `read_committed` reader sees N once N's
+markers land. (One producer beginning right after its own commit gets AddPartitionsToTxn
+refused CONCURRENT_TRANSACTIONS until the markers are written, retried after a fixed 20 ms:
+`bench/results/profile.md`.)
 
-Two transactions in flight at most, in order: transaction N+1 (decided on top of N) begins
-and produces once every record of N is acknowledged, while N's EndTxn and markers are under
-way, and commits only after N committed — if N does not commit, N+1 aborts and both are read
-again. So the logs' order and the offsets' are still those of a single producer (N's
-records, then N+1's; N's offset commit, then N+1's), and a `read_committed` reader sees N as
-soon as N's markers are written (N+1's open records come after N's). The group coordinator
-keeps the newest offset commit by its position in `__consumer_offsets` whichever marker
-lands first.
+The Kafka side of a transaction — the producer's set-up, the commit on a thread of its
+own, the abort, what librdkafka's errors mean — is the adapter's
+(`sessionstream/kafka/transactions.py`); what to do about failures is `failures.py`'s.
 
-The Kafka side of a transaction — its producer's set-up, the commit on a thread of its own,
-the abort, what librdkafka's errors mean — is the adapter's
-(`sessionstream/kafka/transactions.py`); what to do about them is decided here.
-
-Restore (`restore.py`): on assignment, committed offsets are fetched first (read_committed
-asks the broker for stable offsets, so a predecessor's pending transaction is resolved
-before we go on), then each partition's local store (`store.py`) reads the state and dedup
-changelogs from its checkpoint to their ends. After each commit the transaction's states
-and dedup records go to the store with the changelog offsets they bring it to, so the
-store is never ahead of the committed log.
+Restore (`restore.py`): on assignment, the committed offsets first (stable: a predecessor's
+pending transaction is resolved), then each partition's store (`store.py`) reads the state
+and dedup changelogs from its checkpoint to their ends. A committed transaction's states
+and dedup records go to the store with the changelog offsets they reach: the store is
+never ahead of the committed log.
 """
 
 from __future__ import annotations
@@ -65,7 +56,6 @@ import rocksdict
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
-    KafkaError,
     KafkaException,
     Message,
     Producer,
@@ -75,9 +65,7 @@ from confluent_kafka import (
 from schemas.codec import Codec
 from schemas.commands import Command
 from sessionstream import metrics
-from sessionstream.errors import KafkaUnavailable, SingleWriterViolation
 from sessionstream.kafka import (
-    client_config,
     data_messages,
     group_consumer_config,
     transactional_producer_config,
@@ -85,16 +73,11 @@ from sessionstream.kafka import (
 )
 from sessionstream.kafka.transactions import (
     COMMIT_LIMIT_S,
-    FENCING,
-    RENEW_WINDOW_S,
     SEND_OFFSETS_LIMIT_S,
     GroupLog,
     Stopping,
     TransactionCommit,
-    abort_transaction,
-    consumer_fence_is_foreign,
     init_transactions,
-    stable_offsets,
 )
 from sessionstream.registry import attach_registry
 from sessionstream.settings import PRODUCER_MARK, Settings, check_instance_id
@@ -110,14 +93,14 @@ from streams.processor.batch import (
     produce_misfits,
 )
 from streams.processor.cloudevents import CloudEventHeaders
+from streams.processor.failures import Recovery
 from streams.processor.partition import PartitionState, co_partitioned
 from streams.processor.records import coords
 from streams.processor.restore import RestoreReport, restore
 from streams.processor.stats import ProcessorStats, StatsObserver
 from streams.step import CommandStep
 
-#: RocksDB's block cache, shared by the processor's stores (the hot states are cached
-#: decoded in front of it)
+#: RocksDB's block cache, shared by the processor's stores (hot states cached in front)
 BLOCK_CACHE_BYTES = 32 << 20
 
 __all__ = ["ProcessorStats", "TransactionalProcessor", "default_instance_id"]
@@ -126,13 +109,8 @@ log = logging.getLogger("sessionstream.processor")
 
 #: transactional producers per instance, used in turn (see the module's docstring)
 PRODUCERS = 2
-#: how long a producer that replaces a failed one may keep getting retriable answers to
-#: init_transactions (a restarted broker still loading its transaction coordinator) before
-#: the processor gives up
-RENEW_PATIENCE_S = 600.0
-#: the same at start: a broker started just before the processor (a fresh stack, `docker
-#: compose up`) may still be loading its transaction coordinator; the topics were already
-#: read by then, so the broker answers and a wrong address has failed before this
+#: how long init_transactions may get retriable answers at start (a broker started just
+#: before, still loading its transaction coordinator; a wrong address has failed by then)
 START_PATIENCE_S = 300.0
 #: the group's max.poll.interval.ms: the main thread waits up to both commit limits for a
 #: stuck commit (a dead coordinator) without polling; at the old 60 s, equal to them, such a
@@ -140,12 +118,9 @@ START_PATIENCE_S = 300.0
 #: soak), so the interval outlasts them with room for a batch's decisions
 MAX_POLL_INTERVAL_MS = int((SEND_OFFSETS_LIMIT_S + COMMIT_LIMIT_S) * 1000) + 30_000
 #: a poll that brings fewer records than this while a transaction commits is light load:
-#: once that commit is done, the records that arrived during it are decided into the same
-#: batch (they wait for one commit besides their own, not two). A fuller poll is a backlog,
-#: and the next poll gets them. Deciding ~60 commands costs about one commit here.
+#: the records that arrived while its records were acknowledged join the same batch. A
+#: fuller poll is a backlog, and the next poll gets them.
 LIGHT_BATCH = 64
-#: how long the group coordinator may take to say whether a failed transaction committed
-OUTCOME_LIMIT_S = 120.0
 
 
 def transactional_ids(group: str, instance: str) -> list[str]:
@@ -162,7 +137,7 @@ def default_instance_id() -> str:
     return socket.gethostname()
 
 
-class TransactionalProcessor:
+class TransactionalProcessor(Recovery):
     """Runs the decider over the commands, worker-commands and timers topics; one instance
     per process."""
 
@@ -340,13 +315,10 @@ class TransactionalProcessor:
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self, stop: threading.Event | None = None) -> None:
-        """Process until `stop` is set (or forever).
-
-        Pipelined: while batch N's transaction commits (on its own thread), batch N+1 is
-        polled and decided on top of N's decisions; its records go out once N's are all
-        acknowledged, and it commits once N committed. If N fails, N+1 is given up with it
-        and both are read again. Under light load (a poll of fewer than `LIGHT_BATCH`
-        records) N+1 also takes in the records that arrived while N's were acknowledged."""
+        """Process until `stop` is set (or forever). While batch N's transaction commits,
+        N+1 is polled and decided on top of N's decisions; it begins once N's records are
+        all acknowledged (under light load taking in what arrived meanwhile), commits once
+        N committed, and is given up, both read again, if N fails."""
         if self._consumer is None:
             try:
                 self.start(stop)
@@ -561,30 +533,6 @@ class TransactionalProcessor:
         self.observer.phases(**commit.phases)
         return True
 
-    def _give_up(self, commit: TransactionCommit[Batch]) -> None:
-        """The transaction before `commit` failed: `commit` (which waits for it, and never
-        commits without it) ends and its transaction is aborted — or its producer renewed,
-        whose init_transactions aborts it. Its batch is the caller's to read again."""
-        commit.cancel.set()
-        error = commit.wait(SEND_OFFSETS_LIMIT_S + COMMIT_LIMIT_S)
-        if error is None:
-            # it commits only after the one before committed, and never once given up: the
-            # one before was reported failed as it committed (a wait that ran out just
-            # then). Both committed; the stores have neither: a restart restores them
-            raise RuntimeError(
-                "a transaction committed while the one before it was taken for failed"
-            )
-        kerr = error.args[0]
-        if kerr.fatal():
-            self._renew_producer(kerr, error, commit.slot)
-            return
-        self.observer.aborted()
-        failed = abort_transaction(
-            self._producers[commit.slot], bootstrap=self.settings.kafka_bootstrap
-        )
-        if failed is not None:
-            self._renew_producer(failed.kerr, failed.error, commit.slot, stuck=failed.stuck)
-
     def _committed(self, commit: TransactionCommit[Batch]) -> None:
         """Step 5: only now does the partition's state move on: its store gets the
         transaction's states and dedup records with the changelog offsets they reach
@@ -627,158 +575,6 @@ class TransactionalProcessor:
                     partition,
                     count,
                 )
-
-    def _abort(
-        self,
-        error: KafkaException,
-        batch: Batch,
-        slot: int,
-        *,
-        also: list[Batch] | None = None,
-        commit: TransactionCommit[Batch] | None = None,
-    ) -> bool:
-        """The transaction of producer `slot` failed: abort it (or renew a fatally failed
-        producer) and read `batch` (and `also`, decided on top of it) again from their first
-        offsets; their fired timers are due again. `commit`: the transaction had reached its
-        commit, which may have gone through although we were told otherwise (a commit stuck
-        in librdkafka after a broker restart can be the coordinator's committed transaction;
-        the new producer's init_transactions then completes it): the group's committed
-        offsets say which, and a transaction that committed after all counts as committed
-        (step 5) — never decided again. Returns whether it committed."""
-        assert self._consumer is not None
-        kerr = error.args[0]
-        renewed = True
-        if kerr.fatal():
-            self._renew_producer(kerr, error, slot)
-        else:
-            # Anything else is aborted and the batch decided again: abortable errors (our
-            # partitions moved), retriable ones (a broker restart times out send_offsets),
-            # and the _STATE error produce() raises once the transaction failed in the
-            # background (a broker restart: OUT_OF_ORDER_SEQUENCE_NUMBER).
-            # abort_transaction says if not.
-            log.warning("aborting transaction: %s", kerr)
-            self.observer.aborted()
-            failed = abort_transaction(
-                self._producers[slot], bootstrap=self.settings.kafka_bootstrap
-            )
-            if failed is not None:
-                self._renew_producer(failed.kerr, failed.error, slot, stuck=failed.stuck)
-            renewed = failed is not None
-        # an abort the coordinator took is certain; a producer renewed instead leaves it to
-        # the new producer's init_transactions, which completes a commit the coordinator
-        # had begun
-        if commit is not None and renewed and self._committed_after_all(batch):
-            log.warning(
-                "the transaction that failed (%s) committed after all: its decisions stand", kerr
-            )
-            self._committed(commit)
-            self.observer.stats.committed_after_all += 1
-            self._rewind(also or [])
-            return True
-        self._rewind([batch, *(also or [])])
-        return False
-
-    def _committed_after_all(self, batch: Batch) -> bool:
-        """Whether the group's committed offsets (stable: the failed transaction was ended
-        by the new producer's init_transactions) include `batch`'s input offsets, on every
-        partition of it still ours (a transaction is atomic: they agree, or the single
-        writer is broken and the processor stops). Unknown (the coordinator does not answer
-        within the limit): the processor stops rather than decide the batch again or not
-        on a guess — a restart restores what was committed."""
-        ends = {tp: o for tp, o in batch.offsets.items() if tp[1] in self.partitions}
-        if not ends:
-            # fired timers only (decided again, their command ids dedupe them), or no
-            # partition of the batch is ours any more (its next owner reads it)
-            return False
-        s = self.settings
-        got = stable_offsets(
-            client_config(s),
-            s.processor_group,
-            list(ends),
-            OUTCOME_LIMIT_S,
-            bootstrap=s.kafka_bootstrap,
-        )
-        seen = {got.get(tp, -1) >= end for tp, end in ends.items()}
-        if len(seen) > 1:
-            raise SingleWriterViolation(
-                "a failed transaction's input offsets are committed on some of its "
-                f"partitions and not on others: {got} (its ends: {ends})"
-            )
-        return seen == {True}
-
-    def _rewind(self, batches: list[Batch]) -> None:
-        """Back to the first offset of the batches per partition: nothing of them happened.
-        Their timers were never sent: due again at once."""
-        assert self._consumer is not None
-        first: dict[tuple[str, int], int] = {}
-        for b in batches:
-            for tp, o in b.first.items():
-                first[tp] = min(o, first.get(tp, o))
-            for p, cmd in b.timers:
-                part = self.partitions.get(p)
-                if part is not None:
-                    part.timers.unfire(cmd, part.state(cmd.session_id))
-        for (t, p), o in first.items():
-            if p in self.partitions:
-                try:
-                    self._consumer.seek(TopicPartition(t, p, o))
-                except KafkaException as e:  # no longer ours: its next owner reads it
-                    log.warning("cannot rewind %s[%s] to %s: %s", t, p, o, e.args[0])
-
-    def _renew_producer(
-        self, kerr: KafkaError, error: KafkaException, slot: int, *, stuck: bool = False
-    ) -> None:
-        """Our producer of `slot` failed fatally. A broker restart that outlives
-        `transaction.timeout.ms` does that: the coordinator aborts the open transaction
-        itself and bumps the epoch, and our next EndTxn gets _FENCED or INVALID_TXN_STATE.
-        A new producer with the same transactional id carries on (its `init_transactions`
-        settles the old transaction). *Fenced* again soon after on the same slot: a second
-        live instance has our id, and this one stops. The window is per slot, because
-        broker kills can fence both slots' ids once each, one soon after the other (seen on
-        the 3-node cluster: a leader kill, then a coordinator kill). Other fatal errors
-        (INVALID_TXN_STATE when the coordinator moved again) renew again. `stuck`: the
-        producer did not fail but cannot finish aborting (no sign of a second instance)."""
-        now = time.monotonic()
-        # only fencing says "another instance": a coordinator that moved twice within the
-        # window answers INVALID_TXN_STATE to the abort each time (seen on the 3-node
-        # cluster: a leader kill that took the coordinator, then a coordinator kill)
-        fenced = kerr.code() in FENCING
-        last = self._renewed_at.get(slot)
-        again = fenced and not stuck and last is not None and now - last < RENEW_WINDOW_S
-        if again:
-            raise KafkaUnavailable(
-                f"processor transaction failed fatally: {kerr}",
-                bootstrap=self.settings.kafka_bootstrap,
-            ) from error
-        log.warning(
-            "producer %s failed (%s); a new producer takes over its transactional id", slot, kerr
-        )
-        self._renewed_at[slot] = now
-        self._producers[slot] = self._transactional_producer(slot, patience_s=RENEW_PATIENCE_S)
-
-    def _renew_consumer(self, error: KafkaException) -> None:
-        """Our consumer failed fatally: as a static member it was fenced. librdkafka fences
-        itself that way when its session times out during a broker restart — it rejoins
-        under a new member id and the coordinator fences the old one (librdkafka#3437) —
-        and the consumer would never poll again. A new consumer with the same
-        group.instance.id takes the membership back. Fenced again soon after, with no
-        session timeout of its own just before, means a second live instance has our id,
-        and this one stops (`consumer_fence_is_foreign`)."""
-        now = time.monotonic()
-        last = self._consumer_renewed_at
-        if consumer_fence_is_foreign(now, last, self._group_log.session_timeout_at):
-            raise KafkaUnavailable(
-                f"processor consumer failed fatally: {error.args[0]}",
-                bootstrap=self.settings.kafka_bootstrap,
-            ) from error
-        log.warning("consumer failed (%s); a new consumer rejoins the group", error.args[0])
-        self._consumer_renewed_at = now
-        assert self._consumer is not None
-        owned = [TopicPartition(t, p) for t in self.classes for p in self.partitions]
-        self._on_revoke(self._consumer, owned)
-        with contextlib.suppress(KafkaException, SystemError, RuntimeError):
-            self._consumer.close()
-        self._consumer = self._group_consumer()
 
     def close(self) -> None:
         try:

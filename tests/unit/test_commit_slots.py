@@ -18,7 +18,7 @@ from confluent_kafka import KafkaError, KafkaException
 from sessionstream.kafka import kafka_cause, unmasked
 from sessionstream.kafka.transactions import TransactionCommit
 from sessionstream.settings import Settings
-from streams.processor import loop
+from streams.processor import failures
 from streams.processor.batch import Batch
 from streams.processor.loop import TransactionalProcessor
 from tests.unit._samples import event
@@ -363,7 +363,7 @@ def owning(proc: TransactionalProcessor, monkeypatch: pytest.MonkeyPatch) -> Tra
         consumer.asked += 1
         return {tp: consumer.offsets[tp] for tp in tps}
 
-    monkeypatch.setattr(loop, "stable_offsets", offsets)
+    monkeypatch.setattr(failures, "stable_offsets", offsets)
     return proc
 
 
