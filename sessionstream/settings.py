@@ -262,7 +262,7 @@ class Settings(BaseSettings):
     processor_linger_ms: int = Field(default=0, ge=0, le=10_000)
     """Least time between the starts of two processor transactions while there is no full
     batch: commands arriving meanwhile join the next transaction. 0: a transaction starts as
-    soon as the previous one committed (lowest latency). Each transaction costs the broker
+    soon as the previous one's records are in (lowest latency). Each transaction costs the broker
     a fixed amount of work (markers on every partition it wrote), so a linger trades latency
     for broker CPU under a steady trickle (bench/results/gateway.md: 20 ms at 500 POST/s)."""
 
