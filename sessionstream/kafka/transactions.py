@@ -236,9 +236,15 @@ class TransactionCommit(Generic[B]):
         follow: Callable[[], list[tuple[int, bytes, bytes, Any]]] | None = None,
         follow_topic: str = "",
         after: TransactionCommit[Any] | None = None,
+        after_limit_s: float = COMMIT_LIMIT_S,
     ) -> None:
         self.batch = batch
         self.slot = slot
+        #: when the transaction was made (just before it begins)
+        self.begun_at = time.monotonic()
+        #: longest wait for `after`, counted from `begun_at`: the coordinator aborts (and
+        #: fences) a transaction open past transaction.timeout.ms, so give it up before
+        self.after_limit_s = after_limit_s
         #: the transaction (of another producer) this one was decided on top of: its
         #: records and offsets may go out while that one commits, but this one commits only
         #: once that one did, and aborts if it did not
@@ -338,8 +344,17 @@ class TransactionCommit(Generic[B]):
     def _wait_after(self, after: TransactionCommit[Any]) -> None:
         """Until the transaction before this one committed; it did not (or we are given
         up): this one must abort (an error that requires it)."""
-        while not after._done.wait(0.5) and not self.cancel.is_set():
-            pass
+        deadline = self.begun_at + self.after_limit_s
+        while not after._done.wait(0.2) and not self.cancel.is_set():
+            if time.monotonic() > deadline:
+                raise KafkaException(
+                    KafkaError(
+                        KafkaError._STATE,
+                        f"the transaction before this one did not commit within "
+                        f"{self.after_limit_s:.0f} s of this one's start",
+                        txn_requires_abort=True,
+                    )
+                )
         if self.cancel.is_set() or not after.committed:
             raise KafkaException(
                 KafkaError(
@@ -348,6 +363,10 @@ class TransactionCommit(Generic[B]):
                     txn_requires_abort=True,
                 )
             )
+
+    def age(self) -> float:
+        """Seconds since the transaction was made."""
+        return time.monotonic() - self.begun_at
 
     def done(self) -> bool:
         """Whether the commit thread has ended (committed or not)."""

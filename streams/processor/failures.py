@@ -31,7 +31,7 @@ from streams.processor.batch import Batch
 from streams.processor.partition import PartitionState
 from streams.processor.stats import StatsObserver
 
-__all__ = ["OUTCOME_LIMIT_S", "RENEW_PATIENCE_S", "Recovery"]
+__all__ = ["OUTCOME_LIMIT_S", "RENEW_PATIENCE_S", "WEDGED_AFTER", "Recovery"]
 
 log = logging.getLogger("sessionstream.processor")
 
@@ -41,6 +41,8 @@ log = logging.getLogger("sessionstream.processor")
 RENEW_PATIENCE_S = 600.0
 #: how long the group coordinator may take to say whether a failed transaction committed
 OUTCOME_LIMIT_S = 120.0
+#: transactions in a row that time out on one producer before it is replaced (`_wedged`)
+WEDGED_AFTER = 3
 
 
 class Recovery:
@@ -57,6 +59,8 @@ class Recovery:
     _renewed_at: dict[int, float]
     _consumer_renewed_at: float | None
     _group_log: GroupLog
+    #: slot -> transactions in a row that timed out (`_wedged`)
+    _timeouts: dict[int, int]
 
     # provided by the processor
     def _transactional_producer(self, slot: int, patience_s: float = 0.0) -> Producer:
@@ -86,7 +90,7 @@ class Recovery:
             )
         kerr = error.args[0]
         if kerr.fatal():
-            self._renew_producer(kerr, error, commit.slot)
+            self._renew_producer(kerr, error, commit.slot, stuck=self._timed_out(kerr, commit))
             return
         self.observer.aborted()
         failed = abort_transaction(
@@ -116,7 +120,7 @@ class Recovery:
         kerr = error.args[0]
         renewed = True
         if kerr.fatal():
-            self._renew_producer(kerr, error, slot)
+            self._renew_producer(kerr, error, slot, stuck=self._timed_out(kerr, commit))
         else:
             # Anything else is aborted and the batch decided again: abortable errors (our
             # partitions moved), retriable ones (a broker restart times out send_offsets),
@@ -130,6 +134,8 @@ class Recovery:
             )
             if failed is not None:
                 self._renew_producer(failed.kerr, failed.error, slot, stuck=failed.stuck)
+            elif self._wedged(kerr, slot):
+                self._renew_producer(kerr, error, slot, stuck=True)
             renewed = failed is not None
         # an abort the coordinator took is certain; a producer renewed instead leaves it to
         # the new producer's init_transactions, which completes a commit the coordinator
@@ -144,6 +150,46 @@ class Recovery:
             return True
         self._rewind([batch, *(also or [])])
         return False
+
+    def _wedged(self, kerr: KafkaError, slot: int) -> bool:
+        """Whether the producer of `slot` timed out in `WEDGED_AFTER` transactions in a row:
+        after a broker restart librdkafka can keep its requests to the transaction
+        coordinator queued for good (`REQTMOUT … 1 out-queue`: each AddOffsetsToTxn times out
+        after transaction.timeout.ms, while the abort goes through), and only a new producer
+        connects again. Seen in the broker-restart fault test: one transaction in two failing
+        for 3 minutes, every lease expiring meanwhile."""
+        if kerr.code() != KafkaError._TIMED_OUT:
+            self._timeouts[slot] = 0
+            return False
+        self._timeouts[slot] = self._timeouts.get(slot, 0) + 1
+        if self._timeouts[slot] < WEDGED_AFTER:
+            return False
+        self._timeouts[slot] = 0
+        log.warning(
+            "producer %s timed out in %s transactions in a row: a new producer replaces it",
+            slot,
+            WEDGED_AFTER,
+        )
+        return True
+
+    def _timed_out(self, kerr: KafkaError, commit: TransactionCommit[Batch] | None) -> bool:
+        """Whether a fence is the coordinator's transaction timeout rather than another
+        instance with our transactional id: the transaction was open at least
+        transaction.timeout.ms (a commit slowed by a broker fault, or a transaction that
+        waited for the one before it). The coordinator then aborts it and bumps the epoch,
+        which fences the producer however recently it was renewed."""
+        if commit is None or kerr.code() not in FENCING:
+            return False
+        if commit.age() < self.settings.transaction_timeout_ms / 1000:
+            return False
+        log.warning(
+            "producer %s fenced after its transaction was open %.1f s (transaction timeout "
+            "%s ms): the coordinator aborted it",
+            commit.slot,
+            commit.age(),
+            self.settings.transaction_timeout_ms,
+        )
+        return True
 
     def _committed_after_all(self, batch: Batch) -> bool:
         """Whether the group's committed offsets (stable: the failed transaction was ended
@@ -204,7 +250,8 @@ class Recovery:
         broker kills can fence both slots' ids once each, one soon after the other (seen on
         the 3-node cluster: a leader kill, then a coordinator kill). Other fatal errors
         (INVALID_TXN_STATE when the coordinator moved again) renew again. `stuck`: the
-        producer did not fail but cannot finish aborting (no sign of a second instance)."""
+        producer did not fail but cannot finish aborting, or was fenced by the coordinator's
+        transaction timeout (`_timed_out`): no sign of a second instance."""
         now = time.monotonic()
         # only fencing says "another instance": a coordinator that moved twice within the
         # window answers INVALID_TXN_STATE to the abort each time (seen on the 3-node

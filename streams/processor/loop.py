@@ -138,8 +138,7 @@ def default_instance_id() -> str:
 
 
 class TransactionalProcessor(Recovery):
-    """Runs the decider over the commands, worker-commands and timers topics; one instance
-    per process."""
+    """Runs the decider over the three input topics; one instance per process."""
 
     def __init__(
         self,
@@ -173,10 +172,8 @@ class TransactionalProcessor(Recovery):
         #: the transactional producers, used in turn; `_slot` runs the next transaction
         self._producers: list[Producer] = []
         self._slot = 0
-        self._stop = threading.Event()  # run()'s, once it runs
-        self._consumer: Consumer | None = None
-        #: slot -> when its producer was last renewed (a fence is judged per transactional id)
-        self._renewed_at: dict[int, float] = {}
+        self._stop, self._consumer = threading.Event(), None  # the stop: run()'s, once it runs
+        self._renewed_at, self._timeouts = {}, {}  # per slot (`failures.Recovery`)
         self._consumer_renewed_at: float | None = None
         self._group_log = GroupLog()
         self._forward_logged_at = 0.0
@@ -184,8 +181,7 @@ class TransactionalProcessor(Recovery):
         self._inflight: TransactionCommit[Batch] | None = None
         #: the transaction before `_inflight`, still committing (its records are all in)
         self._older: TransactionCommit[Batch] | None = None
-        #: how long the main thread waited for `_inflight`'s records (a phase of the next)
-        self._waited = 0.0
+        self._waited = 0.0  # for `_inflight`'s records: a part of its `wait` phase
         self.store_base: Path = settings.store_path / settings.processor_group / self.instance_id
         self._block_cache = rocksdict.Cache(BLOCK_CACHE_BYTES)
         self.last_restore: RestoreReport | None = None
@@ -433,8 +429,10 @@ class TransactionalProcessor(Recovery):
         """Steps 1-2: open the transaction, hand it every record of the batch; then the
         commit (steps 3-4) goes on on its own thread. The producers take turns."""
         assert self._producers and self._consumer is not None
-        slot = self._slot
-        self._slot = (slot + 1) % len(self._producers)
+        # never the in-flight transaction's producer (a failed begin brings the turn back)
+        n = len(self._producers)
+        slot = self._slot if self._inflight is None else (self._inflight.slot + 1) % n
+        self._slot = (slot + 1) % n
         producer = self._producers[slot]
         clock = time.perf_counter
         commit = TransactionCommit(
@@ -453,6 +451,8 @@ class TransactionalProcessor(Recovery):
             else None,
             self.settings.outcomes_topic,
             after=self._inflight,
+            # within half the transaction timeout, past which the coordinator fences it
+            after_limit_s=self.settings.transaction_timeout_ms / 2000,
         )
         commit.phases["decide"] = decided
         t0 = self._last_begin = clock()
@@ -526,6 +526,7 @@ class TransactionalProcessor(Recovery):
             committed = self._abort(error, commit.batch, commit.slot, also=later, commit=commit)
             return committed and not later
         t1 = clock()
+        self._timeouts[commit.slot] = 0
         self._committed(commit)
         commit.phases["wait"] = waited + self._waited
         self._waited = 0.0

@@ -10,6 +10,7 @@ KafkaException set while librdkafka serves the next callback, which then fails w
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -523,3 +524,85 @@ def test_a_failure_before_the_records_are_in_reads_the_next_batch_again(
     owning._begin(read({(C, 0): 0}, {(C, 0): 4}), 0.0)
     assert not owning._appended(also=read({(C, 0): 4}, {(C, 0): 6}))
     assert owning._inflight is None and consumer.seeks == [(C, 0, 0)]
+
+
+def test_a_transaction_waiting_too_long_for_the_one_before_gives_itself_up() -> None:
+    """The coordinator aborts and fences a transaction open past transaction.timeout.ms:
+    one waiting for a slow commit before it ends itself first, an error that aborts."""
+    first = GatedProducer("p0")
+    before = TransactionCommit(Batch([], []), slot=0)
+    before.start(first, [], object())  # type: ignore[arg-type]
+    waiting = TransactionCommit(Batch([], []), slot=1, after=before, after_limit_s=0.3)
+    second = FakeProducer("p1")
+    waiting.start(second, [], object())  # type: ignore[arg-type]
+    error = waiting.wait(5)
+    assert error is not None and error.args[0].txn_requires_abort()
+    assert "did not commit within" in error.args[0].str()
+    assert "commit" not in second.calls
+    first.gate.set()
+    assert before.wait(5) is None
+
+
+def test_a_fence_after_the_transaction_timeout_is_not_taken_for_another_instance(
+    owning: TransactionalProcessor,
+) -> None:
+    """Renewed a moment ago, fenced again: another instance — unless the fenced transaction
+    was open for the whole transaction timeout (the coordinator fenced it)."""
+    owning._consumer = OffsetsConsumer({(C, 0): 4})  # type: ignore[assignment]
+    owning._renewed_at[0] = time.monotonic()
+    fakes(owning)[0].fail["commit"] = masked(fenced())
+    owning._begin(read({(C, 0): 4}, {(C, 0): 10}), 0.0)
+    assert owning._inflight is not None
+    owning._inflight.begun_at -= owning.settings.transaction_timeout_ms / 1000 + 1
+    assert not owning._settle()  # renewed, read again: not stopped
+    assert fakes(owning)[0].name == "new"
+
+
+def test_after_a_failed_begin_the_next_transaction_is_never_on_the_producer_in_flight(
+    owning: TransactionalProcessor,
+) -> None:
+    p0, p1 = GatedProducer("p0"), FakeProducer("p1")
+    p1.fail["produce"] = KafkaException(KafkaError(KafkaError._STATE, "x"))
+    owning._producers = [p0, p1]  # type: ignore[list-item]
+    owning._consumer = OffsetsConsumer({})  # type: ignore[assignment]
+    owning._begin(read({(C, 0): 0}, {(C, 0): 4}), 0.0)  # on p0, its commit hangs
+    failing = read({(C, 0): 4}, {(C, 0): 6})
+    failing.events.append((0, b"k", b"v", event("run.steered")))
+    owning._begin(failing, 0.0)  # p1: produce fails, aborted, read again
+    assert owning._inflight is not None and owning._inflight.slot == 0
+    p1.fail.clear()
+    owning._begin(read({(C, 0): 4}, {(C, 0): 6}), 0.0)
+    assert owning._inflight.slot == 1  # p1 again, not p0 whose transaction is committing
+    p0.gate.set()
+    owning._settle_all()
+
+
+def test_a_producer_whose_transactions_keep_timing_out_is_replaced(
+    owning: TransactionalProcessor,
+) -> None:
+    """librdkafka can keep a producer's coordinator requests queued for good after a broker
+    restart: each transaction times out and aborts. The third in a row renews it; a
+    commit in between starts the count again."""
+    owning._consumer = OffsetsConsumer({(C, 0): 0})  # type: ignore[assignment]
+    p0, p1 = fakes(owning)
+    timeout = KafkaException(KafkaError(KafkaError._TIMED_OUT, "Failed to add offsets"))
+
+    def round_(fail: bool) -> None:
+        if fail:
+            owning._producers[0].fail["send_offsets"] = timeout  # type: ignore[attr-defined]
+        owning._begin(read({(C, 0): 0}, {(C, 0): 4}), 0.0)  # slot 0
+        assert owning._settle() is not fail
+        owning._begin(read({(C, 0): 0}, {(C, 0): 4}), 0.0)  # slot 1 commits
+        assert owning._settle()
+
+    round_(True)
+    round_(True)
+    assert owning._producers[0] is p0  # two in a row: kept
+    round_(True)
+    assert fakes(owning)[0].name == "new"  # the third: replaced
+    owning._producers[0] = p0
+    round_(True)
+    round_(False)
+    round_(True)
+    round_(True)
+    assert owning._producers[0] is p0 and owning._producers[1] is p1
