@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
@@ -62,18 +63,15 @@ class Recovery:
     #: slot -> transactions in a row that timed out (`_wedged`)
     _timeouts: dict[int, int]
 
-    # provided by the processor
-    def _transactional_producer(self, slot: int, patience_s: float = 0.0) -> Producer:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # provided by the processor (`loop.TransactionalProcessor`)
 
-    def _group_consumer(self) -> Consumer:
-        raise NotImplementedError
+        def _transactional_producer(self, slot: int, patience_s: float = 0.0) -> Producer: ...
 
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        raise NotImplementedError
+        def _group_consumer(self) -> Consumer: ...
 
-    def _committed(self, commit: TransactionCommit[Batch]) -> None:
-        raise NotImplementedError
+        def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None: ...
+
+        def _committed(self, commit: TransactionCommit[Batch]) -> None: ...
 
     def _give_up(self, commit: TransactionCommit[Batch]) -> None:
         """The transaction before `commit` failed: `commit` (which waits for it, and never
