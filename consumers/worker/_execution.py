@@ -204,7 +204,9 @@ class Execution:
         try:
             self.generation = await asyncio.wait_for(self._granted, self.w.acquire_timeout_s)
         except (TimeoutError, RunAborted) as e:
-            log.info("run %s: not acquired (%s)", self.run_id, e or "timeout")
+            # a TimeoutError says nothing of itself: the log line must
+            why = str(e) or f"no answer to lease.acquire within {self.w.acquire_timeout_s:g} s"
+            log.info("run %s: not acquired (%s)", self.run_id, why)
             return
         log.info(
             "run %s: lease granted to %s, generation %s",

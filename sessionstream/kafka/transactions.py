@@ -170,6 +170,7 @@ def stable_offsets(
     deadline = time.monotonic() + limit_s
     admin = AdminClient(config)
     request = [ConsumerGroupTopicPartitions(group, [TopicPartition(t, p) for t, p in partitions])]
+    said: set[str] = set()  # each distinct error is logged once, not every half second
     while True:
         try:
             futures = admin.list_consumer_group_offsets(
@@ -188,7 +189,10 @@ def stable_offsets(
                     f"cannot read the committed offsets of group {group!r}: {e}",
                     bootstrap=bootstrap,
                 ) from e
-            log.warning("committed offsets of group %r: %s; asking again", group, e)
+            text = str(e)
+            if text not in said:
+                said.add(text)
+                log.warning("committed offsets of group %r: %s; asking again", group, text)
             time.sleep(0.5)
 
 
@@ -249,6 +253,14 @@ class TransactionCommit(Generic[B]):
         #: records and offsets may go out while that one commits, but this one commits only
         #: once that one did, and aborts if it did not
         self.after = after
+        #: past this many seconds from `begun_at` the commit is taken for stuck: its own
+        #: steps' bounds, and the wait for `after` when there is one. Counted from the
+        #: start, not per wait: waiting first for `appended` and then for the end, each
+        #: with the whole bound, let a commit stuck in send_offsets hold the processor
+        #: twice as long (120 s, past max.poll.interval.ms: seen after a broker restart)
+        self.limit_s = (
+            SEND_OFFSETS_LIMIT_S + COMMIT_LIMIT_S + (after_limit_s if after is not None else 0.0)
+        )
         #: set once every record of the transaction is acknowledged (the commit is next),
         #: or once the commit ended whichever way: the next transaction may produce then
         self.appended = threading.Event()
@@ -368,18 +380,23 @@ class TransactionCommit(Generic[B]):
         """Seconds since the transaction was made."""
         return time.monotonic() - self.begun_at
 
+    def left(self) -> float:
+        """Seconds until the commit is taken for stuck (`limit_s` from its start)."""
+        return max(0.0, self.limit_s - self.age())
+
     def done(self) -> bool:
         """Whether the commit thread has ended (committed or not)."""
         return self._done.is_set()
 
-    def wait(self, limit_s: float) -> KafkaException | None:
+    def wait(self, limit_s: float | None = None) -> KafkaException | None:
         """The commit's error, if any. After a broker restart librdkafka can block in
         send_offsets_to_transaction forever, its timeout notwithstanding (librdkafka#5456,
-        #5511): past `limit_s` the producer is given up as fatally failed, and a new one
-        with our transactional id fences it. The stuck call keeps its thread. Anything but
+        #5511): past `limit_s` (by default: until `limit_s` seconds from the start, see
+        `left`) the producer is given up as fatally failed, and a new one with our
+        transactional id fences it. The stuck call keeps its thread. Anything but
         a KafkaException leaves the commit's outcome unknown: it is raised (a restart
         restores what was committed)."""
-        if not self._done.wait(limit_s):
+        if not self._done.wait(self.left() if limit_s is None else limit_s):
             return KafkaException(
                 KafkaError(
                     KafkaError._TIMED_OUT,

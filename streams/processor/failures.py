@@ -17,10 +17,8 @@ from schemas.commands import CommandClass
 from sessionstream.errors import KafkaUnavailable, SingleWriterViolation
 from sessionstream.kafka import client_config
 from sessionstream.kafka.transactions import (
-    COMMIT_LIMIT_S,
     FENCING,
     RENEW_WINDOW_S,
-    SEND_OFFSETS_LIMIT_S,
     GroupLog,
     TransactionCommit,
     abort_transaction,
@@ -56,6 +54,9 @@ class Recovery:
     _producers: list[Producer]
     _consumer: Consumer | None
     _inflight: TransactionCommit[Batch] | None
+    _older: TransactionCommit[Batch] | None
+    #: slot -> when its producer was made (`_renew_siblings`)
+    _born: dict[int, float]
     #: slot -> when its producer was last renewed (a fence is judged per transactional id)
     _renewed_at: dict[int, float]
     _consumer_renewed_at: float | None
@@ -78,7 +79,7 @@ class Recovery:
         commits without it) ends and its transaction is aborted — or its producer renewed,
         whose init_transactions aborts it. Its batch is the caller's to read again."""
         commit.cancel.set()
-        error = commit.wait(SEND_OFFSETS_LIMIT_S + COMMIT_LIMIT_S)
+        error = commit.wait()
         if error is None:
             # it commits only after the one before committed, and never once given up: the
             # one before was reported failed as it committed (a wait that ran out just
@@ -119,6 +120,8 @@ class Recovery:
         renewed = True
         if kerr.fatal():
             self._renew_producer(kerr, error, slot, stuck=self._timed_out(kerr, commit))
+            if kerr.code() not in FENCING:
+                self._renew_siblings(slot, commit)
         else:
             # Anything else is aborted and the batch decided again: abortable errors (our
             # partitions moved), retriable ones (a broker restart times out send_offsets),
@@ -148,6 +151,30 @@ class Recovery:
             return True
         self._rewind([batch, *(also or [])])
         return False
+
+    def _renew_siblings(self, slot: int, commit: TransactionCommit[Batch] | None) -> None:
+        """The producer of `slot` failed fatally, and not by a fence (a fence is about its
+        transactional id alone): a broker or coordinator fault. The other producers made
+        before its transaction began are renewed too, while they have no transaction in
+        flight: after a broker restart the producers connected before it wedge one after
+        the other — seen twice in the broker-restart fault test: slot 1 stuck in
+        send_offsets (once), failed with INVALID_TXN_STATE (once) and renewed, then slot 0's
+        next transaction stuck in send_offsets for the whole commit bound (librdkafka#5456),
+        the leases expiring meanwhile. A new producer costs one init_transactions."""
+        since = commit.begun_at if commit is not None else time.monotonic()
+        busy = {c.slot for c in (self._inflight, self._older) if c is not None}
+        for other in range(len(self._producers)):
+            if other == slot or other in busy or self._born.get(other, 0.0) > since:
+                continue
+            log.warning(
+                "producer %s was made before producer %s's failed transaction: renewed too",
+                other,
+                slot,
+            )
+            self._renewed_at[other] = time.monotonic()
+            self._producers[other] = self._transactional_producer(
+                other, patience_s=RENEW_PATIENCE_S
+            )
 
     def _wedged(self, kerr: KafkaError, slot: int) -> bool:
         """Whether the producer of `slot` timed out in `WEDGED_AFTER` transactions in a row:

@@ -174,6 +174,7 @@ class TransactionalProcessor(Recovery):
         self._slot = 0
         self._stop, self._consumer = threading.Event(), None  # the stop: run()'s, once it runs
         self._renewed_at, self._timeouts = {}, {}  # per slot (`failures.Recovery`)
+        self._born: dict[int, float] = {}  # slot -> when its producer was made
         self._consumer_renewed_at: float | None = None
         self._group_log = GroupLog()
         self._forward_logged_at = 0.0
@@ -260,6 +261,7 @@ class TransactionalProcessor(Recovery):
         s = self.settings
         tid = transactional_ids(s.processor_group, self.instance_id)[slot]
         conf = transactional_producer_config(s, tid)
+        self._born[slot] = time.monotonic()
         return init_transactions(
             lambda: Producer(conf), patience_s, bootstrap=s.kafka_bootstrap, stop=self._stop
         )
@@ -495,7 +497,7 @@ class TransactionalProcessor(Recovery):
         commit = self._inflight
         assert commit is not None
         t0 = time.perf_counter()
-        commit.appended.wait(SEND_OFFSETS_LIMIT_S + COMMIT_LIMIT_S)
+        commit.appended.wait(commit.left())
         self._waited = time.perf_counter() - t0
         if commit.appended.is_set() and (commit.committed or not commit.done()):
             return True
@@ -515,7 +517,7 @@ class TransactionalProcessor(Recovery):
             commit, self._inflight = self._inflight, None
         clock = time.perf_counter
         t0 = clock()
-        error = commit.wait(SEND_OFFSETS_LIMIT_S + COMMIT_LIMIT_S)
+        error = commit.wait()
         waited = clock() - t0
         if error is not None:
             later = [] if also is None else [also]

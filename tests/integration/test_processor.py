@@ -770,6 +770,12 @@ def _trickle(
     proc = TransactionalProcessor(iso, instance_id=f"{name}-{uuid.uuid4().hex[:6]}")
     proc.start()
     proc._producers = [failing.wrap(p) for p in proc._producers]  # type: ignore[misc]
+    # a fatal failure renews producers (the failed one, and the idle one made before it):
+    # the new ones fail as planned too
+    made = proc._transactional_producer
+    proc._transactional_producer = (  # type: ignore[method-assign]
+        lambda slot, patience_s=0.0: failing.wrap(made(slot, patience_s))
+    )
     stop = threading.Event()
     runner = threading.Thread(target=proc.run, args=(stop,), daemon=True)
     runner.start()

@@ -606,3 +606,89 @@ def test_a_producer_whose_transactions_keep_timing_out_is_replaced(
     round_(True)
     round_(True)
     assert owning._producers[0] is p0 and owning._producers[1] is p1
+
+
+class HangingSendOffsets(FakeProducer):
+    """send_offsets_to_transaction never returns, whatever its timeout (librdkafka#5456)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        import threading
+
+        self.release = threading.Event()
+
+    def send_offsets_to_transaction(self, *args: Any) -> None:
+        self.calls.append("send_offsets")
+        self.release.wait(30)
+
+
+def test_a_stuck_commit_is_given_up_at_its_bound_from_the_start_not_per_wait(
+    owning: TransactionalProcessor,
+) -> None:
+    """The processor waits for the records to be in (to overlap the next transaction),
+    then for the end: each wait with the whole bound held a commit stuck in send_offsets
+    twice as long, past max.poll.interval.ms (seen after a broker restart: 120 s)."""
+    hanging = HangingSendOffsets("p0")
+    owning._producers = [hanging, FakeProducer("p1")]  # type: ignore[list-item]
+    consumer = owning._consumer = OffsetsConsumer({(C, 0): 0})  # type: ignore[assignment]
+    try:
+        owning._begin(read({(C, 0): 0}, {(C, 0): 4}), 0.0)
+        commit = owning._inflight
+        assert commit is not None
+        commit.limit_s = 1.0
+        t0 = time.monotonic()
+        assert not owning._appended(also=read({(C, 0): 4}, {(C, 0): 6}))
+        elapsed = time.monotonic() - t0
+        assert elapsed < 1.8, f"waited {elapsed:.2f} s for a bound of 1 s"
+        assert consumer.seeks == [(C, 0, 0)]  # read again, with the batch on top of it
+        assert fakes(owning)[0].name == "new"  # given up: a new producer took its id
+    finally:
+        hanging.release.set()
+
+
+def test_a_stuck_commit_renews_the_idle_producers_made_before_it_too(
+    owning: TransactionalProcessor,
+) -> None:
+    """After a broker restart the producers connected before it wedge one after the other:
+    one stuck commit renews the idle producer made before it too (not only when found stuck
+    itself, a whole commit bound later)."""
+    owning._consumer = OffsetsConsumer({(C, 0): 0})  # type: ignore[assignment]
+    fakes(owning)[0].fail["commit"] = stuck()
+    owning._begin(read({(C, 0): 0}, {(C, 0): 4}), 0.0)
+    assert not owning._settle()
+    assert [p.name for p in fakes(owning)] == ["new", "new"]
+
+
+def test_a_producer_made_after_the_stuck_commit_began_is_kept(
+    owning: TransactionalProcessor,
+) -> None:
+    owning._consumer = OffsetsConsumer({(C, 0): 0})  # type: ignore[assignment]
+    p1 = fakes(owning)[1]
+    fakes(owning)[0].fail["commit"] = stuck()
+    owning._begin(read({(C, 0): 0}, {(C, 0): 4}), 0.0)
+    owning._born[1] = time.monotonic() + 1  # renewed while that commit was under way
+    assert not owning._settle()
+    assert fakes(owning)[0].name == "new" and owning._producers[1] is p1
+
+
+def test_a_coordinator_fault_renews_the_idle_producers_made_before_it_and_a_fence_does_not(
+    owning: TransactionalProcessor,
+) -> None:
+    """INVALID_TXN_STATE after a broker restart: the other producer is renewed too. A fence
+    is about one transactional id: the other producer is kept."""
+    owning._consumer = OffsetsConsumer({(C, 0): 0})  # type: ignore[assignment]
+    fakes(owning)[0].fail["commit"] = KafkaException(
+        KafkaError(KafkaError.INVALID_TXN_STATE, "Failed to end transaction", fatal=True)
+    )
+    owning._begin(read({(C, 0): 0}, {(C, 0): 4}), 0.0)
+    assert not owning._settle()
+    assert [p.name for p in fakes(owning)] == ["new", "new"]
+    owning._producers = [FakeProducer("p0"), FakeProducer("p1")]  # type: ignore[list-item]
+    owning._born.clear()
+    owning._renewed_at.clear()
+    owning._slot = 0
+    p1 = fakes(owning)[1]
+    fakes(owning)[0].fail["commit"] = masked(fenced())
+    owning._begin(read({(C, 0): 0}, {(C, 0): 4}), 0.0)
+    assert not owning._settle()
+    assert fakes(owning)[0].name == "new" and owning._producers[1] is p1
