@@ -22,7 +22,7 @@ help:
 	@echo "make flink    PyFlink 2.2.1 in a virtualenv of its own + the Kafka / Avro-registry SQL jars"
 	@echo "make test-unit  the tests that need no stack (about a minute)"
 	@echo "make test     install, the unit lane, up, chromium for the browser test, Flink, the integration tests"
-	@echo "make soak     install, up, the fault suites at 10x load and rounds, the 3-node cluster faults"
+	@echo "make soak     install, up, the fault suites at 10x load and rounds (pipeline, workers, 3-node cluster)"
 	@echo "make lint     ruff + mypy + lint-imports (the layer contracts in pyproject.toml)"
 	@echo "make demo     install, up, run the demo"
 	@echo "make bench    install, up, run the benchmarks"
@@ -108,7 +108,7 @@ test: test-unit up browser flink
 # the 3-node cluster with 3 rounds of leader and coordinator kills and a rolling restart.
 soak: install up
 	SESSIONSTREAM_SOAK=1 $(PY) -m pytest tests/integration/test_faults.py \
-		tests/integration/test_cluster_faults.py -q
+		tests/integration/test_worker_suite.py tests/integration/test_cluster_faults.py -q
 
 # Both run even when the first fails, so one pass shows every problem.
 lint: install

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import stat
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -202,16 +203,22 @@ def test_the_secured_profile_has_its_own_registry_that_refuses_anonymous_clients
     assert stat.S_IMODE(conf.parent.stat().st_mode) == 0o700
 
 
-def _login(s: Settings) -> tuple[bool, list[KafkaError]]:
-    """Whether a metadata request succeeds, and the errors librdkafka reported meanwhile."""
+def _login(s: Settings, limit_s: float = 8.0) -> tuple[bool, list[KafkaError]]:
+    """Whether a metadata request succeeds within `limit_s`, and the errors librdkafka
+    reported meanwhile. A refused login is known at its first authentication error."""
     errors: list[KafkaError] = []
     admin = AdminClient(client_config(s, logger=QUIET, error_cb=errors.append))
-    try:
-        admin.list_topics(timeout=8)
-    except KafkaException:
-        admin.poll(1)  # error_cb runs from poll
-        return False, errors
-    return True, errors
+    deadline = time.monotonic() + limit_s
+    while True:
+        try:
+            admin.list_topics(timeout=0.5)
+        except KafkaException:
+            admin.poll(0.1)  # error_cb runs from poll
+            refused = any(e.code() == KafkaError._AUTHENTICATION for e in errors)
+            if refused or time.monotonic() > deadline:
+                return False, errors
+            continue
+        return True, errors
 
 
 def test_unauthenticated_and_wrong_password_are_refused(secure: Profile) -> None:
@@ -334,7 +341,9 @@ def test_the_producer_can_neither_read_nor_commit_the_processors_offsets(
     s = secure.settings("producer")
     admin = AdminClient(client_config(s, logger=QUIET))
     request = ConsumerGroupTopicPartitions(s.processor_group, [TP(s.commands_topic, 0)])
-    fut = admin.list_consumer_group_offsets([request])[s.processor_group]
+    # refused, or no coordinator ever found: the latter is known only when the request
+    # times out (librdkafka's default is 30 s; 5 s is plenty for an idle local broker)
+    fut = admin.list_consumer_group_offsets([request], request_timeout=5)[s.processor_group]
     with pytest.raises(KafkaException) as info:
         fut.result(timeout=30)
     # refused at FindCoordinator: librdkafka reports the group denied, or (as here) never
@@ -342,7 +351,15 @@ def test_the_producer_can_neither_read_nor_commit_the_processors_offsets(
     assert info.value.args[0].name() in (DENIED_GROUP, "_WAIT_COORD"), info.value
     c = Consumer(
         client_config(
-            s, logger=QUIET, **{"group.id": s.processor_group, "enable.auto.commit": False}
+            s,
+            logger=QUIET,
+            **{
+                "group.id": s.processor_group,
+                "enable.auto.commit": False,
+                # the commit waits for a coordinator it is never given as long as the
+                # session timeout (45 s by default; measured): the least brokers accept
+                "session.timeout.ms": 6000,
+            },
         )
     )
     try:

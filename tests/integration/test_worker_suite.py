@@ -1,13 +1,14 @@
 """The worker fault suite: 4 workers, 50 concurrent runs, the holder killed or frozen.
 
-Three rounds of `kill -9` and three of SIGSTOP/SIGCONT, each on the worker that holds the
-most runs of a fresh batch of 50 (a tenth of them aborted by their user). After each round:
-every run ends with exactly one terminal status; every completed run sent its email exactly
-once and no cancelled run sent any; every action a faulted worker's runs executed belongs
-to the generation that finished them; a frozen worker, resumed, wrote nothing but stale
-records. The takeover time of every run of the faulted worker (fault → next grant, on the
-broker's clock) is printed and kept in `worker_suite.json` under the test's tmp dir — the
-figures are judged by `bench/bench_worker.py`, not here.
+One round of `kill -9` and one of SIGSTOP/SIGCONT (`make soak`: three of each), each on
+the worker that holds the most runs of a fresh batch of 50 (a tenth of them aborted by
+their user). After each round: every run ends with exactly one terminal status; every
+completed run sent its email exactly once and no cancelled run sent any; every action a
+faulted worker's runs executed belongs to the generation that finished them; a frozen
+worker, resumed, wrote nothing but stale records. The takeover time of every run of the
+faulted worker (fault -> next grant, on the broker's clock) is printed and kept in
+`worker_suite.json` under the test's tmp dir; the figures are judged by
+`bench/bench_worker.py`, not here.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from sessionstream.kafka import read_topic
 from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
 from tests.integration import test_worker as _tw
+from tests.integration.faults import SOAK
 from tests.integration.helpers import check_log, wait_until
 from tests.integration.procs import Proc, processor
 from tests.integration.test_worker import ready, start_worker
@@ -221,7 +223,7 @@ def test_holders_killed_and_frozen_lose_nothing(
     ready(*workers.values())
     results: list[dict[str, object]] = []
     try:
-        for n, fault in enumerate(["kill", "stop", "kill", "stop", "kill", "stop"], 1):
+        for n, fault in enumerate(["kill", "stop"] * (3 if SOAK else 1), 1):
             _round(iso, db, workers, fault, n, results)
     finally:
         procs.extend(workers.values())
