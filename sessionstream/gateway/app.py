@@ -38,6 +38,7 @@ from sessionstream.gateway.commands import (
 from sessionstream.gateway.db import Database
 from sessionstream.gateway.errors import ApiError, error_response
 from sessionstream.gateway.fanout import EventFanout
+from sessionstream.gateway.fastpath import CommandsFastPath
 from sessionstream.gateway.guard import DOCS_CSP, Guard
 from sessionstream.gateway.limits import StreamCounts
 from sessionstream.gateway.sse import CatchUpSlots, StreamLimits, event_stream, parse_last_event_id
@@ -143,7 +144,6 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
         redoc_url=None,
     )
     app.state.gateway = gw
-    app.add_middleware(Guard)
     _errors(app)
 
     @app.post(
@@ -228,6 +228,11 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
                 )
         status, out = outcome_body(command, result, original)
         return JSONResponse(out, status_code=status)
+
+    # the route above, ahead of FastAPI's layers (its description stays in the OpenAPI);
+    # Guard outside it: every response gets the security headers
+    app.add_middleware(CommandsFastPath, handler=post_command)
+    app.add_middleware(Guard)
 
     @app.get("/v1/sessions", summary="The key's tenant's sessions, latest first")
     async def get_sessions(

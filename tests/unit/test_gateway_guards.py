@@ -349,3 +349,32 @@ async def test_a_live_key_whose_cache_entry_expired_is_not_charged_as_unauthenti
         except ApiError as e:
             codes.append(e.status)
     assert codes == [401, 401, 401, 429, 429]
+
+
+# -- the commands route's fast path -----------------------------------------------------------
+async def test_the_commands_fast_path_answers_as_the_app_does() -> None:
+    """POST /v1/sessions/{id}/commands skips FastAPI's layers: its errors keep the app's
+    shape and the security headers; everything else is still FastAPI's."""
+    from sessionstream.gateway.app import create_app
+
+    app = create_app(Settings())  # no lifespan: nothing connects
+    fast = app.user_middleware[-1].cls  # the inner of the two: the fast path
+    assert fast.__name__ == "CommandsFastPath"
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+        r = await c.post("/v1/sessions/s1/commands", json={"type": "prompt"})
+        assert r.status_code == 401, r.text
+        assert r.json()["error"]["code"] == "unauthorized"
+        assert r.headers["x-content-type-options"] == "nosniff"
+        assert "frame-ancestors 'none'" in r.headers["content-security-policy"]
+        # an encoded '/' never reaches a route
+        r = await c.post("/v1/sessions/a%2Fb/commands", json={})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_path"
+        # not the route: FastAPI answers (its 404 / 405 shapes)
+        r = await c.post("/v1/sessions/s1/commands/more", json={})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+        r = await c.get("/v1/sessions/s1/commands")
+        assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+        # the route is still described
+        spec = (await c.get("/openapi.json")).json()
+        assert "post" in spec["paths"]["/v1/sessions/{sessionId}/commands"]
