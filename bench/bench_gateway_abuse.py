@@ -1,4 +1,4 @@
-"""The gateway under the attacks of issue 34, measured: resume latency, memory, descriptors.
+"""The gateway under attack (the abuse limits), measured: resume latency, memory, descriptors.
 
 An isolated world (topics, PostgreSQL schema) with a real processor, sink and gateway on
 loopback, default limits except the per-key request rate (the attacker's set-up is
@@ -203,9 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         (RESULTS / "gateway-abuse.md").write_text(
             f"# The gateway under attack ({result['date']}, "
             "`python -m bench.bench_gateway_abuse`)\n\n"
-            "Issue 34's attacks on one 2-core machine, everything on loopback; the quiet\n"
+            "The attacks on the gateway on one 2-core machine, everything on loopback; the quiet\n"
             "resume is the same run's baseline. Before the fix (measured 2026-12-05 by the\n"
-            "issue): A's first resumed event 27.5 s under 8 non-reading resumes of B, gateway\n"
+            "report): A's first resumed event 27.5 s under 8 non-reading resumes of B, gateway\n"
             "RSS 116 → 312 MB, 600 made-up keys → 538 key scans.\n\n" + table + "\n"
         )
     return 0

@@ -1,4 +1,4 @@
-"""The processor's hot path against its ceiling, measured A B A B in one run (issue 15).
+"""The processor's hot path against its ceiling, measured A B A B in one run.
 
 1. Throughput, alternating: the raw exactly-once pass-through (`bench/_baselines.py`:
    consume a batch of up to 500, produce each record, `send_offsets_to_transaction`,

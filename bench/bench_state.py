@@ -1,8 +1,9 @@
 """Session state at scale through one real processor: memory, record sizes, restart time.
 
-The load of issue 14: `--sessions` sessions with one prompt each (their runs stay open: no
-worker) and `--busy` sessions with `--per-busy` producer commands each (prompts, steers,
-follow-ups, sends, interrupts, aborts). Then:
+The load the binary state records and the RocksDB store were sized for: `--sessions`
+sessions with one prompt each (their runs stay open: no worker) and `--busy` sessions with
+`--per-busy` producer commands each (prompts, steers, follow-ups, sends, interrupts,
+aborts). Then:
 
 - the processor's RSS, and per session;
 - the state records on `session.state`: p50 / p99 / max bytes, a busy session's record, and

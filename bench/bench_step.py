@@ -1,4 +1,4 @@
-"""The processor's CPU per command without a broker: the floor under its throughput (issue 15).
+"""The processor's CPU per command without a broker: the floor under its throughput.
 
 The processor's main thread does, per poll batch: `decide_batch` (decode each command,
 check placement, look up its dedup record, decide, fold, encode the events, stage the

@@ -1,4 +1,4 @@
-"""What a transaction's commit costs per partition it wrote, on the local broker (issue 15).
+"""What a transaction's commit costs per partition it wrote, on the local broker.
 
 The processor's transaction writes up to four topics of four partitions each (events, the
 state and dedup changelogs, open runs) where the raw pass-through it is measured against

@@ -4,13 +4,13 @@ processor).
 With CPython's default thresholds (700, 10, 10) the gateway at 500 POST/s and 200 SSE
 clients ran ~1,000 young, ~90 middle and ~9 full collections in 30 s: 2.1-2.9 s of its
 ~11 s of CPU, each full one 100-115 ms during which no thread of the process runs Python,
-so every request and stream in flight waited (bench/results/gateway.md). Most of what it
-scanned again and again were the objects made at start (modules, the app, the clients),
-which live as long as the process.
+so every request and stream in flight waited (docs/decisions/0004-gateway-under-load.md).
+Most of what it scanned again and again were the objects made at start (modules, the app,
+the clients), which live as long as the process.
 
 The processor draining a backlog allocates ~100 tracked objects per command (the decoded
 command, its events, the new state); at the default thresholds the collections took ~13 %
-of its CPU per command (bench/results/profile.md, 2026-12-05 fifth session).
+of its CPU per command (docs/decisions/0005-processor-profile.md).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ def run_processor(instance: str | None) -> int:
             return 0
         # started (topics checked, producers ready, group joined): a backlog allocates
         # ~100 tracked objects per command, and at CPython's thresholds the collections
-        # rescanning what the process holds took 13 % of its CPU (bench/results/profile.md)
+        # rescanning what the process holds took 13 % of its CPU (decision 0005)
         frozen = settle_collector()
         log.info("garbage collector settled: %s start-up objects frozen", frozen)
         log.info(

@@ -107,8 +107,9 @@ def read_range(
     """(offset, event) of one events partition from `start` up to `end` (exclusive) or its
     end; with `session_id` / `run_id`, only that session's / run's events. The filter reads
     the record key (`{session}/{run}/{seq}`), so only the events asked for are decoded:
-    reading is ~6x faster than decoding (bench/results/profile.md). `partition` None: the
-    session's own partition (its key's murmur2 placement), where all its events are."""
+    reading is ~6x faster than decoding (docs/decisions/0005-processor-profile.md).
+    `partition` None: the session's own partition (its key's murmur2 placement), where all
+    its events are."""
     codec = codec or reader_codec(settings)
     decode = codec.decode_event
     topic = settings.events_topic

@@ -9,10 +9,10 @@ producer can grow a session's record without limit.
 The state is the processor's own, never on the wire as these types (the changelog holds
 `streams.state_codec`'s record), so it is made of msgspec structs rather than pydantic
 models: the decider builds a new state for every event it emits, and a struct is built or
-copied with one field changed ten times faster (bench/results/profile.md). They are not
-tracked by the garbage collector (`gc=False`: they hold no cycles), so a processor's cache
-of many thousand states costs no collector time. `validate_state` checks every field's type
-and literal, which the unit tests apply to each state the decider makes.
+copied with one field changed ten times faster (docs/decisions/0005-processor-profile.md).
+They are not tracked by the garbage collector (`gc=False`: they hold no cycles), so a
+processor's cache of many thousand states costs no collector time. `validate_state` checks
+every field's type and literal, which the unit tests apply to each state the decider makes.
 """
 
 from __future__ import annotations

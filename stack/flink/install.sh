@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Flink SQL analytics' own environment (issue 36): PyFlink in a virtualenv of its own
+# The Flink SQL analytics' own environment: PyFlink in a virtualenv of its own
 # (~830 MB: Beam, pyarrow, pandas — kept out of the project's .venv) and the two SQL jars
 # from Maven Central in a cache outside the repo. Idempotent: a second run checks and exits.
 #

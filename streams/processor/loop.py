@@ -28,7 +28,7 @@ commit, N+1 aborts and both are read again. The logs and the offset commits keep
 producer's order (N's records, then N+1's), so a `read_committed` reader sees N once N's
 markers land. (One producer beginning right after its own commit gets AddPartitionsToTxn
 refused CONCURRENT_TRANSACTIONS until the markers are written, retried after a fixed 20 ms:
-`bench/results/profile.md`.)
+`docs/decisions/0005-processor-profile.md`.)
 
 The Kafka side of a transaction — the producer's set-up, the commit on a thread of its
 own, the abort, what librdkafka's errors mean — is the adapter's

@@ -1,4 +1,4 @@
-"""Flink SQL over the run event stream (issue 36, item 2) against the real broker, registry
+"""Flink SQL over the run event stream against the real broker, registry
 and PostgreSQL: the queries of consumers/analytics/flink/ on a bounded read_committed read
 equal what the sink projected (`sessionstream stats` and the same definitions in SQL), and a
 record whose schema id the registry lacks stops the job with that reason.

@@ -1,4 +1,4 @@
-"""The gateway under attack (issue 34), against the real broker, PostgreSQL, processor and
+"""The gateway under attack (the abuse limits), against the real broker, PostgreSQL, processor and
 sink: each attempt an attacker made, run again, bounded in count and time, on loopback.
 What must hold: one tenant never delays another's resumed stream beyond a second; every
 way in has a time limit and a cap (429/503 with Retry-After); a flood of made-up keys

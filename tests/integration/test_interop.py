@@ -1,4 +1,4 @@
-"""Producers in other languages (issue 35), against a real processor, broker and registry:
+"""Producers in other languages, against a real processor, broker and registry:
 the Java example of docs/producers.md (the plain Kafka client and Apache Avro, schemas from
 the registry by id) and the shell example (kcat), each run as a user would run it, reading
 the outcome of every command it sends from `session.outcomes`."""

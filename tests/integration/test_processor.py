@@ -150,7 +150,7 @@ def test_kill9_processor_three_times_under_load(iso: Settings, procs: list[Proc]
     ]
     assert lines and "restored partitions" in procs[-1].log_text()
     assert all("(8 from a checkpoint, 0 in full)" in ln for ln in lines), lines
-    # the CLI settles the process's collector once started (a backlog's CPU, profile.md)
+    # the CLI settles the process's collector once started (a backlog's CPU, decision 0005)
     assert "garbage collector settled" in procs[-1].log_text(), procs[-1].tail()
 
 

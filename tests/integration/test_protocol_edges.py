@@ -1,4 +1,4 @@
-"""The protocol at run boundaries, against the real processor on the real broker (issue 11).
+"""The protocol at run boundaries, against the real processor on the real broker.
 
 Every story here ended wrongly before: a late abort hit the next run, a foreign tenant took
 an id, a reused id was silent, producer clocks decided deadlines, a forged timer ended a

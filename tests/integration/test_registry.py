@@ -1,4 +1,4 @@
-"""The run stream in the Confluent wire format through the stack's schema registry (issue 35),
+"""The run stream in the Confluent wire format through the stack's schema registry,
 against the real broker, Apicurio Registry and PostgreSQL: registration and compatibility,
 what a stock Kafka reader sees (confluent-kafka's `AvroDeserializer`, CloudEvents headers),
 a log of both framings replayed and rebuilt, and the registry's faults: a forged id, an

@@ -1,4 +1,4 @@
-"""Replay by time (issue 35): the CLI's `replay offsets --since/--until`, the gateway's
+"""Replay by time: the CLI's `replay offsets --since/--until`, the gateway's
 event stream from a time and its `history` of a session by offset or time, on the real
 broker (the events topic stamped by the broker: `LogAppendTime`)."""
 

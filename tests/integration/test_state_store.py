@@ -1,6 +1,6 @@
 """The processor's local state store against the real broker: a restart reads the changelogs'
 tail from the store's checkpoint, a store that does not belong to the log is not trusted,
-and the sessions the store holds decide the same as the log says (issue 14)."""
+and the sessions the store holds decide the same as the log says."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A reference model of the protocol, rebuilt from a session's events alone.
 
 It shares no code with `streams.decider` and was written from the protocol's text
-(docs/protocol.md, issue 11), not from the decider: it reads the log the way an auditor
+(docs/protocol.md), not from the decider: it reads the log the way an auditor
 would and fails on anything the protocol forbids:
 
 - a seq gap; an event after its run ended; two active runs; time going backwards;

@@ -1,4 +1,4 @@
-"""How `SessionClient` reads a command's outcome off `session.outcomes` (issue 35): the
+"""How `SessionClient` reads a command's outcome off `session.outcomes`: the
 processor's outcome record decides it, matched by session, command id and the command's
 `ts` after where the partition ended when it was sent; an accepted or rejected command is
 answered once all of its events are read. A record this version cannot read is skipped;

@@ -1,4 +1,4 @@
-"""The Confluent wire format (issue 35): what the codec writes with registry ids, and how it
+"""The Confluent wire format: what the codec writes with registry ids, and how it
 reads records of other ids and of the single-object encoding written before — checked
 against the format's definition (a zero byte, the 4-byte big-endian id, the Avro binary
 of the writer schema), with a stand-in registry (the integration tests use Apicurio)."""

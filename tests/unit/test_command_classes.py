@@ -1,6 +1,6 @@
 """Who may write which command: the topic a command arrives on decides its class.
 
-The table below is written from the spec (issue 17, docs/protocol.md "Command topics"), not
+The table below is written from the spec (docs/protocol.md "Command topics"), not
 from `schemas.commands`: producers write `session.commands`, workers write
 `session.worker-commands`, and only the processor writes `session.timers`. A command of
 another class on a topic is rejected `not_allowed_here` with no other effect, in any state

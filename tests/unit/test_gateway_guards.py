@@ -1,5 +1,5 @@
 """What the gateway refuses before anything reaches Kafka or PostgreSQL, and what it adds
-to every answer — written from issue 34 and docs/http.md, checked without a server:
+to every answer — written from docs/http.md, checked without a server:
 tenant-namespaced session ids, strict JSON (no doubled keys, JSON's own types), paths that
 mean one thing, security headers, keys kept out of logs, per-address and per-key limits."""
 

@@ -1,5 +1,5 @@
 """The state record's binary form: every field written, read back equal field for field and
-valid, old JSON still read, broken bytes refused, a busy session under 1 KiB (issue 14)."""
+valid, old JSON still read, broken bytes refused, a busy session under 1 KiB."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The processor's local store on a real RocksDB (in a temp dir): checkpoints written with
 their records, the deadline index, the cache in front of the disk, a held store, and when a
-checkpoint is trusted (issue 14)."""
+checkpoint is trusted."""
 
 from __future__ import annotations
 
