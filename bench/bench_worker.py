@@ -36,7 +36,8 @@ from sessionstream.kafka import read_topic
 from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
 from sinks.migrate import migrate
-from tests.integration.procs import Proc, isolated_settings, processor
+from tests.integration.procs import Proc, processor
+from tests.integration.worlds import isolated_settings
 
 RESULTS = Path(__file__).resolve().parent / "results" / "worker.json"
 
