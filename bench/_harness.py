@@ -31,7 +31,6 @@ from schemas.commands import (
     SteerPayload,
 )
 from sessionstream._procs import Service, cpu_seconds, delete_world
-from sessionstream._procs import isolated_settings as _isolated
 from sessionstream.client import CommandHandle, SessionClient
 from sessionstream.kafka import client_config, read_topic, take
 from sessionstream.registry import reader_codec
@@ -43,11 +42,6 @@ TICKS = os.sysconf("SC_CLK_TCK")
 
 
 # -- topics and groups ------------------------------------------------------------------------
-def isolated_settings(tag: str, partitions: int = 4) -> Settings:
-    """Settings with topics and a group of their own (created here)."""
-    return _isolated(Settings(), tag, prefix="bench", partitions=partitions, schema=False)
-
-
 def delete_topics_and_groups(s: Settings) -> list[str]:
     """Best effort; returns what could not be deleted."""
     return delete_world([s], schemas=False)

@@ -43,7 +43,6 @@ from bench._harness import (
     Processor,
     Workload,
     delete_topics_and_groups,
-    isolated_settings,
     percentiles,
     wait_for,
 )
@@ -54,6 +53,7 @@ from sessionstream.client import CommandHandle, SessionClient
 from sessionstream.kafka import client_config, read_topic
 from sessionstream.settings import Settings
 from sinks.replay import read_range, rebuild
+from tests.integration.worlds import isolated_settings
 
 RESULTS = Path(__file__).resolve().parent / "results"
 now = time.perf_counter
@@ -175,7 +175,7 @@ def ours_paced(s: Settings, schema: str, cmds: list[Command], r: float) -> dict[
 def run(a: argparse.Namespace) -> dict[str, Any]:
     url = Settings().database_url
     prefix = f"bench_base_{uuid.uuid4().hex[:6]}"
-    s = isolated_settings("base", partitions=4)
+    s = isolated_settings(Settings(), "base", partitions=4, prefix="bench", schema=False)
     out_topic = f"bench.ceiling.{uuid.uuid4().hex[:8]}"
     admin = AdminClient(client_config(s))
     admin.create_topics([NewTopic(out_topic, 4, 1)])[out_topic].result()

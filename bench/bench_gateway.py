@@ -41,13 +41,14 @@ from confluent_kafka import Consumer, TopicPartition
 
 from bench._harness import CpuMeter, broker_pid, machine_busy, percentiles
 from sessionstream._model_server import free_port
-from sessionstream._procs import Service, delete_world, isolated_settings
+from sessionstream._procs import Service, delete_world
 from sessionstream.gateway.keys import create_key
 from sessionstream.kafka import reader_config, take
 from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
 from sinks.migrate import migrate
 from streams.partitioning import partition_for
+from tests.integration.worlds import isolated_settings
 
 #: partitions of the benchmark's topics
 PARTITIONS = 4

@@ -42,7 +42,7 @@ from tests.integration.abuse import (
     stalled_streams,
 )
 from tests.integration.gateway_world import gateway_world
-from tests.integration.procs import remove_isolated
+from tests.integration.worlds import remove_isolated
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

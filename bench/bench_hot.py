@@ -36,7 +36,6 @@ from bench._harness import (
     Processor,
     Workload,
     delete_topics_and_groups,
-    isolated_settings,
     wait_for,
 )
 from bench._sink_harness import SinkProc, count_rows, delete_groups, drop_schemas, fresh_schema
@@ -48,6 +47,7 @@ from sessionstream.kafka import client_config, read_messages
 from sessionstream.settings import Settings
 from sinks.rebuild import rebuild
 from sinks.replay import read_range, session_partition
+from tests.integration.worlds import isolated_settings
 
 RESULTS = Path(__file__).resolve().parent / "results"
 now = time.perf_counter
@@ -96,11 +96,11 @@ def ours(s: Settings, n: int) -> dict[str, Any]:
 
 def throughput(a: argparse.Namespace) -> tuple[list[dict[str, Any]], Settings]:
     rounds: list[dict[str, Any]] = []
-    s = isolated_settings("hot", partitions=4)
+    s = isolated_settings(Settings(), "hot", partitions=4, prefix="bench", schema=False)
     for i in range(a.rounds):
         if i:
             delete_topics_and_groups(s)
-            s = isolated_settings("hot", partitions=4)
+            s = isolated_settings(Settings(), "hot", partitions=4, prefix="bench", schema=False)
         out_topic = f"bench.ceiling.{uuid.uuid4().hex[:8]}"
         admin = AdminClient(client_config(s))
         admin.create_topics([NewTopic(out_topic, 4, 1)])[out_topic].result()

@@ -33,10 +33,11 @@ from bench._harness import (
     Processor,
     Workload,
     delete_topics_and_groups,
-    isolated_settings,
     percentiles,
 )
 from sessionstream.client import SessionClient
+from sessionstream.settings import Settings
+from tests.integration.worlds import isolated_settings
 
 PHASES = (
     "decide",
@@ -77,7 +78,7 @@ def scrape(port: int) -> dict[str, float]:
 def with_ceiling(results: list[dict[str, Any]], seconds: float, warmup: float) -> None:
     """Add, per rate, the raw pass-through's latency at that rate (measured now) and ours
     as a multiple of it."""
-    s = isolated_settings("latency-ceiling")
+    s = isolated_settings(Settings(), "latency-ceiling", prefix="bench", schema=False)
     try:
         for r in results:
             c = passthrough_latency(s, r["target_rate"], seconds, warmup)
@@ -95,7 +96,9 @@ def measure(
     """One processor; per rate, paced commands for `seconds` after `warmup`: latency and
     the transaction phases."""
     port = free_port()
-    s = isolated_settings("latency").model_copy(update={"metrics_port": port})
+    s = isolated_settings(Settings(), "latency", prefix="bench", schema=False).model_copy(
+        update={"metrics_port": port}
+    )
     proc = Processor(s, "latency-0").start()
     proc.wait_for("assigned", timeout=90)
     tail = EventTail(s)

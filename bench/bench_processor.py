@@ -39,11 +39,12 @@ from bench._harness import (
     broker_pid,
     delete_topics_and_groups,
     first_after,
-    isolated_settings,
     percentiles,
     verify_log,
 )
 from sessionstream.client import SessionClient
+from sessionstream.settings import Settings
+from tests.integration.worlds import isolated_settings
 
 RESULTS = Path(__file__).resolve().parent / "results"
 now = time.perf_counter
@@ -52,7 +53,7 @@ now = time.perf_counter
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.s = isolated_settings("proc", partitions=4)
+        self.s = isolated_settings(Settings(), "proc", partitions=4, prefix="bench", schema=False)
         self.client = SessionClient("bench", self.s)
         self.offsets = Offsets(self.s)
         self.instance = f"bench-{uuid.uuid4().hex[:6]}"

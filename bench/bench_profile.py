@@ -20,8 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench._harness import Offsets, Processor, Workload, delete_topics_and_groups, isolated_settings
+from bench._harness import Offsets, Processor, Workload, delete_topics_and_groups
 from sessionstream.client import SessionClient
+from sessionstream.settings import Settings
+from tests.integration.worlds import isolated_settings
 
 
 def summarize(raw: Path, top: int) -> None:
@@ -54,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--raw", type=Path, help="also keep py-spy's raw collapsed stacks here")
     args = ap.parse_args(argv)
     spy_exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    s = isolated_settings("profile")
+    s = isolated_settings(Settings(), "profile", prefix="bench", schema=False)
     with SessionClient("bench", s) as c:
         work = Workload(c, "prof", 1000)
         for i in range(args.commands):

@@ -44,7 +44,6 @@ from bench._harness import (
     broker_pid,
     cpu_seconds,
     delete_topics_and_groups,
-    isolated_settings,
     percentiles,
     wait_for,
 )
@@ -64,6 +63,7 @@ from sessionstream.client import SessionClient
 from sessionstream.kafka import read_topic
 from sessionstream.settings import Settings
 from sinks.writer import PendingEvent, WriteMode, _insert_events, write_batch
+from tests.integration.worlds import isolated_settings
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODES: tuple[WriteMode, ...] = ("copy", "executemany")
@@ -172,7 +172,7 @@ def latency(b: Bench, schema: str, sink: SinkProc) -> dict[str, Any]:
 class Bench:
     def __init__(self, args: argparse.Namespace, prefix: str) -> None:
         self.args, self.prefix = args, prefix
-        self.s = isolated_settings("sink", partitions=4)
+        self.s = isolated_settings(Settings(), "sink", partitions=4, prefix="bench", schema=False)
         self.client = SessionClient("bench", self.s)
         self.proc: Processor | None = None
         self.broker = broker_pid()

@@ -36,11 +36,11 @@ from bench._harness import (
     Processor,
     Workload,
     delete_topics_and_groups,
-    isolated_settings,
 )
 from sessionstream.client import SessionClient
 from sessionstream.kafka import read_records
 from sessionstream.settings import Settings
+from tests.integration.worlds import isolated_settings
 
 
 def encoding(repeat: int = 5, n: int = 3000) -> dict[str, Any]:
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(encoding(), indent=2))
         return 0
 
-    s = isolated_settings("state")
+    s = isolated_settings(Settings(), "state", prefix="bench", schema=False)
     out: dict[str, Any] = {"sessions": args.sessions + args.busy, "exe": str(args.exe or "")}
     proc = Processor(s, "state-0")
     proc.exe = args.exe

@@ -37,11 +37,12 @@ from bench._harness import (
     Workload,
     broker_pid,
     delete_topics_and_groups,
-    isolated_settings,
     percentiles,
     wait_for,
 )
 from sessionstream.client import SessionClient
+from sessionstream.settings import Settings
+from tests.integration.worlds import isolated_settings
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PNG = RESULTS / "latency_vs_load.png"
@@ -49,7 +50,7 @@ now = time.perf_counter
 
 
 def latency_sweep(rates: list[float], seconds: float, warmup: float) -> list[dict[str, Any]]:
-    s = isolated_settings("sweep", partitions=4)
+    s = isolated_settings(Settings(), "sweep", partitions=4, prefix="bench", schema=False)
     client = SessionClient("bench", s)
     proc = Processor(s, f"bench-{uuid.uuid4().hex[:6]}").start()
     tail = EventTail(s)
@@ -93,7 +94,13 @@ def latency_sweep(rates: list[float], seconds: float, warmup: float) -> list[dic
 
 
 def scale_run(partitions: int, instances: int, n: int) -> dict[str, Any]:
-    s = isolated_settings(f"scale{partitions}x{instances}", partitions=partitions)
+    s = isolated_settings(
+        Settings(),
+        f"scale{partitions}x{instances}",
+        partitions=partitions,
+        prefix="bench",
+        schema=False,
+    )
     client = SessionClient("bench", s)
     tag = uuid.uuid4().hex[:6]
     procs = [Processor(s, f"bench-{tag}-{i}").start() for i in range(instances)]

@@ -36,7 +36,8 @@ from sessionstream.kafka import read_topic
 from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
 from sinks.migrate import migrate
-from tests.integration.procs import Proc, isolated_settings, processor
+from tests.integration.procs import Proc, processor
+from tests.integration.worlds import isolated_settings
 
 RESULTS = Path(__file__).resolve().parent / "results" / "worker.json"
 
@@ -103,12 +104,7 @@ def worker(s: Settings, wid: str, lease_ms: int) -> Proc:
 
 
 def ready(p: Proc) -> None:
-    deadline = time.monotonic() + 60
-    while "ready:" not in p.log_text():
-        p.assert_alive()
-        if time.monotonic() > deadline:
-            raise TimeoutError("worker not ready")
-        time.sleep(0.1)
+    p.wait_log("ready:", timeout=60)
 
 
 def bench_cancels(s: Settings, n: int, lease_ms: int) -> tuple[list[float], list[float]]:

@@ -7,9 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +21,6 @@ __all__ = [
     "cpu_seconds",
     "delete_groups",
     "delete_world",
-    "isolated_settings",
     "settings_env",
     "world_topics",
 ]
@@ -34,29 +31,6 @@ _TICKS = os.sysconf("SC_CLK_TCK")
 #: how long `delete_world` asks again for a group a stopped static member still holds: the
 #: processors' session timeout (6 s, `sessionstream.kafka.config`) and some
 STATIC_MEMBER_PATIENCE_S = 10.0
-
-
-def isolated_settings(
-    base: Settings, tag: str, *, prefix: str, partitions: int = 4, schema: bool = True
-) -> Settings:
-    """`base` with topics, a processor group and (with `schema`) a PostgreSQL schema of its
-    own, named `{prefix}.{kind}.{tag}-{random}`: tests and benchmarks never see each other's
-    data. The topics are created here."""
-    from sessionstream.topics import ensure_topics
-
-    suffix = f"{tag}-{uuid.uuid4().hex[:8]}"
-    update: dict[str, object] = {
-        f: f"{prefix}.{f.removesuffix('_topic').replace('_', '-')}.{suffix}" for f in TOPIC_FIELDS
-    }
-    update["processor_group"] = f"{prefix}-processor-{suffix}"
-    update["partitions"] = partitions
-    # the processors' local stores: the world's own, removed with it
-    update["store_dir"] = Path(tempfile.mkdtemp(prefix=f"ss-store-{suffix}-"))
-    if schema:
-        update["database_schema"] = f"{prefix}_{suffix.replace('-', '_').replace('.', '_').lower()}"
-    s = base.model_copy(update=update)
-    ensure_topics(s)
-    return s
 
 
 def world_topics(s: Settings) -> list[str]:

@@ -30,7 +30,7 @@ from bench.peers._http import JsonPoster
 from bench.peers._load import Result
 from schemas.commands import AbortPayload, Command, PromptPayload
 from sessionstream._model_server import free_port
-from sessionstream._procs import Service, delete_world, isolated_settings
+from sessionstream._procs import Service, delete_world
 from sessionstream.client import CommandHandle, Outcome, SessionClient
 from sessionstream.errors import SessionstreamError
 from sessionstream.gateway.keys import create_key
@@ -39,6 +39,7 @@ from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
 from sinks.migrate import migrate
 from streams.log_check import check_log
+from tests.integration.worlds import isolated_settings
 
 PARTITIONS = 4
 TEXT = "Find the three cheapest direct flights from Berlin to Lisbon next weekend."

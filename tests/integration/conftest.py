@@ -24,9 +24,11 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from sessionstream._probe import NotAnswering, NotListening, kafka_answers, postgres_answers
 from sessionstream.settings import Settings
 from tests.integration.helpers import wait_until
-from tests.integration.procs import MADE, REPO, Proc, isolated_settings
+from tests.integration.procs import MADE, REPO, Proc
+from tests.integration.worlds import isolated_world, remove_isolated
 
 TopicFactory = Callable[..., str]
+WorldFactory = Callable[..., Settings]
 
 
 @pytest.fixture(scope="session")
@@ -106,8 +108,6 @@ def pg_conn(database_url: str) -> Iterator[psycopg.Connection[tuple[object, ...]
 def _remove_isolated_worlds() -> Iterator[None]:
     """Isolated topics and schemas live for the test session only."""
     yield
-    from tests.integration.procs import remove_isolated
-
     remove_isolated()
 
 
@@ -180,8 +180,23 @@ def procs() -> Iterator[list[Proc]]:
 
 
 @pytest.fixture
-def iso(request: pytest.FixtureRequest, settings: Settings, kafka_bootstrap: str) -> Settings:
-    """A world of the test's own, named after it: topics, groups, a PostgreSQL schema (all
-    removed at the session's end). A module that needs more (migrations, a cleanup) defines
-    its own `iso`."""
-    return isolated_settings(settings, request.node.name[:20].replace("_", "-"))
+def worlds(settings: Settings, kafka_bootstrap: str, database_url: str) -> Iterator[WorldFactory]:
+    """Isolated worlds for this test: `worlds(tag, *, base=settings, partitions=4,
+    migrated=False)` is the settings of an `isolated_world` that lasts until the test's end
+    (its schema dropped then; its topics and groups at the session's end)."""
+    with contextlib.ExitStack() as stack:
+
+        def make(
+            tag: str, *, base: Settings | None = None, partitions: int = 4, migrated: bool = False
+        ) -> Settings:
+            world = isolated_world(base or settings, tag, partitions=partitions, migrated=migrated)
+            return stack.enter_context(world)
+
+        yield make
+
+
+@pytest.fixture
+def iso(request: pytest.FixtureRequest, worlds: WorldFactory) -> Settings:
+    """A world of the test's own, named after it (`worlds`). A module that needs more (a
+    name of its own, migrations, a cleanup) defines its own `iso` over `worlds`."""
+    return worlds(request.node.name[:20].replace("_", "-"))

@@ -4,6 +4,7 @@ test drive over HTTP."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import time
@@ -18,7 +19,8 @@ from sessionstream.gateway.keys import create_key
 from sessionstream.settings import Settings
 from sinks.migrate import migrate
 from tests.integration.helpers import wait_until
-from tests.integration.procs import Proc, isolated_settings
+from tests.integration.procs import Proc
+from tests.integration.worlds import isolated_world
 
 
 def free_port() -> int:
@@ -33,6 +35,8 @@ class GatewayWorld:
     settings: Settings
     procs: list[Proc] = field(default_factory=list)
     gateway: Proc | None = None
+    #: the isolated world's own cleanup (its schema), closed by `stop`
+    world: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     @property
     def url(self) -> str:
@@ -74,18 +78,19 @@ class GatewayWorld:
         return self
 
     def stop(self) -> None:
-        for p in reversed(self.procs):
-            p.stop()
-        # the analytics app's own topics (faust's changelog and assignor topics)
-        from confluent_kafka.admin import AdminClient
+        with self.world:
+            for p in reversed(self.procs):
+                p.stop()
+            # the analytics app's own topics (faust's changelog and assignor topics)
+            from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient({"bootstrap.servers": self.settings.kafka_bootstrap})
-        prefix = f"{self.settings.analytics_app_id}-"
-        ours = [t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix)]
-        for fut in admin.delete_topics(ours, operation_timeout=30).values() if ours else []:
-            fut.result(timeout=60)
-        # and its consumer group (faust's consumer has stopped: the group is empty)
-        delete_groups(admin, [self.settings.analytics_app_id])
+            admin = AdminClient({"bootstrap.servers": self.settings.kafka_bootstrap})
+            prefix = f"{self.settings.analytics_app_id}-"
+            ours = [t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix)]
+            for fut in admin.delete_topics(ours, operation_timeout=30).values() if ours else []:
+                fut.result(timeout=60)
+            # and its consumer group (faust's consumer has stopped: the group is empty)
+            delete_groups(admin, [self.settings.analytics_app_id])
 
     def sink_has(self, session_id: str, what: str) -> bool:
         with self.conn() as conn:
@@ -104,7 +109,10 @@ class GatewayWorld:
 
 
 def gateway_world(base: Settings, tag: str, **overrides: Any) -> GatewayWorld:
-    s = isolated_settings(base, tag).model_copy(
+    """An `isolated_world` with ports and an analytics app of its own, and `overrides`;
+    nothing started yet. `stop` ends it."""
+    world = contextlib.ExitStack()
+    s = world.enter_context(isolated_world(base, tag)).model_copy(
         update={
             "gateway_port": free_port(),
             "analytics_port": free_port(),
@@ -112,7 +120,7 @@ def gateway_world(base: Settings, tag: str, **overrides: Any) -> GatewayWorld:
             **overrides,
         }
     )
-    return GatewayWorld(s)
+    return GatewayWorld(s, world=world)
 
 
 class SSE:

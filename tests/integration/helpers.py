@@ -17,16 +17,23 @@ T = TypeVar("T")
 
 
 def wait_until(
-    condition: Callable[[], T | None], *, timeout: float = 30.0, interval: float = 0.1, what: str
+    condition: Callable[[], T | None],
+    *,
+    timeout: float = 30.0,
+    interval: float = 0.1,
+    what: str | Callable[[], str],
 ) -> T:
-    """Call ``condition`` until it returns something truthy and return it; fail at the deadline."""
+    """Call ``condition`` until it returns something truthy and return it; fail at the deadline.
+
+    ``what`` names the condition in the failure; a callable is asked then, so the message can
+    say how far the wait got (what was read, what is still missing)."""
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
         if value:
             return value
         if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout}s waiting for {_say(what)}")
         time.sleep(interval)
 
 
@@ -35,7 +42,7 @@ async def await_until(
     *,
     timeout: float = 30.0,
     interval: float = 0.1,
-    what: str,
+    what: str | Callable[[], str],
 ) -> T:
     """Async twin of :func:`wait_until`."""
     deadline = time.monotonic() + timeout
@@ -44,8 +51,12 @@ async def await_until(
         if value:
             return value
         if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout}s waiting for {_say(what)}")
         await asyncio.sleep(interval)
+
+
+def _say(what: str | Callable[[], str]) -> str:
+    return what() if callable(what) else what
 
 
 def check_log(records: Iterable[Record], codec: Codec | None = None, limit: int = 50) -> LogReport:

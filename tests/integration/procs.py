@@ -8,8 +8,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
-from sessionstream._procs import TOPIC_FIELDS, Service, delete_world
-from sessionstream._procs import isolated_settings as _isolated
+from sessionstream._procs import TOPIC_FIELDS, Service
 from sessionstream.kafka import read_topic
 from sessionstream.settings import Settings
 from tests.integration.helpers import wait_until
@@ -20,23 +19,6 @@ REPO = Path(__file__).resolve().parents[2]
 def topic_names(prefix: str) -> dict[str, str]:
     """Every topic setting renamed `{prefix}.{kind}` (e.g. `it.bad.commands`)."""
     return {f: f"{prefix}.{f.removesuffix('_topic').replace('_', '-')}" for f in TOPIC_FIELDS}
-
-
-def isolated_settings(base: Settings, tag: str, partitions: int = 4) -> Settings:
-    """Settings with topics, groups and a schema of their own, removed at the session's end."""
-    s = _isolated(base, tag, prefix="it", partitions=partitions)
-    ISOLATED.append(s)
-    return s
-
-
-#: every isolated world made in this test session, removed at its end (conftest)
-ISOLATED: list[Settings] = []
-
-
-def remove_isolated() -> None:
-    """Delete the isolated topics and PostgreSQL schemas, so reruns do not pile them up."""
-    delete_world(ISOLATED)
-    ISOLATED.clear()
 
 
 #: every Proc made during the current test, so a failed test's report carries the tails of

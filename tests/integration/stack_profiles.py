@@ -23,7 +23,7 @@ from confluent_kafka.admin import AdminClient
 from sessionstream._procs import delete_world
 from sessionstream.kafka.config import client_config
 from sessionstream.settings import Settings, read_credentials_file
-from tests.integration.procs import ISOLATED
+from tests.integration.worlds import ISOLATED
 
 REPO = Path(__file__).resolve().parents[2]
 

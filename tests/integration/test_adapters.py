@@ -37,9 +37,9 @@ from sessionstream.errors import (
 )
 from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
-from sinks.migrate import migrate
+from tests.integration.conftest import WorldFactory
 from tests.integration.helpers import await_until, wait_until
-from tests.integration.procs import Proc, isolated_settings, processor
+from tests.integration.procs import Proc, processor
 
 pytestmark = pytest.mark.integration
 
@@ -249,10 +249,8 @@ async def test_an_abort_cancels_the_query_in_the_server_within_200ms(database_ur
 
 
 @pytest.fixture
-def iso(request: pytest.FixtureRequest, settings: Settings, kafka_bootstrap: str) -> Settings:
-    s = isolated_settings(settings, "ad-" + request.node.name[5:20].replace("_", "-"))
-    migrate(s.database_url, schema=s.database_schema)
-    return s
+def iso(request: pytest.FixtureRequest, worlds: WorldFactory) -> Settings:
+    return worlds("ad-" + request.node.name[5:20].replace("_", "-"), migrated=True)
 
 
 def _events(s: Settings, run_id: str) -> list[Event]:

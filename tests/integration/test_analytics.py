@@ -32,8 +32,9 @@ from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
 from streams.partitioning import partition_for
 from tests.analytics_world import COUNTED_TYPES, Expected, make_world
+from tests.integration.conftest import WorldFactory
 from tests.integration.helpers import wait_until
-from tests.integration.procs import Proc, isolated_settings
+from tests.integration.procs import Proc
 
 pytestmark = pytest.mark.integration
 
@@ -220,8 +221,8 @@ def ghost_runs(n: int, ts: int) -> list[Event]:
 
 
 @pytest.fixture
-def iso(settings: Settings, kafka_bootstrap: str) -> Iterator[Settings]:
-    s = isolated_settings(settings, "analytics")
+def iso(worlds: WorldFactory, kafka_bootstrap: str) -> Iterator[Settings]:
+    s = worlds("analytics")
     app_id = f"it-analytics-{uuid.uuid4().hex[:8]}"
     state = tempfile.mkdtemp(prefix="ss-analytics-")
     yield s.model_copy(

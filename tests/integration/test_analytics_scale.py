@@ -22,7 +22,6 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient
 
@@ -30,10 +29,10 @@ from schemas.commands import PromptPayload
 from sessionstream.client import SessionClient
 from sessionstream.settings import Settings
 from tests.analytics_world import make_world
+from tests.integration.conftest import WorldFactory
 from tests.integration.helpers import wait_until
 from tests.integration.procs import (
     Proc,
-    isolated_settings,
     processor,
     sink,
     wait_processed,
@@ -56,8 +55,8 @@ FIELDS["timed_out"] = "timedOut"
 
 
 @pytest.fixture
-def world(settings: Settings, kafka_bootstrap: str, database_url: str) -> Iterator[Settings]:
-    s = isolated_settings(settings, "analytics-scale")
+def world(worlds: WorldFactory, kafka_bootstrap: str) -> Iterator[Settings]:
+    s = worlds("analytics-scale")
     app_id = f"it-analytics-{uuid.uuid4().hex[:8]}"
     yield s.model_copy(update={"analytics_app_id": app_id})
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
@@ -67,8 +66,6 @@ def world(settings: Settings, kafka_bootstrap: str, database_url: str) -> Iterat
             fut.result(timeout=60)
     with contextlib.suppress(Exception):
         admin.delete_consumer_groups([app_id])[app_id].result(timeout=30)
-    with psycopg.connect(s.database_url, autocommit=True) as conn:
-        conn.execute(f'drop schema if exists "{s.database_schema}" cascade')
 
 
 def instance(s: Settings) -> Analytics:

@@ -31,7 +31,6 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
-import psycopg
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -45,7 +44,6 @@ from streams.partitioning import partition_for
 from streams.processor.loop import transactional_ids
 from tests.integration.faults import SOAK, Load, Pipeline, Verifier, assert_consistent
 from tests.integration.helpers import check_log, fold_log, wait_until
-from tests.integration.procs import isolated_settings
 from tests.integration.stack_profiles import (
     REPO,
     Profile,
@@ -55,6 +53,7 @@ from tests.integration.stack_profiles import (
     stack,
     txn_coordinator,
 )
+from tests.integration.worlds import isolated_world
 
 pytestmark = pytest.mark.integration
 
@@ -93,11 +92,9 @@ def iso(cluster: Profile, settings: Settings, database_url: str) -> Iterator[Set
     base = settings.model_copy(
         update={"kafka_bootstrap": cluster.bootstrap, "replication_factor": 3}
     )
-    s = isolated_settings(base, "cluster-faults")
-    migrate(database_url)  # the workers' action executor writes to the default schema
-    yield s
-    with psycopg.connect(s.database_url, autocommit=True) as conn:
-        conn.execute(f'drop schema if exists "{s.database_schema}" cascade')
+    with isolated_world(base, "cluster-faults") as s:
+        migrate(database_url)  # the workers' action executor writes to the default schema
+        yield s
 
 
 class Progress(threading.Thread):

@@ -25,8 +25,9 @@ from sessionstream.client import SessionClient
 from sessionstream.kafka import client_config, read_topic
 from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
+from tests.integration.conftest import WorldFactory
 from tests.integration.helpers import wait_until
-from tests.integration.procs import REPO, Proc, isolated_settings, processor, wait_processed
+from tests.integration.procs import REPO, Proc, processor, wait_processed
 
 pytestmark = pytest.mark.integration
 
@@ -49,10 +50,10 @@ def connect_url(settings: Settings) -> str:
 
 @pytest.fixture
 def world(
-    request: pytest.FixtureRequest, settings: Settings, connect_url: str, database_url: str
+    request: pytest.FixtureRequest, worlds: WorldFactory, connect_url: str, database_url: str
 ) -> Iterator[tuple[Settings, str, str]]:
     """An isolated world, its connector and its table (both removed afterwards)."""
-    s = isolated_settings(settings, request.node.name[:16].replace("_", "-"))
+    s = worlds(request.node.name[:16].replace("_", "-"))
     suffix = uuid.uuid4().hex[:8]
     name, table = f"it-connect-{suffix}", f"analytics.it_{suffix}"
     with psycopg.connect(database_url, autocommit=True) as conn:

@@ -14,7 +14,6 @@ import random
 import uuid
 from collections.abc import Callable, Iterator
 
-import psycopg
 import pytest
 from confluent_kafka import Producer
 
@@ -27,6 +26,7 @@ from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
 from sinks.migrate import migrate
 from streams.partitioning import partition_for
+from tests.integration.conftest import WorldFactory
 from tests.integration.faults import (
     Load,
     Pipeline,
@@ -36,20 +36,16 @@ from tests.integration.faults import (
     scaled,
 )
 from tests.integration.helpers import check_log, wait_until
-from tests.integration.procs import Proc, isolated_settings, processor
+from tests.integration.procs import Proc, processor
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def iso(
-    request: pytest.FixtureRequest, settings: Settings, kafka_bootstrap: str, database_url: str
-) -> Iterator[Settings]:
-    s = isolated_settings(settings, "f-" + request.node.name[5:18].replace("_", "-"))
+def iso(request: pytest.FixtureRequest, worlds: WorldFactory, database_url: str) -> Settings:
+    s = worlds("f-" + request.node.name[5:18].replace("_", "-"))
     migrate(database_url)  # the workers' action executor writes to the default schema
-    yield s
-    with psycopg.connect(s.database_url, autocommit=True) as conn:
-        conn.execute(f'drop schema if exists "{s.database_schema}" cascade')
+    return s
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ import subprocess
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +25,11 @@ from sessionstream._procs import settings_env
 from sessionstream.client import SessionClient
 from sessionstream.settings import Settings
 from sinks.stats import run_stats
-from tests.integration.conftest import TopicFactory
+from tests.integration.conftest import TopicFactory, WorldFactory
 from tests.integration.helpers import wait_until
 from tests.integration.procs import (
     REPO,
     Proc,
-    isolated_settings,
     processor,
     sink,
     wait_processed,
@@ -85,11 +83,8 @@ def results(out: str) -> dict[str, list[dict[str, Any]]]:
 
 
 @pytest.fixture
-def iso(settings: Settings, kafka_bootstrap: str, database_url: str) -> Iterator[Settings]:
-    s = isolated_settings(settings, "flink-sql", partitions=3)
-    yield s
-    with psycopg.connect(s.database_url, autocommit=True) as conn:
-        conn.execute(f'drop schema if exists "{s.database_schema}" cascade')
+def iso(worlds: WorldFactory) -> Settings:
+    return worlds("flink-sql", partitions=3)
 
 
 def _world(s: Settings) -> None:

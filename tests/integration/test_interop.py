@@ -12,12 +12,12 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from sessionstream._procs import settings_env
 from sessionstream.settings import Settings
-from tests.integration.procs import REPO, isolated_settings, processor
+from tests.integration.procs import REPO, processor
+from tests.integration.worlds import isolated_world
 
 pytestmark = pytest.mark.integration
 
@@ -26,15 +26,13 @@ JAVA_EXAMPLE = REPO / "docs" / "examples" / "java-outcomes"
 
 @pytest.fixture(scope="module")
 def world(settings: Settings, kafka_bootstrap: str) -> Iterator[Settings]:
-    s = isolated_settings(settings, "interop")
-    p = processor(s, "interop")
-    p.wait_log("assigned", 90)
-    try:
-        yield s
-    finally:
-        p.stop()
-        with psycopg.connect(s.database_url, autocommit=True) as conn:
-            conn.execute(f'drop schema if exists "{s.database_schema}" cascade')
+    with isolated_world(settings, "interop") as s:
+        p = processor(s, "interop")
+        p.wait_log("assigned", 90)
+        try:
+            yield s
+        finally:
+            p.stop()
 
 
 def _run(cmd: list[str], s: Settings, cwd: Path, timeout: float = 300) -> str:

@@ -20,6 +20,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 from sessionstream.kafka import take, unmasked
 from sessionstream.kafka.transactions import FENCING
 from tests.integration.conftest import TopicFactory
+from tests.integration.helpers import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -78,16 +79,23 @@ def _read_partitions(bootstrap: str, topic: str, partitions: int, count: int) ->
     )
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     seen: list[Message] = []
-    deadline = time.monotonic() + 30
+
+    def all_read() -> bool:
+        msg = consumer.poll(0.5)
+        if msg is not None:
+            assert msg.error() is None, msg.error()
+            seen.append(msg)
+        return len(seen) >= count
+
     try:
-        while len(seen) < count and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is not None:
-                assert msg.error() is None, msg.error()
-                seen.append(msg)
+        wait_until(
+            all_read,
+            timeout=30,
+            interval=0,
+            what=lambda: f"{count} records back from {topic} (read {len(seen)})",
+        )
     finally:
         consumer.close()
-    assert len(seen) == count, f"read {len(seen)} of {count} records back from {topic}"
     return seen
 
 
@@ -184,10 +192,12 @@ def test_a_group_a_stopped_static_member_holds_is_deleted_once_its_session_ends(
         }
     )
     member.subscribe([topic])
-    deadline = time.monotonic() + 30
-    while not member.assignment() and time.monotonic() < deadline:
+
+    def assigned() -> list[TopicPartition]:
         member.poll(0.2)
-    assert member.assignment(), "the static member was never assigned"
+        return member.assignment()
+
+    wait_until(assigned, timeout=30, interval=0, what="the static member to be assigned")
     member.commit(offsets=[TopicPartition(topic, 0, 0)], asynchronous=False)
     member.close()  # a static member does not leave
 

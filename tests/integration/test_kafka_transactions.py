@@ -7,7 +7,6 @@ same transactional.id fences the first: the zombie gets the specific fencing err
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import pytest
@@ -19,7 +18,7 @@ from confluent_kafka.admin import AdminClient
 
 from sessionstream._procs import delete_groups
 from tests.integration.conftest import TopicFactory
-from tests.integration.helpers import await_until
+from tests.integration.helpers import await_until, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -38,21 +37,29 @@ def _values_until_end(bootstrap: str, topic: str, isolation: str) -> list[bytes]
     )
     consumer.assign([TopicPartition(topic, 0, 0)])
     values: list[bytes] = []
-    deadline = time.monotonic() + 30
+
+    def at_end() -> bool:
+        msg = consumer.poll(0.5)
+        if msg is None:
+            return False
+        assert msg.error() is None, msg.error()
+        value = msg.value()
+        assert isinstance(value, bytes)
+        if value == END:
+            return True
+        values.append(value)
+        return False
+
     try:
-        while time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            assert msg.error() is None, msg.error()
-            value = msg.value()
-            assert isinstance(value, bytes)
-            if value == END:
-                return values
-            values.append(value)
+        wait_until(
+            at_end,
+            timeout=30,
+            interval=0,
+            what=lambda: f"the END marker in {topic} ({isolation}); got {values}",
+        )
     finally:
         consumer.close()
-    raise AssertionError(f"no END marker in {topic} within 30s ({isolation}); got {values}")
+    return values
 
 
 def _transactional(bootstrap: str, transactional_id: str) -> Producer:
@@ -134,15 +141,23 @@ async def _aio_values_until_end(bootstrap: str, topic: str, isolation: str) -> l
     try:
         consumer.assign([AioTopicPartition(topic, 0)])
         values: list[bytes] = []
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+
+        async def at_end() -> bool:
             batches = await consumer.getmany(timeout_ms=500)
             for records in batches.values():
                 for record in records:
                     if record.value == END:
-                        return values
+                        return True
                     values.append(record.value)
-        raise AssertionError(f"no END marker in {topic} within 30s ({isolation}); got {values}")
+            return False
+
+        await await_until(
+            at_end,
+            timeout=30,
+            interval=0,
+            what=lambda: f"the END marker in {topic} ({isolation}); got {values}",
+        )
+        return values
     finally:
         await consumer.stop()
 

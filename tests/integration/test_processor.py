@@ -689,6 +689,24 @@ def test_collected_outcomes_hold_every_event_of_their_command_while_others_commi
 
     bg = threading.Thread(target=noise, daemon=True)
     got: dict[str, list[tuple[str, int, str]]] = {}
+
+    def collect_all(c: SessionClient, handles: list[CommandHandle]) -> None:
+        left = list(handles)
+
+        def collected() -> bool:
+            for h, out in c.collect(left, 0.005):
+                assert not isinstance(out, Exception), out
+                got[h.command.command_id] = [(e.session_id, e.seq, e.type) for e in out.events]
+                left.remove(h)
+            return not left
+
+        wait_until(
+            collected,
+            timeout=60,
+            interval=0,
+            what=lambda: f"every outcome ({len(left)} outcomes missing)",
+        )
+
     try:
         with OneEventPerRound("t", iso) as c:
             c.wait(c.prompt("warm", "w"), timeout=60)
@@ -697,16 +715,7 @@ def test_collected_outcomes_hold_every_event_of_their_command_while_others_commi
                 sids = [f"o{r}-{k}" for k in range(8)]
                 handles = c.submit_many([c.command(s, "prompt", {"text": "p"}) for s in sids])
                 handles += c.submit_many([c.command(s, "abort", {}) for s in sids])
-                left = list(handles)
-                deadline = time.monotonic() + 60
-                while left and time.monotonic() < deadline:
-                    for h, out in c.collect(left, 0.005):
-                        assert not isinstance(out, Exception), out
-                        got[h.command.command_id] = [
-                            (e.session_id, e.seq, e.type) for e in out.events
-                        ]
-                        left.remove(h)
-                assert not left, f"{len(left)} outcomes missing"
+                collect_all(c, handles)
     finally:
         halt.set()
         bg.join(30)

@@ -31,7 +31,8 @@ from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
 from streams.partitioning import partition_for
 from tests.integration.helpers import check_log, wait_until
-from tests.integration.procs import isolated_settings, processor, sink, wait_sink_caught_up
+from tests.integration.procs import processor, sink, wait_sink_caught_up
+from tests.integration.worlds import isolated_world
 
 pytestmark = pytest.mark.integration
 
@@ -43,14 +44,14 @@ COMPACTION_LEASE_MS = 10_000
 @pytest.fixture(scope="module")
 def world(settings: Settings, kafka_bootstrap: str, database_url: str) -> Iterator[Settings]:
     """One processor and one sink on isolated topics for the whole module."""
-    iso = isolated_settings(settings, "edges")
-    procs = [processor(iso), sink(iso)]
-    procs[0].wait_log("assigned", timeout=90)
-    procs[1].wait_log("assigned", timeout=90)
-    yield iso
-    for p in procs:
-        p.assert_alive()
-        p.stop()
+    with isolated_world(settings, "edges") as iso:
+        procs = [processor(iso), sink(iso)]
+        procs[0].wait_log("assigned", timeout=90)
+        procs[1].wait_log("assigned", timeout=90)
+        yield iso
+        for p in procs:
+            p.assert_alive()
+            p.stop()
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -25,20 +24,16 @@ from sessionstream.kafka import read_topic
 from sessionstream.registry import COMPATIBILITY, SchemaRegistry, reader_codec, subjects_of
 from sessionstream.settings import Settings
 from sinks.replay import rebuild
+from tests.integration.conftest import WorldFactory
 from tests.integration.helpers import check_log, wait_until
-from tests.integration.procs import REPO, Proc, isolated_settings, processor, sink
+from tests.integration.procs import REPO, Proc, processor, sink
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def iso(
-    request: pytest.FixtureRequest, settings: Settings, kafka_bootstrap: str
-) -> Iterator[Settings]:
-    s = isolated_settings(settings, request.node.name[5:21].replace("_", "-"))
-    yield s
-    with psycopg.connect(s.database_url, autocommit=True) as conn:
-        conn.execute(f'drop schema if exists "{s.database_schema}" cascade')
+def iso(request: pytest.FixtureRequest, worlds: WorldFactory) -> Settings:
+    return worlds(request.node.name[5:21].replace("_", "-"))
 
 
 def _cli(s: Settings, *args: str) -> subprocess.CompletedProcess[str]:
@@ -84,7 +79,9 @@ def test_topics_create_registers_each_subject_backward_transitive_and_check_agre
     assert check.returncode == 0, check.stderr
 
 
-def test_an_incompatible_schema_is_refused_at_check_and_at_start(iso: Settings) -> None:
+def test_an_incompatible_schema_is_refused_at_check_and_at_start(
+    iso: Settings, worlds: WorldFactory
+) -> None:
     """A newer writer registered an event schema this version cannot read (its `seq` is a
     string): `topics check` names the subject and the registry's reason, and a processor
     of this version refuses to start rather than write next to it."""
@@ -94,7 +91,7 @@ def test_an_incompatible_schema_is_refused_at_check_and_at_start(iso: Settings) 
     reg = SchemaRegistry(iso)
     subject = f"{iso.events_topic}-value"
     # a fresh world whose events subject holds only the incompatible schema
-    other = isolated_settings(iso, f"incompat-{uuid.uuid4().hex[:4]}")
+    other = worlds(f"incompat-{uuid.uuid4().hex[:4]}", base=iso)
     bad = event_schema()
     for f in bad["fields"]:
         if f["name"] == "seq":

@@ -25,14 +25,15 @@ from sinks.rebuild import RebuildFailed
 from sinks.replay import events_of_run, events_of_session, read_range, rebuild, session_partition
 from sinks.sink import connect
 from streams.decider import decide
+from tests.integration.conftest import WorldFactory
 from tests.integration.procs import (
     Proc,
-    isolated_settings,
     processor,
     sink,
     wait_processed,
     wait_sink_caught_up,
 )
+from tests.integration.worlds import isolated_world
 
 pytestmark = pytest.mark.integration
 
@@ -42,38 +43,37 @@ def world(
     settings: Settings, kafka_bootstrap: str, database_url: str
 ) -> Iterator[tuple[Settings, str, str]]:
     """A processor and a sink that recorded a small scenario: (settings, session, run)."""
-    s = isolated_settings(settings, "replay")
-    procs: list[Proc] = [processor(s), sink(s)]
-    sid = f"replay-{uuid.uuid4().hex[:6]}"
-    try:
-        with SessionClient("tenant-r", s) as c:
-            run = c.wait(c.prompt(sid, "plan a trip"), 60).run_id
-            assert run
-            w = {"run_id": run, "worker_id": "w1"}
-            assert (
-                c.wait(c.submit(c.command(sid, "lease.acquire", {}, **w)), 30).status == "accepted"
-            )
-            for t, p in [
-                ("run.progress", {"kind": "tool.started", "name": "search", "callId": "t1"}),
-                ("action.request", {"idempotencyKey": "mail-1", "kind": "email"}),
-                ("action.result", {"idempotencyKey": "mail-1", "ok": True}),
-                ("run.complete", {"result": "booked"}),
-            ]:
+    with isolated_world(settings, "replay") as s:
+        procs: list[Proc] = [processor(s), sink(s)]
+        sid = f"replay-{uuid.uuid4().hex[:6]}"
+        try:
+            with SessionClient("tenant-r", s) as c:
+                run = c.wait(c.prompt(sid, "plan a trip"), 60).run_id
+                assert run
+                w = {"run_id": run, "worker_id": "w1"}
                 assert (
-                    c.wait(c.submit(c.command(sid, t, p, generation=1, **w)), 30).status
+                    c.wait(c.submit(c.command(sid, "lease.acquire", {}, **w)), 30).status
                     == "accepted"
                 )
-            assert c.wait(c.prompt(sid, "second"), 30).status == "accepted"
-            assert c.wait(c.prompt(sid, "third"), 30).status == "rejected"
-            assert c.wait(c.abort(sid), 30).status == "accepted"
-        wait_processed(s, procs=procs)
-        wait_sink_caught_up(s, procs=procs)
-        yield s, sid, run
-    finally:
-        for p in procs:
-            p.stop()
-        with psycopg.connect(s.database_url, autocommit=True) as conn:
-            conn.execute(f'drop schema if exists "{s.database_schema}" cascade')
+                for t, p in [
+                    ("run.progress", {"kind": "tool.started", "name": "search", "callId": "t1"}),
+                    ("action.request", {"idempotencyKey": "mail-1", "kind": "email"}),
+                    ("action.result", {"idempotencyKey": "mail-1", "ok": True}),
+                    ("run.complete", {"result": "booked"}),
+                ]:
+                    assert (
+                        c.wait(c.submit(c.command(sid, t, p, generation=1, **w)), 30).status
+                        == "accepted"
+                    )
+                assert c.wait(c.prompt(sid, "second"), 30).status == "accepted"
+                assert c.wait(c.prompt(sid, "third"), 30).status == "rejected"
+                assert c.wait(c.abort(sid), 30).status == "accepted"
+            wait_processed(s, procs=procs)
+            wait_sink_caught_up(s, procs=procs)
+            yield s, sid, run
+        finally:
+            for p in procs:
+                p.stop()
 
 
 def test_replay_by_run_id_equals_the_topic(world: tuple[Settings, str, str]) -> None:
@@ -137,12 +137,12 @@ def _layout(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> set[st
 
 
 def test_rebuild_skips_a_duplicated_event_as_the_sink_does_and_restores_every_index(
-    settings: Settings,
+    worlds: WorldFactory,
 ) -> None:
     """A log holding one event twice (a producer re-sent it outside a transaction): the sink
     keeps the first, so must the bulk rebuild; and the rebuilt schema has every key and
     index a migrated one has, plus the offsets a sink would go on from."""
-    s = isolated_settings(settings, "rebuild-dup", partitions=2)
+    s = worlds("rebuild-dup", partitions=2)
     ensure_topics(s)
     codec = reader_codec()
     client = SessionClient("tenant-d", s)
@@ -188,13 +188,13 @@ def _schema_exists(s: Settings, schema: str) -> bool:
 
 
 def test_a_second_active_run_in_the_log_stops_the_rebuild_and_leaves_nothing(
-    settings: Settings,
+    worlds: WorldFactory,
 ) -> None:
     """Two writers planted in one partition of a two-partition log (a run started while
     the session's first run is still active): the partition's loader refuses it, the
     rebuild raises naming where, and its schema is gone; the other partition's loader ran
     alongside in its own process."""
-    s = isolated_settings(settings, "rebuild-2w", partitions=2)
+    s = worlds("rebuild-2w", partitions=2)
     ensure_topics(s)
     codec = reader_codec()
     client = SessionClient("tenant-w", s)
@@ -217,12 +217,12 @@ def test_a_second_active_run_in_the_log_stops_the_rebuild_and_leaves_nothing(
 
 
 def test_a_rebuild_without_a_live_projection_says_so_and_builds_nothing(
-    settings: Settings,
+    worlds: WorldFactory,
 ) -> None:
     """The rebuild is compared with the live projection: a schema the sink never filled (a
     wrong SESSIONSTREAM_DATABASE_SCHEMA) is named before any schema is made or any event
     read, and nothing is left behind."""
-    s = isolated_settings(settings, "rebuild-nolive", partitions=1)
+    s = worlds("rebuild-nolive", partitions=1)
     ensure_topics(s)
     schema = f"{s.database_schema}_rb"
     with pytest.raises(RebuildFailed, match=rf"schema '{s.database_schema}' has no agent_run"):
@@ -242,10 +242,10 @@ def test_a_missing_topic_is_an_error_for_a_tool_not_a_wait_forever(settings: Set
         consumer.close()
 
 
-def test_replay_of_a_partition_the_topic_does_not_have_is_an_error(settings: Settings) -> None:
+def test_replay_of_a_partition_the_topic_does_not_have_is_an_error(worlds: WorldFactory) -> None:
     """`replay offsets --partition 5` on a 2-partition topic: an error naming the count (it
     read forever before, waiting for the end of a partition that does not exist)."""
-    s = isolated_settings(settings, "replay-nopart", partitions=2)
+    s = worlds("replay-nopart", partitions=2)
     ensure_topics(s)
     with pytest.raises(ValueError, match=r"has no partition 5 \(it has 2: 0-1\)"):
         list(read_range(s, 5, 0))

@@ -6,18 +6,17 @@ import random
 import subprocess
 import threading
 import uuid
-from collections.abc import Iterator
 
 import psycopg
 import pytest
 
 from sessionstream.client import SessionClient
 from sessionstream.settings import Settings
+from tests.integration.conftest import WorldFactory
 from tests.integration.helpers import wait_until
 from tests.integration.procs import (
     REPO,
     Proc,
-    isolated_settings,
     processor,
     sink,
     wait_processed,
@@ -29,13 +28,8 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def iso(
-    request: pytest.FixtureRequest, settings: Settings, kafka_bootstrap: str, database_url: str
-) -> Iterator[Settings]:
-    s = isolated_settings(settings, request.node.name[:16].replace("_", "-"))
-    yield s
-    with psycopg.connect(s.database_url, autocommit=True) as conn:
-        conn.execute(f'drop schema if exists "{s.database_schema}" cascade')
+def iso(request: pytest.FixtureRequest, worlds: WorldFactory) -> Settings:
+    return worlds(request.node.name[:16].replace("_", "-"))
 
 
 def _load(s: Settings, n: int, sessions: int, stop: threading.Event, pause: float = 0.0) -> None:
