@@ -17,6 +17,20 @@ from bench.peers._load import Pool, System, closed_loop, open_loop, summary
 from bench.peers._meter import PhaseMeter, loadavg
 from bench.peers._report import markdown, ratios
 
+#: the driver's event loop (`PEERS_LOOP`): `uvloop` (the default) or `asyncio`. The driver
+#: shares the 2 cores with the system it drives, every system alike: its CPU is taken
+#: from theirs (at 64 in flight over HTTP it was ~40 % of the machine's on asyncio's loop)
+LOOP = os.environ.get("PEERS_LOOP", "uvloop")
+
+
+def _loop_factory() -> Any:
+    if LOOP == "asyncio":
+        return asyncio.new_event_loop
+    import uvloop
+
+    return uvloop.new_event_loop
+
+
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 ALL = ("sessionstream-sdk", "sessionstream-http", "restate", "temporal")
 SESSIONS = 1000
@@ -37,7 +51,8 @@ NOTES = """Notes on what differs between the systems:
   on it counts too). CPU ms/cmd is the system's processes only; the driver (this process:
   the SDK client, or the HTTP / Temporal client) is in brackets.
 - The SDK system drives one `SessionClient` from one thread with `submit_many` + `collect`
-  (as the gateway does); the loads run on one asyncio loop in this process. The HTTP
+  (as the gateway does); the loads run on one event loop in this process (uvloop;
+  `PEERS_LOOP=asyncio` for asyncio's own, which cost the HTTP loads more CPU). The HTTP
   systems (the gateway, Restate's ingress) are driven by one minimal keep-alive HTTP/1.1
   client (`PEERS_HTTP_CLIENT=raw`; `aiohttp` and `httpx` to compare), which leaves the
   systems more of the 2 cores than aiohttp's client did.
@@ -170,7 +185,12 @@ def main(argv: list[str] | None = None) -> int:
         "started": started,
         "mode": "quick" if args.quick else "full",
         "command": "python -m bench.peers " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "host": {"cpus": os.cpu_count(), "loadavg_start": loadavg(), "note": args.note},
+        "host": {
+            "cpus": os.cpu_count(),
+            "loadavg_start": loadavg(),
+            "note": args.note,
+            "driver_loop": LOOP,
+        },
         "workload": {"sessions": SESSIONS, "warmup_s": warm, "seconds_per_phase": secs},
         "installs": _install.install_times(),
         "versions": {
@@ -184,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         doc["broker_warmup_s"] = warm_broker(5 if args.quick else 20)
     for system, pool in _systems(names, prefix):
         print(f"peers: == {system.name}", file=sys.stderr, flush=True)
-        doc["systems"][system.name] = asyncio.run(run_system(system, pool, warm, secs))
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            doc["systems"][system.name] = runner.run(run_system(system, pool, warm, secs))
     if not args.no_passthrough:
         doc["passthrough"] = passthrough([100, 500], 5 if args.quick else 10)
     doc["ratios_to_restate"] = ratios(doc["systems"])
