@@ -195,6 +195,13 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
         },
     )
     async def post_command(request: Request) -> Response:
+        # reached only when the fast path (below) hands the request on: it answers the
+        # route itself
+        status, out = await command_answer(request)
+        return JSONResponse(out, status_code=status)
+
+    async def command_answer(request: Request) -> tuple[int, dict[str, Any]]:
+        """The route's HTTP status and JSON body; ApiError for every refusal."""
         h = request.headers
         who = await gw.auth.principal(h.get("authorization"), h.get("x-api-key"), _address(request))
         local = request.path_params["sessionId"]
@@ -226,13 +233,12 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
                 original = await gw.db.run(
                     events_of_command, command.session_id, command.command_id
                 )
-        status, out = outcome_body(command, result, original)
-        return JSONResponse(out, status_code=status)
+        return outcome_body(command, result, original)
 
-    # the route above, ahead of FastAPI's layers (its description stays in the OpenAPI);
-    # Guard outside it: every response gets the security headers
-    app.add_middleware(CommandsFastPath, handler=post_command)
+    # the route above, ahead of FastAPI's layers and of Guard (its description stays in
+    # the OpenAPI; it sends Guard's headers itself)
     app.add_middleware(Guard)
+    app.add_middleware(CommandsFastPath, answer=command_answer)
 
     @app.get("/v1/sessions", summary="The key's tenant's sessions, latest first")
     async def get_sessions(

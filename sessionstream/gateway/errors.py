@@ -8,7 +8,7 @@ from starlette.responses import JSONResponse
 
 from sessionstream.errors import SessionstreamError
 
-__all__ = ["ApiError", "error_response"]
+__all__ = ["ApiError", "error_body", "error_response"]
 
 
 class ApiError(SessionstreamError):
@@ -31,8 +31,12 @@ class ApiError(SessionstreamError):
         self.headers = headers or {}
 
 
-def error_response(e: ApiError) -> JSONResponse:
+def error_body(e: ApiError) -> dict[str, Any]:
     body: dict[str, Any] = {"code": e.code, "message": e.message}
     if e.details is not None:
         body["details"] = e.details
-    return JSONResponse({"error": body}, status_code=e.status, headers=e.headers)
+    return {"error": body}
+
+
+def error_response(e: ApiError) -> JSONResponse:
+    return JSONResponse(error_body(e), status_code=e.status, headers=e.headers)

@@ -17,7 +17,7 @@ from urllib.parse import unquote_to_bytes
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["CONSOLE_CSP", "DOCS_CSP", "Guard"]
+__all__ = ["CONSOLE_CSP", "DOCS_CSP", "SECURITY_HEADERS", "Guard"]
 
 CONSOLE_CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -27,7 +27,7 @@ CONSOLE_CSP = (
 #: Swagger UI sets style attributes and draws data: images; its scripts are still ours only
 DOCS_CSP = CONSOLE_CSP.replace("style-src 'self'", "style-src 'self' 'unsafe-inline'")
 
-_HEADERS = (
+SECURITY_HEADERS = (
     (b"content-security-policy", CONSOLE_CSP.encode()),
     (b"x-frame-options", b"DENY"),
     (b"x-content-type-options", b"nosniff"),
@@ -69,7 +69,7 @@ class Guard:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", []))
                 present = {name.lower() for name, _ in headers}
-                headers += [(n, v) for n, v in _HEADERS if n not in present]
+                headers += [(n, v) for n, v in SECURITY_HEADERS if n not in present]
                 message = {**message, "headers": headers}
             await send(message)
 
@@ -87,7 +87,7 @@ async def _refuse(send: Send, problem: str) -> None:
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
-                *_HEADERS,
+                *SECURITY_HEADERS,
             ],
         }
     )

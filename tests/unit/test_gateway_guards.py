@@ -358,7 +358,7 @@ async def test_the_commands_fast_path_answers_as_the_app_does() -> None:
     from sessionstream.gateway.app import create_app
 
     app = create_app(Settings())  # no lifespan: nothing connects
-    fast = app.user_middleware[-1].cls  # the inner of the two: the fast path
+    fast = app.user_middleware[0].cls  # the outermost: the fast path
     assert fast.__name__ == "CommandsFastPath"
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
@@ -367,6 +367,10 @@ async def test_the_commands_fast_path_answers_as_the_app_does() -> None:
         assert r.json()["error"]["code"] == "unauthorized"
         assert r.headers["x-content-type-options"] == "nosniff"
         assert "frame-ancestors 'none'" in r.headers["content-security-policy"]
+        # a percent-encoded path goes down the usual stack (Guard judges it): the same route
+        r = await c.post("/v1/sessions/a%20b/commands", json={"type": "prompt"})
+        assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
+        assert r.headers["x-content-type-options"] == "nosniff"
         # an encoded '/' never reaches a route
         r = await c.post("/v1/sessions/a%2Fb/commands", json={})
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_path"
