@@ -42,6 +42,7 @@ from schemas.commands import (
     RunProgressPayload,
     SendPayload,
     SteerPayload,
+    StepRecordPayload,
     TimerFiredPayload,
 )
 from schemas.events import (
@@ -75,6 +76,8 @@ from schemas.events import (
     RunStarted,
     StaleWriteRecorded,
     Steered,
+    StepDelivered,
+    StepRecorded,
     TerminalStatus,
 )
 from streams.state import (
@@ -84,6 +87,7 @@ from streams.state import (
     QueueEntry,
     RunState,
     SessionState,
+    StepRecord,
     evolved,
 )
 
@@ -146,6 +150,11 @@ class DeciderConfig:
     max_actions: int = 64
     #: terminal runs remembered per session, to answer their late writers precisely
     finished_window: int = 16
+    #: a step's result held inline (UTF-8 of `result` + `resultRef`); beyond: a pointer
+    max_step_result_bytes: int = 8 * 1024
+    #: recorded steps the active run holds, and their held bytes (`StepRecord.held_bytes`)
+    max_steps: int = 128
+    max_run_step_bytes: int = 128 * 1024
 
 
 DEFAULT_CONFIG: Final = DeciderConfig()
@@ -275,6 +284,20 @@ def evolve(
         fate = event.payload
         assert isinstance(fate, InputConsumed | InputDropped | InputRequeued)
         r["inputs"] = tuple(i for i in run.inputs if i.source_command_id != fate.source_command_id)
+    elif t == "step.recorded":
+        st = event.payload_as(StepRecorded)
+        rec = StepRecord(
+            step_id=st.step_id,
+            kind=st.kind,
+            name=st.name,
+            input_digest=st.input_digest,
+            result=st.result,
+            result_ref=st.result_ref,
+            generation=event.generation,
+        )
+        r["steps"] = (*run.steps, rec)
+    elif t == "context.checkpointed":
+        r["checkpoint_ref"] = event.payload_as(ContextCheckpointed).uri
     elif t == "run.compaction_started":
         r["status"] = "compacting"
     elif t in ("run.compaction_finished", "run.compaction_abandoned"):
@@ -312,7 +335,7 @@ def evolve(
         update["active"] = None
         update["finished"] = (*state.finished, done)[-config.finished_window :]
         return evolved(state, **update)
-    # model.*, tool.*, subtask.*, context.checkpointed, action.decision_replayed,
+    # model.*, tool.*, subtask.*, step.delivered, action.decision_replayed,
     # run.input_delivered, run.follow_up_delivered, run.cancel_acknowledged,
     # run.stale_write_recorded: appended to the run, seq advances
     update["active"] = evolved(run, **r)
@@ -953,6 +976,8 @@ def _acquire(em: _Emitter, cmd: Command, run: RunState) -> None:
                 lease_expires_at=em.now + ms,
                 lease_ms=ms,
                 capped=capped,
+                checkpoint_ref=run.checkpoint_ref,
+                steps_delivered=len(run.steps),
             ),
         )
         # what earlier holders never consumed goes to the new one, in arrival order
@@ -961,6 +986,21 @@ def _acquire(em: _Emitter, cmd: Command, run: RunState) -> None:
                 "run.input_delivered",
                 make(
                     InputDelivered, source_command_id=i.source_command_id, kind=i.kind, text=i.text
+                ),
+            )
+        # and what they recorded, so that no model or tool step is called again
+        for st in run.steps:
+            em.on_run(
+                "step.delivered",
+                make(
+                    StepDelivered,
+                    step_id=st.step_id,
+                    kind=st.kind,
+                    name=st.name,
+                    input_digest=st.input_digest,
+                    result=st.result,
+                    result_ref=st.result_ref,
+                    generation=st.generation,
                 ),
             )
     elif run.lease_owner == worker:
@@ -1158,6 +1198,57 @@ def _fail(em: _Emitter, cmd: Command, run: RunState) -> None:
     _finish(em, "failed", error=p.error, retryable=p.retryable)
 
 
+def _step_record(em: _Emitter, cmd: Command, run: RunState) -> None:
+    """Record a finished step once: the first record of a step id stands, and the run's
+    records stay within their bounds (the state holds them for the next holder)."""
+    p = cmd.payload_as(StepRecordPayload)
+    cfg = em.config
+    if run.step(p.step_id) is not None:
+        em.reject("step_already_recorded", f"step {p.step_id!r} is recorded; the first stands")
+        return
+    rec = StepRecord(
+        step_id=p.step_id,
+        kind=p.kind,
+        name=p.name,
+        input_digest=p.input_digest,
+        result=p.result,
+        result_ref=p.result_ref,
+        generation=run.generation,
+    )
+    inline = len((p.result or "").encode()) + len((p.result_ref or "").encode())
+    if inline > cfg.max_step_result_bytes:
+        em.reject(
+            "step_too_large",
+            f"{inline} bytes of result > maxStepResultBytes {cfg.max_step_result_bytes}: "
+            "record a resultRef",
+        )
+        return
+    if len(run.steps) >= cfg.max_steps:
+        em.reject("too_many_steps", f"{len(run.steps)} steps recorded (maxSteps {cfg.max_steps})")
+        return
+    held = sum(st.held_bytes() for st in run.steps) + rec.held_bytes()
+    if held > cfg.max_run_step_bytes:
+        em.reject(
+            "too_many_steps",
+            f"{held} bytes of steps held > maxRunStepBytes {cfg.max_run_step_bytes}",
+        )
+        return
+    em.on_run(
+        "step.recorded",
+        make(
+            StepRecorded,
+            worker_id=cmd.worker_id or "",
+            step_id=p.step_id,
+            kind=p.kind,
+            name=p.name,
+            input_digest=p.input_digest,
+            input=p.input,
+            result=p.result,
+            result_ref=p.result_ref,
+        ),
+    )
+
+
 _HANDLERS = {
     "prompt": _prompt,
     "send": _send,
@@ -1178,4 +1269,5 @@ _WORKER_HANDLERS = {
     "cancel.ack": _cancel_ack,
     "run.complete": _complete,
     "run.fail": _fail,
+    "step.record": _step_record,
 }

@@ -31,6 +31,7 @@ __all__ = [
     "QueueEntry",
     "RunState",
     "SessionState",
+    "StepRecord",
     "command_hash",
     "evolved",
     "state_from_json",
@@ -77,6 +78,28 @@ class ActionRecord(_State, frozen=True, kw_only=True):
     completed: bool = False
 
 
+class StepRecord(_State, frozen=True, kw_only=True):
+    """A recorded step of the active run, handed to each new holder (its input stays in
+    the log only). Bounded by `DeciderConfig.max_steps` and `max_run_step_bytes`."""
+
+    step_id: str
+    kind: Literal["model", "tool"]
+    name: str | None = None
+    input_digest: str | None = None
+    result: str | None = None
+    result_ref: str | None = None
+    #: the generation that recorded it
+    generation: int
+
+    def held_bytes(self) -> int:
+        """UTF-8 bytes this record holds in the state (what `maxRunStepBytes` counts)."""
+        return sum(
+            len(v.encode())
+            for v in (self.step_id, self.name, self.input_digest, self.result, self.result_ref)
+            if v is not None
+        )
+
+
 class RunState(_State, frozen=True, kw_only=True):
     """The active run. Generation starts at 1 and is bumped whenever a holder loses the lease."""
 
@@ -97,6 +120,16 @@ class RunState(_State, frozen=True, kw_only=True):
     source_command_id: str
     actions: dict[str, ActionRecord] = {}
     inputs: tuple[PendingInput, ...] = ()
+    #: the latest `context.checkpointed` pointer of the run, handed to each new holder
+    checkpoint_ref: str | None = None
+    #: recorded steps, in record order
+    steps: tuple[StepRecord, ...] = ()
+
+    def step(self, step_id: str) -> StepRecord | None:
+        for st in self.steps:
+            if st.step_id == step_id:
+                return st
+        return None
 
     def input(self, source_command_id: str) -> PendingInput | None:
         for i in self.inputs:

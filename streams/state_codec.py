@@ -4,8 +4,11 @@ The state table (`session.state` and the processor's local store) holds one reco
 session, written on every batch that changes the session. The record is MessagePack
 (msgspec) of the state's fields **by position**, behind a one-byte format tag:
 
-    0x01 | msgpack [session_id, tenant_id, active, queue, log_seq, runs_started, clock,
+    0x02 | msgpack [session_id, tenant_id, active, queue, log_seq, runs_started, clock,
                     finished]
+
+(0x01, still read, is the same without the active run's last two fields, `checkpoint_ref`
+and `steps`.)
 
 Field names are not written; statuses and kinds are small integers (their index in the
 `Literal` they come from); run ids that are canonical UUIDs (every run id the decider makes)
@@ -32,11 +35,13 @@ from streams.state import (
     QueueEntry,
     RunState,
     SessionState,
+    StepRecord,
     state_from_json,
 )
 
 __all__ = [
     "FORMAT_V1",
+    "FORMAT_V2",
     "STATE_FIELDS",
     "decode_if_active",
     "decode_state",
@@ -45,7 +50,10 @@ __all__ = [
 ]
 
 FORMAT_V1: Final = 0x01
-_TAG: Final = bytes([FORMAT_V1])
+#: v1 + the active run's checkpoint pointer and recorded steps
+FORMAT_V2: Final = 0x02
+_TAG: Final = bytes([FORMAT_V2])
+_READABLE: Final = frozenset({bytes([FORMAT_V1]), _TAG})
 
 #: the fields each tuple holds, in order: what a unit test holds the models to
 STATE_FIELDS: Final[dict[type, tuple[str, ...]]] = {
@@ -76,6 +84,17 @@ STATE_FIELDS: Final[dict[type, tuple[str, ...]]] = {
         "source_command_id",
         "actions",
         "inputs",
+        "checkpoint_ref",
+        "steps",
+    ),
+    StepRecord: (
+        "step_id",
+        "kind",
+        "name",
+        "input_digest",
+        "result",
+        "result_ref",
+        "generation",
     ),
     ActionRecord: ("kind", "decision", "completed"),
     PendingInput: ("source_command_id", "kind", "text", "on_run_end", "actor"),
@@ -106,6 +125,7 @@ _INPUT_KIND, _INPUT_KIND_I = _vocab(*get_args(InputKind))
 _ON_END, _ON_END_I = _vocab(*get_args(_field_type(PendingInput, "on_run_end")))
 _QUEUE_KIND, _QUEUE_KIND_I = _vocab(*get_args(_field_type(QueueEntry, "kind")))
 _DECISION, _DECISION_I = _vocab(*get_args(_field_type(ActionRecord, "decision")))
+_STEP_KIND, _STEP_KIND_I = _vocab(*get_args(_field_type(StepRecord, "kind")))
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder()
@@ -165,6 +185,19 @@ def encode_state(state: SessionState) -> bytes:
                 )
                 for i in a.inputs
             ],
+            a.checkpoint_ref,
+            [
+                (
+                    st.step_id,
+                    _STEP_KIND_I[st.kind],
+                    st.name,
+                    st.input_digest,
+                    st.result,
+                    st.result_ref,
+                    st.generation,
+                )
+                for st in a.steps
+            ],
         )
     return _TAG + _encoder.encode(
         (
@@ -202,7 +235,7 @@ def decode_state(data: bytes) -> SessionState:
             return state_from_json(data)
         except msgspec.DecodeError as e:  # ValidationError is one too
             raise ValueError(f"unreadable JSON state record: {e}") from e
-    if data[:1] != _TAG:
+    if data[:1] not in _READABLE:
         raise ValueError(f"unknown state record format {data[:1]!r}")
     try:
         return _session(_decoder.decode(memoryview(data)[1:]))
@@ -285,5 +318,19 @@ def _run(a: list[Any]) -> RunState:
                 actor=i[4],
             )
             for i in a[15]
+        ),
+        # a v1 record's run ends here: no checkpoint, no steps
+        checkpoint_ref=a[16] if len(a) > 16 else None,
+        steps=tuple(
+            StepRecord(
+                step_id=st[0],
+                kind=_STEP_KIND[st[1]],
+                name=st[2],
+                input_digest=st[3],
+                result=st[4],
+                result_ref=st[5],
+                generation=st[6],
+            )
+            for st in (a[17] if len(a) > 17 else ())
         ),
     )

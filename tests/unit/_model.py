@@ -17,7 +17,15 @@ would and fails on anything the protocol forbids:
 - queued work started out of arrival order (interrupts go first), or anything starting a
   run that was never queued; a follow-up turning into a run without being queued;
 - a retry naming a run that did not end retryable; `timed_out` not retryable;
-- more waiting tasks, pending inputs or held text than the bounds allow.
+- more waiting tasks, pending inputs or held text than the bounds allow;
+- durable steps (docs/protocol.md#durable-steps): a step recorded by anyone but the holder
+  of the current generation, or outside an active run; a step id recorded twice in a run;
+  a record with both a result and a pointer, an inline result over its bound, more
+  records or held bytes than the run may hold; a grant whose `checkpointRef` is not the
+  run's latest `context.checkpointed` or whose `stepsDelivered` is not the number of
+  recorded steps; recorded steps not handed to a new holder right after its grant (after
+  its inputs), in record order, as recorded, with the generation that recorded them; a
+  step delivered outside a grant.
 """
 
 from __future__ import annotations
@@ -47,6 +55,9 @@ class Bounds:
     max_inputs: int | None = None
     max_held_bytes: int | None = None
     max_lease_ms: int | None = None
+    max_step_result_bytes: int | None = None
+    max_steps: int | None = None
+    max_run_step_bytes: int | None = None
 
 
 def _size(text: str) -> int:
@@ -86,6 +97,12 @@ class RunModel:
     dropped_kinds: set[str] = field(default_factory=set)
     last: str = "run.started"
     ack_seen: bool = False
+    #: recorded steps, in record order: step id -> what a new holder must get back
+    steps: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: after a grant: the recorded steps still to be handed over, in order
+    steps_to_deliver: list[str] | None = None
+    #: the run's latest context.checkpointed uri
+    checkpoint: str | None = None
 
 
 class LogModel:
@@ -114,6 +131,10 @@ class LogModel:
         if run is not None:
             assert run.to_deliver in (None, []), f"inputs never handed over: {run.to_deliver}"
             run.to_deliver = None
+            assert run.steps_to_deliver in (None, []), (
+                f"recorded steps never handed over: {run.steps_to_deliver}"
+            )
+            run.steps_to_deliver = None
             if run.status == "cancelling":
                 assert run.holder is not None, "a cancelling run nobody executes would never end"
             if run.status == "compacting":
@@ -190,6 +211,8 @@ class LogModel:
         run.generation = e.generation
         if run.to_deliver and t != "run.input_delivered":
             raise AssertionError(f"{t} before the new holder got its inputs {run.to_deliver}")
+        if run.steps_to_deliver and t not in ("step.delivered", "run.input_delivered"):
+            raise AssertionError(f"{t} before the new holder got its steps {run.steps_to_deliver}")
         if t in ("run.compaction_started", "run.cancel_acknowledged", "action.approved"):
             assert run.holder is not None, f"{t} without a holder"
         if t in ("run.lease_granted", "run.lease_renewed"):
@@ -238,9 +261,52 @@ class LogModel:
         elif t == "run.cancel_acknowledged":
             assert run.status == "cancelling"
             run.ack_seen = True
+        elif t == "step.recorded":
+            self.step_recorded(run, e, p)
+        elif t == "step.delivered":
+            assert run.steps_to_deliver, "a step delivered outside a grant"
+            step_id = run.steps_to_deliver.pop(0)
+            assert p["step_id"] == step_id, "steps handed over out of record order"
+            want = run.steps[step_id]
+            got = {k: p[k] for k in want}
+            assert got == want, f"step {step_id} handed over as {got}, recorded as {want}"
+        elif t == "context.checkpointed":
+            run.checkpoint = p["uri"]
         elif t == "run.finished":
             self.finish(run, e, p)
         run.last = t
+
+    def step_recorded(self, run: RunModel, e: Event, p: dict[str, Any]) -> None:
+        """Only the holder of the current generation records, each step id once, within
+        the run's bounds; the first record stands."""
+        assert run.holder is not None and p["worker_id"] == run.holder, (
+            f"step recorded by {p['worker_id']}, the holder is {run.holder}"
+        )
+        step_id = p["step_id"]
+        assert step_id not in run.steps, f"step {step_id} recorded twice"
+        assert p["result"] is None or p["result_ref"] is None, "a result and a pointer"
+        b = self.bounds
+        inline = _size(p["result"] or "") + _size(p["result_ref"] or "")
+        if b.max_step_result_bytes is not None:
+            assert inline <= b.max_step_result_bytes, f"{inline} bytes of result held inline"
+        held_fields = ("step_id", "name", "input_digest", "result", "result_ref")
+        run.steps[step_id] = {
+            "kind": p["kind"],
+            "name": p["name"],
+            "input_digest": p["input_digest"],
+            "result": p["result"],
+            "result_ref": p["result_ref"],
+            "generation": e.generation,
+        }
+        if b.max_steps is not None:
+            assert len(run.steps) <= b.max_steps, f"{len(run.steps)} steps recorded"
+        if b.max_run_step_bytes is not None:
+            held = sum(
+                _size(step.get(f) or "") if f != "step_id" else _size(sid)
+                for sid, step in run.steps.items()
+                for f in held_fields
+            )
+            assert held <= b.max_run_step_bytes, f"{held} bytes of steps held"
 
     def lease(self, run: RunModel, e: Event, p: dict[str, Any]) -> None:
         granted = e.type == "run.lease_granted"
@@ -249,6 +315,10 @@ class LogModel:
             assert run.status != "cancelling", "lease granted while cancelling"
             # everything not consumed yet goes to the new holder, in arrival order
             run.to_deliver = list(run.pending)
+            # and every recorded step, in record order, with the latest checkpoint
+            run.steps_to_deliver = list(run.steps)
+            assert p["steps_delivered"] == len(run.steps), "the grant miscounts the steps"
+            assert p["checkpoint_ref"] == run.checkpoint, "the grant names another checkpoint"
         else:
             assert run.holder == p["worker_id"], f"renewed by {p['worker_id']}, not the holder"
         if p["lease_ms"] is not None:

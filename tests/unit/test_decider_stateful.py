@@ -46,12 +46,18 @@ CONFIG = DeciderConfig(
     cancel_grace_ms=5_000,
     default_run_timeout_ms=120_000,
     max_payload_bytes=400,
+    max_step_result_bytes=100,
+    max_steps=3,
+    max_run_step_bytes=250,
 )
 BOUNDS = Bounds(
     max_queue=CONFIG.max_queue,
     max_inputs=CONFIG.max_inputs,
     max_held_bytes=CONFIG.max_held_bytes,
     max_lease_ms=CONFIG.max_lease_ms,
+    max_step_result_bytes=CONFIG.max_step_result_bytes,
+    max_steps=CONFIG.max_steps,
+    max_run_step_bytes=CONFIG.max_run_step_bytes,
 )
 #: the largest state record these bounds allow (JSON; generous for the ids and metadata)
 MAX_STATE_BYTES = 2 * CONFIG.max_held_bytes + 12_000
@@ -218,6 +224,11 @@ class SessionMachine(RuleBasedStateMachine):
         return worker
 
     def work(self, worker: str, type_: str, payload: dict[str, Any] | None = None) -> None:
+        self.work_events(worker, type_, payload)
+
+    def work_events(
+        self, worker: str, type_: str, payload: dict[str, Any] | None = None
+    ) -> list[Event]:
         worker = self.who(worker)
         run = self.state.active
         if run is not None and run.lease_owner == worker:
@@ -229,7 +240,7 @@ class SessionMachine(RuleBasedStateMachine):
             run_id, generation = self.memory.get(worker, fallback)
             if self.state.finished_run(run_id) is None and (run is None or run_id != run.run_id):
                 run_id, generation = fallback  # a worker long gone writes no more
-        self.apply(
+        return self.apply(
             self.cmd(type_, payload or {}, run_id=run_id, worker_id=worker, generation=generation)
         )
 
@@ -391,6 +402,35 @@ class SessionMachine(RuleBasedStateMachine):
     @rule(worker=WORKERS, key=KEYS, ok=st.booleans())
     def action_result(self, worker: str, key: str, ok: bool) -> None:
         self.work(worker, "action.result", {"idempotency_key": key, "ok": ok})
+
+    @precondition(lambda self: self.model.last_run is not None)
+    @rule(
+        worker=WORKERS,
+        step=st.sampled_from(["model-1", "model-2", "tool:search-1", "plan", "é"]),
+        kind=st.sampled_from(["model", "tool"]),
+        result=st.sampled_from(['"yes"', "null", '{"rows": [1, 2]}', '"' + "r" * 98 + '"', None]),
+        ref=st.booleans(),
+    )
+    def step_record(self, worker: str, step: str, kind: str, result: str | None, ref: bool) -> None:
+        """A finished step's result (or its pointer), recorded once per step id."""
+        payload: dict[str, Any] = {
+            "step_id": step,
+            "kind": kind,
+            "name": "search" if kind == "tool" else "gpt",
+            "input_digest": "d" * 16,
+            "input": '{"q": "x"}',
+        }
+        if ref:
+            payload["result_ref"] = f"s3://steps/{step}"
+        else:
+            payload["result"] = result
+        run = self.model.active
+        holder = self.who(worker) == (run.holder if run else None)
+        already = run is not None and step in run.steps
+        events = self.work_events(worker, "step.record", payload)
+        if holder and already and events and events[0].type == "command.rejected":
+            # the first record stands: a second one for the step id is refused, nothing else
+            assert _reasons(events) in (["step_already_recorded"], ["command_id_reused"])
 
     @precondition(lambda self: self.model.last_run is not None)
     @rule(worker=WORKERS)
