@@ -68,6 +68,16 @@ KEYS = st.sampled_from(["k1", "k2", "k3"])
 TEXT = st.sampled_from(["a", "b", "look at the last 7 days", "é✓", "x" * 300])
 #: producer clock offsets: in sync, 20 min behind, an hour ahead, and a clock in seconds
 SKEW = st.sampled_from([0, 0, -20 * 60_000, 3_600_000, "seconds"])
+#: steps a worker records in a row: (step id, kind, result JSON or "ref" for a pointer)
+STEPS = st.lists(
+    st.tuples(
+        st.sampled_from(["model-1", "model-2", "tool:search-1", "plan", "é"]),
+        st.sampled_from(["model", "tool"]),
+        st.sampled_from(['"yes"', "null", '{"rows": [1, 2]}', '"' + "r" * 120 + '"', None, "ref"]),
+    ),
+    min_size=1,
+    max_size=4,
+)
 #: which run a producer command names
 TARGET = st.sampled_from(["none", "none", "active", "old"])
 
@@ -406,31 +416,40 @@ class SessionMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.model.last_run is not None)
     @rule(
         worker=WORKERS,
-        step=st.sampled_from(["model-1", "model-2", "tool:search-1", "plan", "é"]),
-        kind=st.sampled_from(["model", "tool"]),
-        result=st.sampled_from(['"yes"', "null", '{"rows": [1, 2]}', '"' + "r" * 98 + '"', None]),
-        ref=st.booleans(),
+        steps=STEPS,
     )
-    def step_record(self, worker: str, step: str, kind: str, result: str | None, ref: bool) -> None:
-        """A finished step's result (or its pointer), recorded once per step id."""
-        payload: dict[str, Any] = {
-            "step_id": step,
-            "kind": kind,
-            "name": "search" if kind == "tool" else "gpt",
-            "input_digest": "d" * 16,
-            "input": '{"q": "x"}',
-        }
-        if ref:
-            payload["result_ref"] = f"s3://steps/{step}"
-        else:
-            payload["result"] = result
-        run = self.model.active
-        holder = self.who(worker) == (run.holder if run else None)
-        already = run is not None and step in run.steps
-        events = self.work_events(worker, "step.record", payload)
-        if holder and already and events and events[0].type == "command.rejected":
-            # the first record stands: a second one for the step id is refused, nothing else
-            assert _reasons(events) in (["step_already_recorded"], ["command_id_reused"])
+    def step_record(self, worker: str, steps: list[tuple[str, str, str | None]]) -> None:
+        self.record_steps(worker, steps)
+
+    @precondition(lambda self: self.state.active and self.state.active.lease_owner)
+    @rule(data=st.data())
+    def holder_records_steps(self, data: st.DataObject) -> None:
+        """The common case, made frequent: the holder records what it ran."""
+        steps = data.draw(STEPS)
+        self.record_steps("holder", steps)
+
+    def record_steps(self, worker: str, steps: list[tuple[str, str, str | None]]) -> None:
+        """Finished steps' results (or pointers), recorded once per step id: a holder may
+        record several in a row, repeat one, or pass the run's bounds."""
+        for step, kind, result in steps:
+            payload: dict[str, Any] = {
+                "step_id": step,
+                "kind": kind,
+                "name": "search" if kind == "tool" else "gpt",
+                "input_digest": "d" * 16,
+                "input": '{"q": "x"}',
+            }
+            if result == "ref":
+                payload["result_ref"] = f"s3://steps/{step}"
+            else:
+                payload["result"] = result
+            run = self.model.active
+            holder = self.who(worker) == (run.holder if run else None)
+            already = run is not None and step in run.steps
+            events = self.work_events(worker, "step.record", payload)
+            if holder and already:
+                # the first record stands: a second one for the step id is refused
+                assert _reasons(events) == ["step_already_recorded"]
 
     @precondition(lambda self: self.model.last_run is not None)
     @rule(worker=WORKERS)
