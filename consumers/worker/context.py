@@ -246,15 +246,17 @@ class RunContext:
         step_id = self.steps.model_step(step)
         signal = AbortSignal()
         started: list[str] = []
+        key = f"{step_id}#{next(self._ids)}"  # a step name may be given to two blocks
 
         def on_call(call_id: str) -> None:
             if not started:  # one started/finished pair per block, as before
                 started.append(call_id)
+                # only a request really made is one a cancel aborts (and reports)
+                self._models[key] = signal
                 self._progress(
                     "model.request.started", m.name, call_id, (detail or "")[:500] or None
                 )
 
-        self._models[step_id] = signal
         call = ModelCall(m, signal, step_id=step_id, book=self.steps, on_call=on_call)
         outcome = "ok"
         try:
@@ -263,7 +265,7 @@ class RunContext:
             outcome = f"aborted: {signal.reason}" if signal.aborted else f"error: {e!r}"[:200]
             raise
         finally:
-            del self._models[step_id]
+            self._models.pop(key, None)
             if started:
                 self._progress("model.request.finished", m.name, started[0], outcome)
         if not signal.aborted:
