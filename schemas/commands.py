@@ -19,6 +19,7 @@ from schemas.sessions import MAX_SESSION_ID_CHARS, session_id_problem
 __all__ = [
     "COMMAND_CLASSES",
     "COMMAND_PAYLOADS",
+    "LATEST_CHECKPOINT_REF",
     "MAX_ID_CHARS",
     "MAX_REF_CHARS",
     "MAX_WIRE_INT",
@@ -57,6 +58,11 @@ MAX_ID_CHARS: Final = 200
 
 #: longest pointer (context refs, checkpoint URIs): a pointer, never the content
 MAX_REF_CHARS: Final = 2048
+
+#: a prompt's `contextRef` that asks for the session's latest `context.checkpointed`,
+#: resolved when the run starts (a pointer to a pointer: no new command field, so the
+#: digests of the prompts decided before stay what they were)
+LATEST_CHECKPOINT_REF: Final = "sessionstream:checkpoint/latest"
 
 #: bound of every integer in a command: the largest integer JSON producers (JavaScript) hold
 #: exactly, and small enough that `ts + leaseMs` and the like stay an Avro `long`

@@ -118,6 +118,8 @@ class RunStarted(Payload):
     context_ref: str | None = None
     actor: str | None = None
     retry_of: str | None = None
+    #: the task asked for the session's latest checkpoint (`contextRef` is what it was)
+    from_checkpoint: bool = False
 
 
 class RunQueued(Payload):

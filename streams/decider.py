@@ -25,6 +25,7 @@ from typing import Any, Final, Literal
 from schemas._base import Payload, construct, make
 from schemas.commands import (
     COMMAND_CLASSES,
+    LATEST_CHECKPOINT_REF,
     PRODUCER_COMMAND_TYPES,
     AbortPayload,
     ActionRequestPayload,
@@ -297,7 +298,7 @@ def evolve(
         )
         r["steps"] = (*run.steps, rec)
     elif t == "context.checkpointed":
-        r["checkpoint_ref"] = event.payload_as(ContextCheckpointed).uri
+        r["checkpoint_ref"] = update["last_checkpoint"] = event.payload_as(ContextCheckpointed).uri
     elif t == "run.compaction_started":
         r["status"] = "compacting"
     elif t in ("run.compaction_finished", "run.compaction_abandoned"):
@@ -531,6 +532,10 @@ def _start_run(
     retry_of: str | None = None,
 ) -> None:
     state = em.state
+    from_checkpoint = context_ref == LATEST_CHECKPOINT_REF
+    if from_checkpoint:
+        # resolved when the run starts (a queued task gets what its predecessors wrote)
+        context_ref = state.last_checkpoint
     run_id = run_id_for(f"{state.session_id}/{source_command_id}/{state.runs_started}")
     timeout = min(timeout_ms or em.config.default_run_timeout_ms, em.config.max_run_timeout_ms)
     em.emit(
@@ -545,6 +550,7 @@ def _start_run(
             context_ref=context_ref,
             actor=actor,
             retry_of=retry_of,
+            from_checkpoint=from_checkpoint,
         ),
     )
 

@@ -159,6 +159,8 @@ class SessionState(_State, frozen=True, kw_only=True):
     #: the decider's clock: the latest time any of the session's events was decided at
     clock: int = 0
     finished: tuple[FinishedRun, ...] = ()
+    #: the latest `context.checkpointed` of any of the session's runs
+    last_checkpoint: str | None = None
 
     @classmethod
     def initial(cls, session_id: str) -> SessionState:

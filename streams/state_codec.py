@@ -7,8 +7,8 @@ session, written on every batch that changes the session. The record is MessageP
     0x02 | msgpack [session_id, tenant_id, active, queue, log_seq, runs_started, clock,
                     finished]
 
-(0x01, still read, is the same without the active run's last two fields, `checkpoint_ref`
-and `steps`.)
+(0x01, still read, is the same without the fields durable steps added: the active run's
+`checkpoint_ref` and `steps`, and the session's `last_checkpoint` at the end.)
 
 Field names are not written; statuses and kinds are small integers (their index in the
 `Literal` they come from); run ids that are canonical UUIDs (every run id the decider makes)
@@ -66,6 +66,7 @@ STATE_FIELDS: Final[dict[type, tuple[str, ...]]] = {
         "runs_started",
         "clock",
         "finished",
+        "last_checkpoint",
     ),
     RunState: (
         "run_id",
@@ -223,6 +224,7 @@ def encode_state(state: SessionState) -> bytes:
                 (_uuid_or_str(f.run_id), _TERMINAL_I[f.status], f.generation, f.retryable)
                 for f in state.finished
             ],
+            state.last_checkpoint,
         )
     )
 
@@ -263,7 +265,8 @@ def decode_if_active(data: bytes) -> SessionState | None:
 
 
 def _session(t: list[Any]) -> SessionState:
-    sid, tenant, active, queue, log_seq, runs_started, clock, finished = t
+    sid, tenant, active, queue, log_seq, runs_started, clock, finished = t[:8]
+    # a v1 record ends with `finished`
     return SessionState(
         session_id=sid,
         tenant_id=tenant,
@@ -287,6 +290,7 @@ def _session(t: list[Any]) -> SessionState:
             FinishedRun(run_id=_id(f[0]), status=_TERMINAL[f[1]], generation=f[2], retryable=f[3])
             for f in finished
         ),
+        last_checkpoint=t[8] if len(t) > 8 else None,
     )
 
 

@@ -25,7 +25,8 @@ would and fails on anything the protocol forbids:
   run's latest `context.checkpointed` or whose `stepsDelivered` is not the number of
   recorded steps; recorded steps not handed to a new holder right after its grant (after
   its inputs), in record order, as recorded, with the generation that recorded them; a
-  step delivered outside a grant.
+  step delivered outside a grant; a run that asked to start from the session's latest
+  checkpoint (`fromCheckpoint`) and did not get it as its `contextRef`.
 """
 
 from __future__ import annotations
@@ -119,6 +120,8 @@ class LogModel:
         self.clock = 0
         #: every input accepted, and how many fates it got
         self.fates: dict[str, int] = {}
+        #: the latest context.checkpointed of any run of the session
+        self.checkpoint: str | None = None
 
     # -- per command ----------------------------------------------------------------------------
     def feed(self, events: list[Event]) -> None:
@@ -200,6 +203,8 @@ class LogModel:
         if p["retry_of"] is not None:
             ended = self.ended.get(p["retry_of"])
             assert ended is not None and ended[1], "a retry of a run that did not end retryable"
+        if p["from_checkpoint"]:
+            assert p["context_ref"] == self.checkpoint, "not started from the latest checkpoint"
         run = RunModel(e.run_id, "running", 1, p["timeout_at"], p["prompt"])
         self.active = self.runs[e.run_id] = run
         self.last_run = e.run_id
@@ -271,7 +276,7 @@ class LogModel:
             got = {k: p[k] for k in want}
             assert got == want, f"step {step_id} handed over as {got}, recorded as {want}"
         elif t == "context.checkpointed":
-            run.checkpoint = p["uri"]
+            run.checkpoint = self.checkpoint = p["uri"]
         elif t == "run.finished":
             self.finish(run, e, p)
         run.last = t

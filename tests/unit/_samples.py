@@ -131,6 +131,7 @@ _PAYLOADS: dict[type[Payload], Payload] = {
         context_ref="ctx://1",
         actor="user:ana",
         retry_of="r-0",
+        from_checkpoint=True,
     ),
     RunQueued: RunQueued(
         source_command_id="c-2",

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from schemas.events import Event, LeaseGranted, StepDelivered
+from schemas.commands import LATEST_CHECKPOINT_REF
+from schemas.events import Event, LeaseGranted, RunStarted, StepDelivered
 from streams.open_runs import open_run
 from tests.unit._harness import Harness, leased, tokens
 from tests.unit._model import LogModel
@@ -206,4 +207,59 @@ def test_the_model_refuses_a_grant_naming_another_checkpoint() -> None:
     groups = _log_of_takeover()
     groups[-1][0] = _replace(groups[-1][0], checkpoint_ref="s3://elsewhere")
     with pytest.raises(AssertionError, match="another checkpoint"):
+        _feed(groups)
+
+
+# -- the session's next run, from the latest checkpoint, if asked ----------------------------------
+
+
+def test_a_prompt_asking_for_the_latest_checkpoint_starts_from_it() -> None:
+    h = Harness()
+    leased(h)
+    h.work("compact.start")
+    h.work("compact.finish", {"checkpoint_uri": "s3://ck/a"})
+    h.work("run.complete", {"result": "done"})
+    events = h.do("prompt", {"text": "go on", "context_ref": LATEST_CHECKPOINT_REF})
+    started = events[0].payload_as(RunStarted)
+    assert (started.context_ref, started.from_checkpoint) == ("s3://ck/a", True)
+    # a prompt that names its own context keeps it
+    h.acquire("w1")
+    h.work("run.complete", {"result": "done"})
+    started = h.do("prompt", {"text": "x", "context_ref": "s3://mine"})[0].payload_as(RunStarted)
+    assert (started.context_ref, started.from_checkpoint) == ("s3://mine", False)
+
+
+def test_without_a_checkpoint_the_run_starts_from_none() -> None:
+    h = Harness()
+    events = h.do("prompt", {"text": "go", "context_ref": LATEST_CHECKPOINT_REF})
+    started = events[0].payload_as(RunStarted)
+    assert (started.context_ref, started.from_checkpoint) == (None, True)
+
+
+def test_a_queued_task_gets_the_checkpoint_written_after_it_was_queued() -> None:
+    h = Harness()
+    leased(h)
+    h.do("prompt", {"text": "next", "policy": "enqueue", "context_ref": LATEST_CHECKPOINT_REF})
+    h.work("compact.start")
+    h.work("compact.finish", {"checkpoint_uri": "s3://ck/later"})
+    events = h.work("run.complete", {"result": "done"})
+    started = next(e for e in events if e.type == "run.started").payload_as(RunStarted)
+    assert (started.context_ref, started.from_checkpoint) == ("s3://ck/later", True)
+
+
+def test_the_model_refuses_a_run_started_from_another_checkpoint() -> None:
+    h = Harness()
+    leased(h)
+    h.work("compact.start")
+    h.work("compact.finish", {"checkpoint_uri": "s3://ck/a"})
+    h.work("run.complete", {"result": "done"})
+    h.do("prompt", {"text": "go on", "context_ref": LATEST_CHECKPOINT_REF})
+    groups: list[list[Event]] = []
+    for e in h.log:
+        if groups and groups[-1][0].command_id == e.command_id:
+            groups[-1].append(e)
+        else:
+            groups.append([e])
+    groups[-1][0] = _replace(groups[-1][0], context_ref="s3://ck/old")
+    with pytest.raises(AssertionError, match="latest checkpoint"):
         _feed(groups)

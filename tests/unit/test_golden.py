@@ -113,6 +113,10 @@ def test_durable_steps_story_hands_each_finished_step_over_once() -> None:
         if e.generation == 2 and e.type in ("model.request.started", "tool.started")
     ]
     assert started == ["tool:search-2"]
+    # the session's next run asked for the latest checkpoint and starts from it
+    nxt = log[-1].payload.model_dump()
+    assert log[-1].type == "run.started"
+    assert (nxt["context_ref"], nxt["from_checkpoint"]) == ("s3://ckpt/sess-steps/1", True)
 
 
 def test_seed_story_ends_cancelled_after_the_ack() -> None:

@@ -95,6 +95,7 @@ def _full() -> SessionState:
             FinishedRun(run_id=RUN.upper(), status="timed_out", generation=1),
             FinishedRun(run_id=RUN.replace("0f8f", "1f8f"), status="completed", generation=1),
         ),
+        last_checkpoint="s3://ck/7",
     )
 
 
@@ -144,10 +145,15 @@ OLD_JSON = (
 
 
 def _full_before_steps() -> SessionState:
-    """`_full()` without what format 2 added: the run's checkpoint pointer and steps."""
+    """`_full()` without what format 2 added: the run's checkpoint pointer and steps, the
+    session's latest checkpoint."""
     full = _full()
     assert full.active is not None
-    return evolved(full, active=evolved(full.active, checkpoint_ref=None, steps=()))
+    return evolved(
+        full,
+        active=evolved(full.active, checkpoint_ref=None, steps=()),
+        last_checkpoint=None,
+    )
 
 
 def test_the_json_of_earlier_versions_is_still_read() -> None:
@@ -156,9 +162,10 @@ def test_the_json_of_earlier_versions_is_still_read() -> None:
 
 
 def test_a_format_1_record_is_still_read() -> None:
-    """Format 1 is format 2 without the run's last two fields (checkpoint, steps)."""
+    """Format 1 is format 2 without the fields durable steps added."""
     v2 = msgspec.msgpack.decode(encode_state(_full())[1:])
     v2[2] = v2[2][:16]
+    v2 = v2[:8]
     v1 = bytes([FORMAT_V1]) + msgspec.msgpack.encode(v2)
     assert not is_current(v1)
     assert decode_state(v1) == _full_before_steps()
