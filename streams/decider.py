@@ -84,6 +84,7 @@ from schemas.events import (
 from streams.state import (
     ActionRecord,
     FinishedRun,
+    OpenCall,
     PendingInput,
     QueueEntry,
     RunState,
@@ -156,6 +157,8 @@ class DeciderConfig:
     #: recorded steps the active run holds, and their held bytes (`StepRecord.held_bytes`)
     max_steps: int = 128
     max_run_step_bytes: int = 128 * 1024
+    #: calls started and not finished the run tracks, to close them when the lease is lost
+    max_open_calls: int = 32
 
 
 DEFAULT_CONFIG: Final = DeciderConfig()
@@ -285,6 +288,10 @@ def evolve(
         fate = event.payload
         assert isinstance(fate, InputConsumed | InputDropped | InputRequeued)
         r["inputs"] = tuple(i for i in run.inputs if i.source_command_id != fate.source_command_id)
+    elif t in _CALL_STARTED or t in _CALL_FINISHED:
+        p_ = event.payload_as(Progress)
+        if p_.call_id is not None:
+            r["open_calls"] = _calls_after(run.open_calls, t, p_, config)
     elif t == "step.recorded":
         st = event.payload_as(StepRecorded)
         rec = StepRecord(
@@ -341,6 +348,35 @@ def evolve(
     # run.stale_write_recorded: appended to the run, seq advances
     update["active"] = evolved(run, **r)
     return evolved(state, **update)
+
+
+#: progress event type -> the kind of call it starts / ends
+_CALL_STARTED: Final = {
+    "model.request.started": "model",
+    "tool.started": "tool",
+    "subtask.started": "subtask",
+}
+_CALL_FINISHED: Final = {
+    "model.request.finished": "model",
+    "tool.finished": "tool",
+    "subtask.finished": "subtask",
+}
+_FINISHED_TYPE: Final = {kind: t for t, kind in _CALL_FINISHED.items()}
+
+
+def _calls_after(
+    calls: tuple[OpenCall, ...], t: str, p: Progress, config: DeciderConfig
+) -> tuple[OpenCall, ...]:
+    if t in _CALL_STARTED:
+        if len(calls) >= config.max_open_calls:
+            return calls  # beyond the bound a call is not tracked (nor closed for its holder)
+        kind: Any = _CALL_STARTED[t]
+        return (*calls, OpenCall(kind=kind, name=p.name, call_id=p.call_id or ""))
+    kind = _CALL_FINISHED[t]
+    for i, c in enumerate(calls):
+        if c.kind == kind and c.call_id == p.call_id:
+            return (*calls[:i], *calls[i + 1 :])
+    return calls
 
 
 def fold(
@@ -886,6 +922,7 @@ def _timer(em: _Emitter, cmd: Command) -> None:
                 make(LeaseExpired, worker_id=run.lease_owner, reason="cancel_deadline"),
                 generation=run.generation + 1,
             )
+            _close_open_calls(em, run)
         _finish(em, "cancelled")
 
 
@@ -897,6 +934,23 @@ def _lose_lease(em: _Emitter, run: RunState, type_: str, payload: Payload) -> No
         em.on_run(
             "run.compaction_abandoned",
             make(CompactionAbandoned, worker_id=run.lease_owner or "", reason="lease_lost"),
+        )
+    _close_open_calls(em, run)
+
+
+def _close_open_calls(em: _Emitter, run: RunState) -> None:
+    """Every call the lost holder left open ends, as abandoned: no `tool.started` waits
+    forever for a finish its dead worker will never send (a fenced one's would be stale)."""
+    for c in run.open_calls:
+        em.on_run(
+            _FINISHED_TYPE[c.kind],
+            make(
+                Progress,
+                worker_id=run.lease_owner or "",
+                name=c.name,
+                call_id=c.call_id,
+                detail="abandoned: lease_lost",
+            ),
         )
 
 

@@ -27,6 +27,7 @@ from schemas.events import InputKind, RunStatus, TerminalStatus
 __all__ = [
     "ActionRecord",
     "FinishedRun",
+    "OpenCall",
     "PendingInput",
     "QueueEntry",
     "RunState",
@@ -100,6 +101,15 @@ class StepRecord(_State, frozen=True, kw_only=True):
         )
 
 
+class OpenCall(_State, frozen=True, kw_only=True):
+    """A model request, tool call or sub-task the holder reported started (with a call id)
+    and not finished: closed as abandoned if its holder loses the lease."""
+
+    kind: Literal["model", "tool", "subtask"]
+    name: str | None = None
+    call_id: str
+
+
 class RunState(_State, frozen=True, kw_only=True):
     """The active run. Generation starts at 1 and is bumped whenever a holder loses the lease."""
 
@@ -124,6 +134,8 @@ class RunState(_State, frozen=True, kw_only=True):
     checkpoint_ref: str | None = None
     #: recorded steps, in record order
     steps: tuple[StepRecord, ...] = ()
+    #: calls started and not finished, in start order (at most `max_open_calls`)
+    open_calls: tuple[OpenCall, ...] = ()
 
     def step(self, step_id: str) -> StepRecord | None:
         for st in self.steps:

@@ -8,7 +8,8 @@ session, written on every batch that changes the session. The record is MessageP
                     finished]
 
 (0x01, still read, is the same without the fields durable steps added: the active run's
-`checkpoint_ref` and `steps`, and the session's `last_checkpoint` at the end.)
+`checkpoint_ref`, `steps` and `open_calls`, and the session's `last_checkpoint` at the
+end.)
 
 Field names are not written; statuses and kinds are small integers (their index in the
 `Literal` they come from); run ids that are canonical UUIDs (every run id the decider makes)
@@ -31,6 +32,7 @@ from schemas.events import InputKind, RunStatus, TerminalStatus
 from streams.state import (
     ActionRecord,
     FinishedRun,
+    OpenCall,
     PendingInput,
     QueueEntry,
     RunState,
@@ -87,7 +89,9 @@ STATE_FIELDS: Final[dict[type, tuple[str, ...]]] = {
         "inputs",
         "checkpoint_ref",
         "steps",
+        "open_calls",
     ),
+    OpenCall: ("kind", "name", "call_id"),
     StepRecord: (
         "step_id",
         "kind",
@@ -127,6 +131,7 @@ _ON_END, _ON_END_I = _vocab(*get_args(_field_type(PendingInput, "on_run_end")))
 _QUEUE_KIND, _QUEUE_KIND_I = _vocab(*get_args(_field_type(QueueEntry, "kind")))
 _DECISION, _DECISION_I = _vocab(*get_args(_field_type(ActionRecord, "decision")))
 _STEP_KIND, _STEP_KIND_I = _vocab(*get_args(_field_type(StepRecord, "kind")))
+_CALL_KIND, _CALL_KIND_I = _vocab(*get_args(_field_type(OpenCall, "kind")))
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder()
@@ -199,6 +204,7 @@ def encode_state(state: SessionState) -> bytes:
                 )
                 for st in a.steps
             ],
+            [(_CALL_KIND_I[c.kind], c.name, c.call_id) for c in a.open_calls],
         )
     return _TAG + _encoder.encode(
         (
@@ -336,5 +342,9 @@ def _run(a: list[Any]) -> RunState:
                 generation=st[6],
             )
             for st in (a[17] if len(a) > 17 else ())
+        ),
+        open_calls=tuple(
+            OpenCall(kind=_CALL_KIND[c[0]], name=c[1], call_id=c[2])
+            for c in (a[18] if len(a) > 18 else ())
         ),
     )

@@ -146,7 +146,11 @@ def test_kill9_between_a_steps_end_and_its_record_runs_that_step_again(
     grant = next(e for e in evs if e.type == "run.lease_granted" and e.generation == 2)
     assert grant.payload_as(LeaseGranted).steps_delivered == 0
     print(f"takeover after kill -9: {grant.ts / 1000 - killed_at:.2f}s")
-    # worker-a's model request has a start and no finish of its generation
-    gen1 = [e.type for e in evs if e.generation == 1]
-    assert "model.request.started" in gen1 and "model.request.finished" not in gen1
+    # worker-a's model request, started and never finished, was closed by the lease's loss
+    closes = [
+        (e.generation, e.payload.model_dump()["worker_id"], e.payload.model_dump()["detail"])
+        for e in evs
+        if e.type == "model.request.finished" and e.payload.model_dump()["call_id"] == "model-1"
+    ]
+    assert closes[0] == (2, "worker-a", "abandoned: lease_lost"), closes
     assert wait_event(iso, run_id, "run.finished").generation == 2

@@ -26,7 +26,10 @@ would and fails on anything the protocol forbids:
   recorded steps; recorded steps not handed to a new holder right after its grant (after
   its inputs), in record order, as recorded, with the generation that recorded them; a
   step delivered outside a grant; a run that asked to start from the session's latest
-  checkpoint (`fromCheckpoint`) and did not get it as its `contextRef`.
+  checkpoint (`fromCheckpoint`) and did not get it as its `contextRef`;
+- a model request, tool call or sub-task (with a call id) left open by a holder that lost
+  the lease and not closed right after the loss (after a compaction's abandonment), in
+  start order, as `abandoned: lease_lost` by that holder.
 """
 
 from __future__ import annotations
@@ -38,6 +41,18 @@ from schemas.events import SESSION_LOG, Event
 
 SESSION_LOG_TYPES = {"command.rejected", "run.queued", "action.denied"}
 FATES = {"run.input_consumed", "run.input_dropped", "run.input_requeued"}
+
+#: progress types that start a call, and the type that ends each kind
+CALL_STARTED = {
+    "model.request.started": "model",
+    "tool.started": "tool",
+    "subtask.started": "subtask",
+}
+CALL_FINISHED = {
+    "model": "model.request.finished",
+    "tool": "tool.finished",
+    "subtask": "subtask.finished",
+}
 
 #: event -> (statuses it may follow, status after it)
 MOVES = {
@@ -59,6 +74,8 @@ class Bounds:
     max_step_result_bytes: int | None = None
     max_steps: int | None = None
     max_run_step_bytes: int | None = None
+    #: calls tracked open per run (beyond it a started call is not closed on a loss)
+    max_open_calls: int | None = None
 
 
 def _size(text: str) -> int:
@@ -104,6 +121,11 @@ class RunModel:
     steps_to_deliver: list[str] | None = None
     #: the run's latest context.checkpointed uri
     checkpoint: str | None = None
+    #: calls started and not finished: (kind, call id), in start order
+    open_calls: list[tuple[str, str]] = field(default_factory=list)
+    #: after a lease loss: the calls still to be closed as abandoned, and by whom
+    to_close: list[tuple[str, str]] = field(default_factory=list)
+    lost_holder: str | None = None
 
 
 class LogModel:
@@ -134,6 +156,7 @@ class LogModel:
         if run is not None:
             assert run.to_deliver in (None, []), f"inputs never handed over: {run.to_deliver}"
             run.to_deliver = None
+            assert not run.to_close, f"calls of a lost holder never closed: {run.to_close}"
             assert run.steps_to_deliver in (None, []), (
                 f"recorded steps never handed over: {run.steps_to_deliver}"
             )
@@ -218,6 +241,20 @@ class LogModel:
             raise AssertionError(f"{t} before the new holder got its inputs {run.to_deliver}")
         if run.steps_to_deliver and t not in ("step.delivered", "run.input_delivered"):
             raise AssertionError(f"{t} before the new holder got its steps {run.steps_to_deliver}")
+        if run.to_close and t != "run.compaction_abandoned":
+            kind, call_id = run.to_close.pop(0)
+            assert (t, p.get("call_id")) == (CALL_FINISHED[kind], call_id), (
+                f"{t} before the lost holder's open {kind} call {call_id} was closed"
+            )
+            assert p["detail"] == "abandoned: lease_lost" and p["worker_id"] == run.lost_holder
+        elif t in CALL_STARTED and p.get("call_id") is not None:
+            cap = self.bounds.max_open_calls
+            if cap is None or len(run.open_calls) < cap:
+                run.open_calls.append((CALL_STARTED[t], p["call_id"]))
+        if t in CALL_FINISHED.values() and p.get("call_id") is not None:
+            key = (next(k for k, v in CALL_FINISHED.items() if v == t), p["call_id"])
+            if key in run.open_calls:
+                run.open_calls.remove(key)
         if t in ("run.compaction_started", "run.cancel_acknowledged", "action.approved"):
             assert run.holder is not None, f"{t} without a holder"
         if t in ("run.lease_granted", "run.lease_renewed"):
@@ -226,6 +263,8 @@ class LogModel:
             assert run.holder is not None, f"{t} with no holder"
             if p.get("reason") == "lease_expiry":
                 assert e.ts >= run.expires_at, "lease taken before it expired"
+            # what the lost holder left open ends now, as abandoned
+            run.to_close, run.lost_holder = list(run.open_calls), run.holder
             run.holder = None
         elif t in MOVES:
             before, after = MOVES[t]

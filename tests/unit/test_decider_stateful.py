@@ -49,6 +49,7 @@ CONFIG = DeciderConfig(
     max_step_result_bytes=100,
     max_steps=3,
     max_run_step_bytes=250,
+    max_open_calls=2,
 )
 BOUNDS = Bounds(
     max_queue=CONFIG.max_queue,
@@ -58,6 +59,7 @@ BOUNDS = Bounds(
     max_step_result_bytes=CONFIG.max_step_result_bytes,
     max_steps=CONFIG.max_steps,
     max_run_step_bytes=CONFIG.max_run_step_bytes,
+    max_open_calls=CONFIG.max_open_calls,
 )
 #: the largest state record these bounds allow (JSON; generous for the ids and metadata)
 MAX_STATE_BYTES = 2 * CONFIG.max_held_bytes + 12_000
@@ -389,9 +391,16 @@ class SessionMachine(RuleBasedStateMachine):
         self.work(worker, "lease.release")
 
     @precondition(lambda self: self.model.last_run is not None)
-    @rule(worker=WORKERS, kind=st.sampled_from(["model.request.started", "tool.started"]))
-    def progress(self, worker: str, kind: str) -> None:
-        self.work(worker, "run.progress", {"kind": kind, "name": "x"})
+    @rule(
+        worker=WORKERS,
+        kind=st.sampled_from(
+            ["model.request.started", "tool.started", "model.request.finished", "tool.finished"]
+        ),
+        call_id=st.sampled_from([None, "c1", "c2", "c3"]),
+    )
+    def progress(self, worker: str, kind: str, call_id: str | None) -> None:
+        """Calls start and end (or never end: their holder dies, and the loss closes them)."""
+        self.work(worker, "run.progress", {"kind": kind, "name": "x", "call_id": call_id})
 
     @precondition(lambda self: self.model.last_run is not None)
     @rule(worker=WORKERS)

@@ -209,6 +209,19 @@ CASES: list[tuple[str, Callable[[Harness], None], Act, list[str], str | None, De
      ["rejected:stale_generation", "run.stale_write_recorded"], "running", DEFAULT_CONFIG),
     ("step.record-after-run-ended", leased, after_complete(step()),
      ["rejected:run_finished"], None, DEFAULT_CONFIG),
+    ("lease-lost-closes-open-calls", leased, steps_then(
+        lambda h: h.work("run.progress", {"kind": "tool.started", "name": "s", "call_id": "t1"}),
+        lambda h: h.work("run.progress", {"kind": "model.request.started", "call_id": "m1"}),
+        lambda h: h.work("run.progress", {"kind": "tool.finished", "name": "s", "call_id": "t1"}),
+        lambda h: h.work("run.progress", {"kind": "subtask.started", "call_id": "s1"}),
+        lambda h: h.fire("lease_expiry")),
+     ["run.lease_expired:lease_expiry", "model.request.finished", "subtask.finished"], "running",
+     DEFAULT_CONFIG),
+    ("compacting-release-closes-open-calls", compacting, steps_then(
+        lambda h: h.work("run.progress", {"kind": "tool.started", "call_id": "t1"}),
+        lambda h: h.work("lease.release")),
+     ["run.lease_released", "run.compaction_abandoned", "tool.finished"], "running",
+     DEFAULT_CONFIG),
     ("takeover-delivers-steps", leased, taken_over_with_steps,
      ["run.lease_granted", "step.delivered", "step.delivered"], "running", DEFAULT_CONFIG),
     # compaction

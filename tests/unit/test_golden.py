@@ -113,6 +113,13 @@ def test_durable_steps_story_hands_each_finished_step_over_once() -> None:
         if e.generation == 2 and e.type in ("model.request.started", "tool.started")
     ]
     assert started == ["tool:search-2"]
+    # generation 1's unfinished tool call was closed by the lease's loss, as abandoned
+    closed = [
+        (e.payload.model_dump()["call_id"], e.payload.model_dump()["detail"])
+        for e in log
+        if e.type == "tool.finished" and e.command_id.startswith("timer:")
+    ]
+    assert closed == [("tool:search-2", "abandoned: lease_lost")]
     # the session's next run asked for the latest checkpoint and starts from it
     nxt = log[-1].payload.model_dump()
     assert log[-1].type == "run.started"

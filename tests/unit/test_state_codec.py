@@ -11,6 +11,7 @@ from streams.decider import decide
 from streams.state import (
     ActionRecord,
     FinishedRun,
+    OpenCall,
     PendingInput,
     QueueEntry,
     RunState,
@@ -73,6 +74,10 @@ def _full() -> SessionState:
                     generation=2,
                 ),
                 StepRecord(step_id="tool:s-1", kind="tool", result_ref="s3://st/1", generation=3),
+            ),
+            open_calls=(
+                OpenCall(kind="tool", name="search", call_id="tool:search-2"),
+                OpenCall(kind="subtask", call_id="s1"),
             ),
         ),
         queue=(
@@ -151,7 +156,7 @@ def _full_before_steps() -> SessionState:
     assert full.active is not None
     return evolved(
         full,
-        active=evolved(full.active, checkpoint_ref=None, steps=()),
+        active=evolved(full.active, checkpoint_ref=None, steps=(), open_calls=()),
         last_checkpoint=None,
     )
 
