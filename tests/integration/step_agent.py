@@ -2,7 +2,7 @@
 to a file (`calls=PATH` in the prompt), one line each, so a test counts the calls made
 across worker processes, a killed one included.
 
-    calls=/tmp/x.log t1=200 t2=4000 hold=model-1
+    calls=PATH t1=200 t2=4000 hold=model-1
 
 It calls the model once (`model-1`), then the tool "search" twice (`tool:search-1`, waiting
 `t1` ms, and `tool:search-2`, waiting `t2` ms), checkpointing between the two. `hold=model-1`
