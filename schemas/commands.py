@@ -19,6 +19,7 @@ from schemas.sessions import MAX_SESSION_ID_CHARS, session_id_problem
 __all__ = [
     "COMMAND_CLASSES",
     "COMMAND_PAYLOADS",
+    "LATEST_CHECKPOINT_REF",
     "MAX_ID_CHARS",
     "MAX_REF_CHARS",
     "MAX_WIRE_INT",
@@ -45,6 +46,8 @@ __all__ = [
     "RunProgressPayload",
     "SendPayload",
     "SteerPayload",
+    "StepKind",
+    "StepRecordPayload",
     "TimerFiredPayload",
     "TimerKind",
     "command_class",
@@ -56,12 +59,19 @@ MAX_ID_CHARS: Final = 200
 #: longest pointer (context refs, checkpoint URIs): a pointer, never the content
 MAX_REF_CHARS: Final = 2048
 
+#: a prompt's `contextRef` that asks for the session's latest `context.checkpointed`,
+#: resolved when the run starts (a pointer to a pointer: no new command field, so the
+#: digests of the prompts decided before stay what they were)
+LATEST_CHECKPOINT_REF: Final = "sessionstream:checkpoint/latest"
+
 #: bound of every integer in a command: the largest integer JSON producers (JavaScript) hold
 #: exactly, and small enough that `ts + leaseMs` and the like stay an Avro `long`
 MAX_WIRE_INT: Final = 2**53 - 1
 
 PromptPolicy = Literal["reject", "enqueue", "interrupt"]
 TimerKind = Literal["lease_expiry", "run_deadline", "cancel_deadline"]
+#: a durable step: a model call or a tool call
+StepKind = Literal["model", "tool"]
 ProgressKind = Literal[
     "model.request.started",
     "model.request.finished",
@@ -191,6 +201,26 @@ class RunFailPayload(Payload):
     retryable: bool = False
 
 
+class StepRecordPayload(Payload):
+    """A finished step's result, recorded by the holder so that no later holder or round
+    calls the model or the tool again. `input` and `result` are JSON text; a result over
+    the inline bound travels as `resultRef`, a pointer to object storage (never both)."""
+
+    step_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    kind: StepKind
+    name: str | None = Field(default=None, max_length=MAX_ID_CHARS)
+    input_digest: str | None = Field(default=None, max_length=MAX_ID_CHARS)
+    input: str | None = None
+    result: str | None = None
+    result_ref: str | None = Field(default=None, max_length=MAX_REF_CHARS)
+
+    @model_validator(mode="after")
+    def _result_or_ref(self) -> StepRecordPayload:
+        if self.result is not None and self.result_ref is not None:
+            raise ValueError("a step carries result or resultRef, not both")
+        return self
+
+
 class TimerFiredPayload(Payload):
     """Sent by the processor's timer; the decision happens when it is processed in order."""
 
@@ -215,6 +245,7 @@ CommandType = Literal[
     "cancel.ack",
     "run.complete",
     "run.fail",
+    "step.record",
     "timer.fired",
 ]
 
@@ -236,6 +267,7 @@ COMMAND_PAYLOADS: Final[dict[str, type[Payload]]] = {
     "cancel.ack": CancelAckPayload,
     "run.complete": RunCompletePayload,
     "run.fail": RunFailPayload,
+    "step.record": StepRecordPayload,
     "timer.fired": TimerFiredPayload,
 }
 
@@ -259,6 +291,7 @@ WORKER_COMMAND_TYPES: Final[frozenset[str]] = frozenset(
         "cancel.ack",
         "run.complete",
         "run.fail",
+        "step.record",
     }
 )
 

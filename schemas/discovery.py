@@ -33,6 +33,8 @@ class OpenRun(WireModel):
     status: str
     prompt: str
     context_ref: str | None = None
+    #: the run's latest `context.checkpointed` pointer: where a new holder starts from
+    checkpoint_ref: str | None = None
     #: the holder that lost the lease, if any (not ranked: it is probably dead)
     previous_holder: str | None = None
     #: the decider's clock when it opened (epoch ms)

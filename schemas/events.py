@@ -56,6 +56,8 @@ __all__ = [
     "RunStatus",
     "StaleWriteRecorded",
     "Steered",
+    "StepDelivered",
+    "StepRecorded",
     "TerminalStatus",
     "event_key",
 ]
@@ -98,6 +100,9 @@ RejectionReason = Literal[
     "not_cancelling",
     "timer_stale",
     "not_allowed_here",
+    "step_already_recorded",
+    "step_too_large",
+    "too_many_steps",
 ]
 REJECTION_REASONS: Final[frozenset[str]] = frozenset(get_args(RejectionReason))
 
@@ -113,6 +118,8 @@ class RunStarted(Payload):
     context_ref: str | None = None
     actor: str | None = None
     retry_of: str | None = None
+    #: the task asked for the session's latest checkpoint (`contextRef` is what it was)
+    from_checkpoint: bool = False
 
 
 class RunQueued(Payload):
@@ -129,12 +136,16 @@ class RunQueued(Payload):
 
 
 class LeaseGranted(Payload):
-    """`leaseMs` is what was granted: the asked length, or `maxLeaseMs` when `capped`."""
+    """`leaseMs` is what was granted: the asked length, or `maxLeaseMs` when `capped`.
+    `checkpointRef` is the run's latest checkpoint for the new holder to start from;
+    `stepsDelivered` says how many `step.delivered` follow the grant."""
 
     worker_id: str
     lease_expires_at: int
     lease_ms: int | None = None
     capped: bool = False
+    checkpoint_ref: str | None = None
+    steps_delivered: int = 0
 
 
 class LeaseRenewed(Payload):
@@ -218,6 +229,33 @@ class Progress(Payload):
     name: str | None = None
     call_id: str | None = None
     detail: str | None = None
+
+
+class StepRecorded(Payload):
+    """A finished model or tool step, recorded by the holder: what it got (`input`, JSON
+    text) and returned (`result`, JSON text, or `resultRef` beyond the inline bound)."""
+
+    worker_id: str
+    step_id: str
+    kind: Literal["model", "tool"]
+    name: str | None = None
+    input_digest: str | None = None
+    input: str | None = None
+    result: str | None = None
+    result_ref: str | None = None
+
+
+class StepDelivered(Payload):
+    """A recorded step handed to a new holder right after its grant; `generation` is the
+    one that recorded it."""
+
+    step_id: str
+    kind: Literal["model", "tool"]
+    name: str | None = None
+    input_digest: str | None = None
+    result: str | None = None
+    result_ref: str | None = None
+    generation: int
 
 
 class CompactionStarted(Payload):
@@ -345,6 +383,8 @@ EventType = Literal[
     "run.finished",
     "command.rejected",
     "run.stale_write_recorded",
+    "step.recorded",
+    "step.delivered",
 ]
 
 #: type -> payload model; the single source of the event vocabulary
@@ -381,6 +421,8 @@ EVENT_PAYLOADS: Final[dict[str, type[Payload]]] = {
     "run.finished": RunFinished,
     "command.rejected": CommandRejected,
     "run.stale_write_recorded": StaleWriteRecorded,
+    "step.recorded": StepRecorded,
+    "step.delivered": StepDelivered,
 }
 
 EVENT_TYPES: Final[frozenset[str]] = frozenset(get_args(EventType))

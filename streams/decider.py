@@ -25,6 +25,7 @@ from typing import Any, Final, Literal
 from schemas._base import Payload, construct, make
 from schemas.commands import (
     COMMAND_CLASSES,
+    LATEST_CHECKPOINT_REF,
     PRODUCER_COMMAND_TYPES,
     AbortPayload,
     ActionRequestPayload,
@@ -42,6 +43,7 @@ from schemas.commands import (
     RunProgressPayload,
     SendPayload,
     SteerPayload,
+    StepRecordPayload,
     TimerFiredPayload,
 )
 from schemas.events import (
@@ -75,15 +77,19 @@ from schemas.events import (
     RunStarted,
     StaleWriteRecorded,
     Steered,
+    StepDelivered,
+    StepRecorded,
     TerminalStatus,
 )
 from streams.state import (
     ActionRecord,
     FinishedRun,
+    OpenCall,
     PendingInput,
     QueueEntry,
     RunState,
     SessionState,
+    StepRecord,
     evolved,
 )
 
@@ -146,6 +152,13 @@ class DeciderConfig:
     max_actions: int = 64
     #: terminal runs remembered per session, to answer their late writers precisely
     finished_window: int = 16
+    #: a step's result held inline (UTF-8 of `result` + `resultRef`); beyond: a pointer
+    max_step_result_bytes: int = 8 * 1024
+    #: recorded steps the active run holds, and their held bytes (`StepRecord.held_bytes`)
+    max_steps: int = 128
+    max_run_step_bytes: int = 128 * 1024
+    #: calls started and not finished the run tracks, to close them when the lease is lost
+    max_open_calls: int = 32
 
 
 DEFAULT_CONFIG: Final = DeciderConfig()
@@ -275,6 +288,24 @@ def evolve(
         fate = event.payload
         assert isinstance(fate, InputConsumed | InputDropped | InputRequeued)
         r["inputs"] = tuple(i for i in run.inputs if i.source_command_id != fate.source_command_id)
+    elif t in _CALL_STARTED or t in _CALL_FINISHED:
+        p_ = event.payload_as(Progress)
+        if p_.call_id is not None:
+            r["open_calls"] = _calls_after(run.open_calls, t, p_, config)
+    elif t == "step.recorded":
+        st = event.payload_as(StepRecorded)
+        rec = StepRecord(
+            step_id=st.step_id,
+            kind=st.kind,
+            name=st.name,
+            input_digest=st.input_digest,
+            result=st.result,
+            result_ref=st.result_ref,
+            generation=event.generation,
+        )
+        r["steps"] = (*run.steps, rec)
+    elif t == "context.checkpointed":
+        r["checkpoint_ref"] = update["last_checkpoint"] = event.payload_as(ContextCheckpointed).uri
     elif t == "run.compaction_started":
         r["status"] = "compacting"
     elif t in ("run.compaction_finished", "run.compaction_abandoned"):
@@ -312,11 +343,40 @@ def evolve(
         update["active"] = None
         update["finished"] = (*state.finished, done)[-config.finished_window :]
         return evolved(state, **update)
-    # model.*, tool.*, subtask.*, context.checkpointed, action.decision_replayed,
+    # model.*, tool.*, subtask.*, step.delivered, action.decision_replayed,
     # run.input_delivered, run.follow_up_delivered, run.cancel_acknowledged,
     # run.stale_write_recorded: appended to the run, seq advances
     update["active"] = evolved(run, **r)
     return evolved(state, **update)
+
+
+#: progress event type -> the kind of call it starts / ends
+_CALL_STARTED: Final = {
+    "model.request.started": "model",
+    "tool.started": "tool",
+    "subtask.started": "subtask",
+}
+_CALL_FINISHED: Final = {
+    "model.request.finished": "model",
+    "tool.finished": "tool",
+    "subtask.finished": "subtask",
+}
+_FINISHED_TYPE: Final = {kind: t for t, kind in _CALL_FINISHED.items()}
+
+
+def _calls_after(
+    calls: tuple[OpenCall, ...], t: str, p: Progress, config: DeciderConfig
+) -> tuple[OpenCall, ...]:
+    if t in _CALL_STARTED:
+        if len(calls) >= config.max_open_calls:
+            return calls  # beyond the bound a call is not tracked (nor closed for its holder)
+        kind: Any = _CALL_STARTED[t]
+        return (*calls, OpenCall(kind=kind, name=p.name, call_id=p.call_id or ""))
+    kind = _CALL_FINISHED[t]
+    for i, c in enumerate(calls):
+        if c.kind == kind and c.call_id == p.call_id:
+            return (*calls[:i], *calls[i + 1 :])
+    return calls
 
 
 def fold(
@@ -508,6 +568,10 @@ def _start_run(
     retry_of: str | None = None,
 ) -> None:
     state = em.state
+    from_checkpoint = context_ref == LATEST_CHECKPOINT_REF
+    if from_checkpoint:
+        # resolved when the run starts (a queued task gets what its predecessors wrote)
+        context_ref = state.last_checkpoint
     run_id = run_id_for(f"{state.session_id}/{source_command_id}/{state.runs_started}")
     timeout = min(timeout_ms or em.config.default_run_timeout_ms, em.config.max_run_timeout_ms)
     em.emit(
@@ -522,6 +586,7 @@ def _start_run(
             context_ref=context_ref,
             actor=actor,
             retry_of=retry_of,
+            from_checkpoint=from_checkpoint,
         ),
     )
 
@@ -857,6 +922,7 @@ def _timer(em: _Emitter, cmd: Command) -> None:
                 make(LeaseExpired, worker_id=run.lease_owner, reason="cancel_deadline"),
                 generation=run.generation + 1,
             )
+            _close_open_calls(em, run)
         _finish(em, "cancelled")
 
 
@@ -868,6 +934,23 @@ def _lose_lease(em: _Emitter, run: RunState, type_: str, payload: Payload) -> No
         em.on_run(
             "run.compaction_abandoned",
             make(CompactionAbandoned, worker_id=run.lease_owner or "", reason="lease_lost"),
+        )
+    _close_open_calls(em, run)
+
+
+def _close_open_calls(em: _Emitter, run: RunState) -> None:
+    """Every call the lost holder left open ends, as abandoned: no `tool.started` waits
+    forever for a finish its dead worker will never send (a fenced one's would be stale)."""
+    for c in run.open_calls:
+        em.on_run(
+            _FINISHED_TYPE[c.kind],
+            make(
+                Progress,
+                worker_id=run.lease_owner or "",
+                name=c.name,
+                call_id=c.call_id,
+                detail="abandoned: lease_lost",
+            ),
         )
 
 
@@ -953,6 +1036,8 @@ def _acquire(em: _Emitter, cmd: Command, run: RunState) -> None:
                 lease_expires_at=em.now + ms,
                 lease_ms=ms,
                 capped=capped,
+                checkpoint_ref=run.checkpoint_ref,
+                steps_delivered=len(run.steps),
             ),
         )
         # what earlier holders never consumed goes to the new one, in arrival order
@@ -961,6 +1046,21 @@ def _acquire(em: _Emitter, cmd: Command, run: RunState) -> None:
                 "run.input_delivered",
                 make(
                     InputDelivered, source_command_id=i.source_command_id, kind=i.kind, text=i.text
+                ),
+            )
+        # and what they recorded, so that no model or tool step is called again
+        for st in run.steps:
+            em.on_run(
+                "step.delivered",
+                make(
+                    StepDelivered,
+                    step_id=st.step_id,
+                    kind=st.kind,
+                    name=st.name,
+                    input_digest=st.input_digest,
+                    result=st.result,
+                    result_ref=st.result_ref,
+                    generation=st.generation,
                 ),
             )
     elif run.lease_owner == worker:
@@ -1158,6 +1258,57 @@ def _fail(em: _Emitter, cmd: Command, run: RunState) -> None:
     _finish(em, "failed", error=p.error, retryable=p.retryable)
 
 
+def _step_record(em: _Emitter, cmd: Command, run: RunState) -> None:
+    """Record a finished step once: the first record of a step id stands, and the run's
+    records stay within their bounds (the state holds them for the next holder)."""
+    p = cmd.payload_as(StepRecordPayload)
+    cfg = em.config
+    if run.step(p.step_id) is not None:
+        em.reject("step_already_recorded", f"step {p.step_id!r} is recorded; the first stands")
+        return
+    rec = StepRecord(
+        step_id=p.step_id,
+        kind=p.kind,
+        name=p.name,
+        input_digest=p.input_digest,
+        result=p.result,
+        result_ref=p.result_ref,
+        generation=run.generation,
+    )
+    inline = len((p.result or "").encode()) + len((p.result_ref or "").encode())
+    if inline > cfg.max_step_result_bytes:
+        em.reject(
+            "step_too_large",
+            f"{inline} bytes of result > maxStepResultBytes {cfg.max_step_result_bytes}: "
+            "record a resultRef",
+        )
+        return
+    if len(run.steps) >= cfg.max_steps:
+        em.reject("too_many_steps", f"{len(run.steps)} steps recorded (maxSteps {cfg.max_steps})")
+        return
+    held = sum(st.held_bytes() for st in run.steps) + rec.held_bytes()
+    if held > cfg.max_run_step_bytes:
+        em.reject(
+            "too_many_steps",
+            f"{held} bytes of steps held > maxRunStepBytes {cfg.max_run_step_bytes}",
+        )
+        return
+    em.on_run(
+        "step.recorded",
+        make(
+            StepRecorded,
+            worker_id=cmd.worker_id or "",
+            step_id=p.step_id,
+            kind=p.kind,
+            name=p.name,
+            input_digest=p.input_digest,
+            input=p.input,
+            result=p.result,
+            result_ref=p.result_ref,
+        ),
+    )
+
+
 _HANDLERS = {
     "prompt": _prompt,
     "send": _send,
@@ -1178,4 +1329,5 @@ _WORKER_HANDLERS = {
     "cancel.ack": _cancel_ack,
     "run.complete": _complete,
     "run.fail": _fail,
+    "step.record": _step_record,
 }

@@ -39,6 +39,7 @@ def open_run(state: SessionState | None) -> OpenRun | None:
         status=run.status,
         prompt=run.prompt,
         context_ref=run.context_ref,
+        checkpoint_ref=run.checkpoint_ref,
         previous_holder=run.last_holder,
         opened_at=state.clock,
     )

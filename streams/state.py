@@ -27,10 +27,12 @@ from schemas.events import InputKind, RunStatus, TerminalStatus
 __all__ = [
     "ActionRecord",
     "FinishedRun",
+    "OpenCall",
     "PendingInput",
     "QueueEntry",
     "RunState",
     "SessionState",
+    "StepRecord",
     "command_hash",
     "evolved",
     "state_from_json",
@@ -77,6 +79,37 @@ class ActionRecord(_State, frozen=True, kw_only=True):
     completed: bool = False
 
 
+class StepRecord(_State, frozen=True, kw_only=True):
+    """A recorded step of the active run, handed to each new holder (its input stays in
+    the log only). Bounded by `DeciderConfig.max_steps` and `max_run_step_bytes`."""
+
+    step_id: str
+    kind: Literal["model", "tool"]
+    name: str | None = None
+    input_digest: str | None = None
+    result: str | None = None
+    result_ref: str | None = None
+    #: the generation that recorded it
+    generation: int
+
+    def held_bytes(self) -> int:
+        """UTF-8 bytes this record holds in the state (what `maxRunStepBytes` counts)."""
+        return sum(
+            len(v.encode())
+            for v in (self.step_id, self.name, self.input_digest, self.result, self.result_ref)
+            if v is not None
+        )
+
+
+class OpenCall(_State, frozen=True, kw_only=True):
+    """A model request, tool call or sub-task the holder reported started (with a call id)
+    and not finished: closed as abandoned if its holder loses the lease."""
+
+    kind: Literal["model", "tool", "subtask"]
+    name: str | None = None
+    call_id: str
+
+
 class RunState(_State, frozen=True, kw_only=True):
     """The active run. Generation starts at 1 and is bumped whenever a holder loses the lease."""
 
@@ -97,6 +130,18 @@ class RunState(_State, frozen=True, kw_only=True):
     source_command_id: str
     actions: dict[str, ActionRecord] = {}
     inputs: tuple[PendingInput, ...] = ()
+    #: the latest `context.checkpointed` pointer of the run, handed to each new holder
+    checkpoint_ref: str | None = None
+    #: recorded steps, in record order
+    steps: tuple[StepRecord, ...] = ()
+    #: calls started and not finished, in start order (at most `max_open_calls`)
+    open_calls: tuple[OpenCall, ...] = ()
+
+    def step(self, step_id: str) -> StepRecord | None:
+        for st in self.steps:
+            if st.step_id == step_id:
+                return st
+        return None
 
     def input(self, source_command_id: str) -> PendingInput | None:
         for i in self.inputs:
@@ -126,6 +171,8 @@ class SessionState(_State, frozen=True, kw_only=True):
     #: the decider's clock: the latest time any of the session's events was decided at
     clock: int = 0
     finished: tuple[FinishedRun, ...] = ()
+    #: the latest `context.checkpointed` of any of the session's runs
+    last_checkpoint: str | None = None
 
     @classmethod
     def initial(cls, session_id: str) -> SessionState:

@@ -4,8 +4,12 @@ The state table (`session.state` and the processor's local store) holds one reco
 session, written on every batch that changes the session. The record is MessagePack
 (msgspec) of the state's fields **by position**, behind a one-byte format tag:
 
-    0x01 | msgpack [session_id, tenant_id, active, queue, log_seq, runs_started, clock,
+    0x02 | msgpack [session_id, tenant_id, active, queue, log_seq, runs_started, clock,
                     finished]
+
+(0x01, still read, is the same without the fields durable steps added: the active run's
+`checkpoint_ref`, `steps` and `open_calls`, and the session's `last_checkpoint` at the
+end.)
 
 Field names are not written; statuses and kinds are small integers (their index in the
 `Literal` they come from); run ids that are canonical UUIDs (every run id the decider makes)
@@ -28,15 +32,18 @@ from schemas.events import InputKind, RunStatus, TerminalStatus
 from streams.state import (
     ActionRecord,
     FinishedRun,
+    OpenCall,
     PendingInput,
     QueueEntry,
     RunState,
     SessionState,
+    StepRecord,
     state_from_json,
 )
 
 __all__ = [
     "FORMAT_V1",
+    "FORMAT_V2",
     "STATE_FIELDS",
     "decode_if_active",
     "decode_state",
@@ -45,7 +52,10 @@ __all__ = [
 ]
 
 FORMAT_V1: Final = 0x01
-_TAG: Final = bytes([FORMAT_V1])
+#: v1 + the active run's checkpoint pointer and recorded steps
+FORMAT_V2: Final = 0x02
+_TAG: Final = bytes([FORMAT_V2])
+_READABLE: Final = frozenset({bytes([FORMAT_V1]), _TAG})
 
 #: the fields each tuple holds, in order: what a unit test holds the models to
 STATE_FIELDS: Final[dict[type, tuple[str, ...]]] = {
@@ -58,6 +68,7 @@ STATE_FIELDS: Final[dict[type, tuple[str, ...]]] = {
         "runs_started",
         "clock",
         "finished",
+        "last_checkpoint",
     ),
     RunState: (
         "run_id",
@@ -76,6 +87,19 @@ STATE_FIELDS: Final[dict[type, tuple[str, ...]]] = {
         "source_command_id",
         "actions",
         "inputs",
+        "checkpoint_ref",
+        "steps",
+        "open_calls",
+    ),
+    OpenCall: ("kind", "name", "call_id"),
+    StepRecord: (
+        "step_id",
+        "kind",
+        "name",
+        "input_digest",
+        "result",
+        "result_ref",
+        "generation",
     ),
     ActionRecord: ("kind", "decision", "completed"),
     PendingInput: ("source_command_id", "kind", "text", "on_run_end", "actor"),
@@ -106,6 +130,8 @@ _INPUT_KIND, _INPUT_KIND_I = _vocab(*get_args(InputKind))
 _ON_END, _ON_END_I = _vocab(*get_args(_field_type(PendingInput, "on_run_end")))
 _QUEUE_KIND, _QUEUE_KIND_I = _vocab(*get_args(_field_type(QueueEntry, "kind")))
 _DECISION, _DECISION_I = _vocab(*get_args(_field_type(ActionRecord, "decision")))
+_STEP_KIND, _STEP_KIND_I = _vocab(*get_args(_field_type(StepRecord, "kind")))
+_CALL_KIND, _CALL_KIND_I = _vocab(*get_args(_field_type(OpenCall, "kind")))
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder()
@@ -165,6 +191,20 @@ def encode_state(state: SessionState) -> bytes:
                 )
                 for i in a.inputs
             ],
+            a.checkpoint_ref,
+            [
+                (
+                    st.step_id,
+                    _STEP_KIND_I[st.kind],
+                    st.name,
+                    st.input_digest,
+                    st.result,
+                    st.result_ref,
+                    st.generation,
+                )
+                for st in a.steps
+            ],
+            [(_CALL_KIND_I[c.kind], c.name, c.call_id) for c in a.open_calls],
         )
     return _TAG + _encoder.encode(
         (
@@ -190,6 +230,7 @@ def encode_state(state: SessionState) -> bytes:
                 (_uuid_or_str(f.run_id), _TERMINAL_I[f.status], f.generation, f.retryable)
                 for f in state.finished
             ],
+            state.last_checkpoint,
         )
     )
 
@@ -202,7 +243,7 @@ def decode_state(data: bytes) -> SessionState:
             return state_from_json(data)
         except msgspec.DecodeError as e:  # ValidationError is one too
             raise ValueError(f"unreadable JSON state record: {e}") from e
-    if data[:1] != _TAG:
+    if data[:1] not in _READABLE:
         raise ValueError(f"unknown state record format {data[:1]!r}")
     try:
         return _session(_decoder.decode(memoryview(data)[1:]))
@@ -230,7 +271,8 @@ def decode_if_active(data: bytes) -> SessionState | None:
 
 
 def _session(t: list[Any]) -> SessionState:
-    sid, tenant, active, queue, log_seq, runs_started, clock, finished = t
+    sid, tenant, active, queue, log_seq, runs_started, clock, finished = t[:8]
+    # a v1 record ends with `finished`
     return SessionState(
         session_id=sid,
         tenant_id=tenant,
@@ -254,6 +296,7 @@ def _session(t: list[Any]) -> SessionState:
             FinishedRun(run_id=_id(f[0]), status=_TERMINAL[f[1]], generation=f[2], retryable=f[3])
             for f in finished
         ),
+        last_checkpoint=t[8] if len(t) > 8 else None,
     )
 
 
@@ -285,5 +328,23 @@ def _run(a: list[Any]) -> RunState:
                 actor=i[4],
             )
             for i in a[15]
+        ),
+        # a v1 record's run ends here: no checkpoint, no steps
+        checkpoint_ref=a[16] if len(a) > 16 else None,
+        steps=tuple(
+            StepRecord(
+                step_id=st[0],
+                kind=_STEP_KIND[st[1]],
+                name=st[2],
+                input_digest=st[3],
+                result=st[4],
+                result_ref=st[5],
+                generation=st[6],
+            )
+            for st in (a[17] if len(a) > 17 else ())
+        ),
+        open_calls=tuple(
+            OpenCall(kind=_CALL_KIND[c[0]], name=c[1], call_id=c[2])
+            for c in (a[18] if len(a) > 18 else ())
         ),
     )

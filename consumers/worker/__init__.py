@@ -8,6 +8,7 @@ See docs/workers.md.
 
 from consumers.worker._handler import Handler, RunResult
 from consumers.worker._signal import AbortSignal, RunAborted, RunCancelled, RunFenced
+from consumers.worker._steps import StepStore
 from consumers.worker.context import ActionDenied, CancelReport, FollowUp, ModelCall, RunContext
 from consumers.worker.executor import ActionExecutor, ActionFn, ActionRun
 from consumers.worker.model import FakeModel, Model
@@ -33,6 +34,7 @@ __all__ = [
     "RunContext",
     "RunFenced",
     "RunResult",
+    "StepStore",
     "Worker",
     "default_worker_id",
     "run_query",

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from consumers.worker._handler import Handler, ResultRefused, RunResult, result_text
 from consumers.worker._signal import RunAborted, RunFenced
+from consumers.worker._steps import StepBook, StepStore
 from consumers.worker.context import FollowUp, RunContext, Steer
 from consumers.worker.executor import ActionExecutor
 from consumers.worker.model import Model
@@ -43,6 +44,7 @@ from schemas.events import (
     RunFinished,
     StaleWriteRecorded,
     Steered,
+    StepDelivered,
 )
 from sessionstream import metrics
 
@@ -69,6 +71,8 @@ class Host(Protocol):
     cancel_grace_s: float
     model: Model
     executor: ActionExecutor | None
+    #: object storage for step results over the inline bound (None: such steps stay local)
+    step_store: StepStore | None
     handler: Handler
 
     @property
@@ -132,6 +136,16 @@ class Execution:
         #: the lease the processor grants (what was asked, or its cap)
         self.granted_ms = worker.lease_ms
         self._sent_at: dict[str, float] = {}  # lease command id -> monotonic send time
+        #: the run's recorded steps; filled by the grant's `step.delivered` and our records
+        self.steps = StepBook(
+            self.send,
+            spec.run_id,
+            store=worker.step_store,
+            max_payload_bytes=worker.max_payload_bytes,
+        )
+        #: the run's latest checkpoint, as our grant named it
+        self.checkpoint_ref: str | None = None
+        self._grant_cmd: str | None = None  # the acquire whose events granted us the run
 
     # -- RunIO ------------------------------------------------------------------------------------
     def send(self, type_: str, payload: dict[str, Any]) -> str:
@@ -215,6 +229,17 @@ class Execution:
             self.generation,
         )
         s = self.spec
+        try:
+            # the grant's transaction hands over the recorded steps right after it: the
+            # handler starts once it has them all, so no recorded step is called again
+            await asyncio.wait_for(self.steps.all_delivered.wait(), self.w.acquire_timeout_s)
+        except TimeoutError:
+            log.warning(
+                "run %s: %s of %s recorded steps arrived; the rest run again",
+                self.run_id,
+                self.steps.delivered,
+                self.steps.expected,
+            )
         if self.w.executor is not None:
             # the fencing token: from now on no older generation's action commits
             try:
@@ -228,10 +253,12 @@ class Execution:
             generation=self.generation,
             worker_id=self.w.worker_id,
             prompt=s.prompt,
-            context_ref=s.context_ref,
+            # a new holder starts from the run's latest checkpoint, if it has one
+            context_ref=self.checkpoint_ref or s.context_ref,
             model=self.w.model,
             io=self,
             executor=self.w.executor,
+            steps=self.steps,
         )
         for steer in self._early_steers:
             ctx._deliver_steer(steer)
@@ -263,6 +290,7 @@ class Execution:
 
     async def _rounds(self, ctx: RunContext) -> None:
         while not self.done.is_set():
+            self.steps.begin_round()
             self._handler = asyncio.create_task(self._call_handler(ctx))
             try:
                 returned = await self._handler
@@ -466,6 +494,9 @@ class Execution:
             owner = g.worker_id
             if owner == me and not self._granted.done():
                 self._lease_answered(e.command_id, g.lease_ms)
+                self.checkpoint_ref = g.checkpoint_ref
+                self._grant_cmd = e.command_id
+                self.steps.expect(g.steps_delivered)
                 self._granted.set_result(e.generation)
             elif owner != me and self.generation is None:
                 self._stop(f"lease granted to {owner}", fenced=False)
@@ -489,6 +520,10 @@ class Execution:
                 self._take_steer(Steer(given.text, given.source_command_id))
             else:
                 self._take_follow_up(FollowUp(given.text, given.source_command_id))
+        elif t == "step.delivered" and e.command_id == self._grant_cmd:
+            # recorded by an earlier holder, handed over with our grant: ours to return
+            # instead of calling again
+            self.steps.deliver(e.payload_as(StepDelivered))
         elif t == "run.follow_up_delivered":
             p = e.payload_as(FollowUpDelivered)
             f = FollowUp(p.text, p.source_command_id)

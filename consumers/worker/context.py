@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from consumers.worker._signal import AbortSignal, RunCancelled, RunFenced
+from consumers.worker._steps import StepBook
 from consumers.worker.executor import ActionExecutor, ActionFn, ActionTarget
 from consumers.worker.model import Model
 from sessionstream.errors import SessionstreamError
@@ -86,13 +87,48 @@ def _observe(task: asyncio.Future[Any]) -> None:
 
 
 class ModelCall:
-    """One model request; `complete` is aborted (RunCancelled) when the run is cancelled."""
+    """One model request; `complete` is aborted (RunCancelled) when the run is cancelled.
+    Each `complete` is a durable step: a recorded one returns its recorded reply without
+    calling the model (and without progress events)."""
 
-    def __init__(self, model: Model, signal: AbortSignal) -> None:
+    def __init__(
+        self,
+        model: Model,
+        signal: AbortSignal,
+        *,
+        step_id: str | None = None,
+        book: StepBook | None = None,
+        on_call: Callable[[str], None] | None = None,
+    ) -> None:
         self.model = model
         self.signal = signal
+        self.step_id = step_id
+        self._book = book
+        self._on_call = on_call
+        self._calls = 0
+        #: (step id, prompt, reply) of each answered call, recorded when the block ends
+        self.answered: list[tuple[str, str, str]] = []
+
+    def _next_step(self) -> str | None:
+        self._calls += 1
+        if self.step_id is None or self._calls == 1:
+            return self.step_id
+        return f"{self.step_id}.{self._calls}"  # a second call in one block: a step of its own
 
     async def complete(self, prompt: str) -> str:
+        step_id = self._next_step()
+        if self._book is not None and step_id is not None:
+            step_id, rec = self._book.lookup(step_id, self._book.digest(prompt)[1])
+            if rec is not None:
+                return str(await self._book.value(rec))
+        if self._on_call is not None:
+            self._on_call(step_id or "")
+        reply = await self._call(prompt)
+        if step_id is not None:
+            self.answered.append((step_id, prompt, reply))
+        return reply
+
+    async def _call(self, prompt: str) -> str:
         task = asyncio.ensure_future(self.model.complete(prompt, signal=self.signal))
         # a request given up on (our caller cancelled) ends on its own: its error is
         # observed here, not reported by asyncio as "never retrieved"
@@ -128,6 +164,7 @@ class RunContext:
         model: Model,
         io: RunIO,
         executor: ActionExecutor | None,
+        steps: StepBook | None = None,
     ) -> None:
         self.session_id = session_id
         self.run_id = run_id
@@ -140,6 +177,8 @@ class RunContext:
         self.round = 0
         self._io = io
         self._executor = executor
+        #: the run's recorded steps (durable model and tool calls), across rounds
+        self.steps = steps if steps is not None else StepBook(io.send, run_id)
         self._ids = itertools.count(1)
         self._steers: list[Steer] = []
         self._follow_ups: list[FollowUp] = []
@@ -197,24 +236,67 @@ class RunContext:
 
     @contextlib.asynccontextmanager
     async def model(
-        self, model: Model | None = None, *, detail: str | None = None
+        self, model: Model | None = None, *, detail: str | None = None, step: str | None = None
     ) -> AsyncIterator[ModelCall]:
-        """A model request: model.request.started/finished around it; aborted on cancel."""
+        """A model request: model.request.started/finished around it; aborted on cancel.
+        A durable step (`step`, or `model-N` by call order in the round): a recorded one
+        returns its reply from `complete` and nothing is called or reported."""
         self._check()
         m = model or self.default_model
-        call_id = f"m{next(self._ids)}"
+        step_id = self.steps.model_step(step)
         signal = AbortSignal()
-        self._models[call_id] = signal
-        self._progress("model.request.started", m.name, call_id, (detail or "")[:500] or None)
+        started: list[str] = []
+        key = f"{step_id}#{next(self._ids)}"  # a step name may be given to two blocks
+
+        def on_call(call_id: str) -> None:
+            if not started:  # one started/finished pair per block, as before
+                started.append(call_id)
+                # only a request really made is one a cancel aborts (and reports)
+                self._models[key] = signal
+                self._progress(
+                    "model.request.started", m.name, call_id, (detail or "")[:500] or None
+                )
+
+        call = ModelCall(m, signal, step_id=step_id, book=self.steps, on_call=on_call)
         outcome = "ok"
         try:
-            yield ModelCall(m, signal)
+            yield call
         except BaseException as e:
             outcome = f"aborted: {signal.reason}" if signal.aborted else f"error: {e!r}"[:200]
             raise
         finally:
-            del self._models[call_id]
-            self._progress("model.request.finished", m.name, call_id, outcome)
+            self._models.pop(key, None)
+            if started:
+                self._progress("model.request.finished", m.name, started[0], outcome)
+        if not signal.aborted:
+            for sid, prompt, reply in call.answered:
+                await self.steps.record(sid, "model", m.name, prompt, reply)
+
+    async def call_tool(
+        self,
+        name: str,
+        fn: Callable[[AbortSignal, str], Awaitable[T]],
+        input: Any = None,
+        *,
+        step: str | None = None,
+    ) -> T:
+        """A tool call as a durable step (`step`, or `tool:NAME-N` by call order): a
+        recorded one returns its recorded result without calling `fn`; otherwise
+        `fn(signal, idempotency_id)` runs inside `tool(name)` and its JSON result is
+        recorded. `idempotency_id` (`{runId}/{stepId}`) is the same on every attempt."""
+        step_id, rec = self.steps.lookup(
+            self.steps.tool_step(name, step), self.steps.digest(input)[1]
+        )
+        if rec is not None:
+            self._check()
+            value: T = await self.steps.value(rec)
+            return value
+        async with self.tool(name, step_id) as signal:
+            value = await fn(signal, self.steps.idempotency_id(step_id))
+            aborted = signal.aborted
+        if not aborted:
+            await self.steps.record(step_id, "tool", name, input, value)
+        return value
 
     @contextlib.asynccontextmanager
     async def tool(self, name: str, call_id: str | None = None) -> AsyncIterator[AbortSignal]:

@@ -31,6 +31,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from consumers.worker._execution import Execution, RunSpec
 from consumers.worker._feed import ControlFeed, OpenRunsFeed, PresenceFeed
 from consumers.worker._handler import Handler, check_handler
+from consumers.worker._steps import StepStore
 from consumers.worker.executor import ActionExecutor
 from consumers.worker.model import FakeModel, Model
 from schemas.codec import Codec
@@ -92,12 +93,15 @@ class Worker:
         capacity: int = 100,
         presence_interval_s: float = 1.0,
         acquire_step_s: float = 0.3,
+        step_store: StepStore | None = None,
     ) -> None:
         self.settings = settings
         # refused here, before any run is taken, rather than on each run it would fail
         self.handler = check_handler(handler)
         self.worker_id = worker_id or default_worker_id()
         self.model: Model = model or FakeModel()
+        #: where step results over the inline bound go (None: such steps are not durable)
+        self.step_store = step_store
         self.lease_ms = lease_ms or settings.worker_lease_ms
         self.max_payload_bytes = settings.max_payload_bytes
         self.cancel_grace_s = cancel_grace_s

@@ -122,13 +122,19 @@ def test_paused_worker_comes_back_fenced_and_its_writes_are_recorded_as_stale(
     final = evs[-1]
     assert final.generation == 2 and final.payload_as(RunFinished).result
     # nothing from A was applied after the expiry: its writes exist only as stale records
+    # (the expiry itself, and the ends it gives the calls A left open, name A but are the
+    # processor's, caused by its timer)
     expired = [e.type for e in evs].index("run.lease_expired")
     applied_from_a = [
         e
         for e in evs[expired:]
         if e.payload.model_dump().get("worker_id") == "worker-a"
         and e.type not in ("run.stale_write_recorded", "run.lease_expired")
+        and not e.command_id.startswith("timer:")
     ]
+    assert any(
+        e.payload.model_dump().get("detail") == "abandoned: lease_lost" for e in evs[expired:]
+    ), "the tool A left running was not closed by the expiry"
     assert not applied_from_a, applied_from_a
     assert len(outbox(db, run_id)) == 1
     assert actions(db, run_id) == [(f"{run_id}:email:end", 2, "done")]

@@ -17,7 +17,19 @@ would and fails on anything the protocol forbids:
 - queued work started out of arrival order (interrupts go first), or anything starting a
   run that was never queued; a follow-up turning into a run without being queued;
 - a retry naming a run that did not end retryable; `timed_out` not retryable;
-- more waiting tasks, pending inputs or held text than the bounds allow.
+- more waiting tasks, pending inputs or held text than the bounds allow;
+- durable steps (docs/protocol.md#durable-steps): a step recorded by anyone but the holder
+  of the current generation, or outside an active run; a step id recorded twice in a run;
+  a record with both a result and a pointer, an inline result over its bound, more
+  records or held bytes than the run may hold; a grant whose `checkpointRef` is not the
+  run's latest `context.checkpointed` or whose `stepsDelivered` is not the number of
+  recorded steps; recorded steps not handed to a new holder right after its grant (after
+  its inputs), in record order, as recorded, with the generation that recorded them; a
+  step delivered outside a grant; a run that asked to start from the session's latest
+  checkpoint (`fromCheckpoint`) and did not get it as its `contextRef`;
+- a model request, tool call or sub-task (with a call id) left open by a holder that lost
+  the lease and not closed right after the loss (after a compaction's abandonment), in
+  start order, as `abandoned: lease_lost` by that holder.
 """
 
 from __future__ import annotations
@@ -29,6 +41,18 @@ from schemas.events import SESSION_LOG, Event
 
 SESSION_LOG_TYPES = {"command.rejected", "run.queued", "action.denied"}
 FATES = {"run.input_consumed", "run.input_dropped", "run.input_requeued"}
+
+#: progress types that start a call, and the type that ends each kind
+CALL_STARTED = {
+    "model.request.started": "model",
+    "tool.started": "tool",
+    "subtask.started": "subtask",
+}
+CALL_FINISHED = {
+    "model": "model.request.finished",
+    "tool": "tool.finished",
+    "subtask": "subtask.finished",
+}
 
 #: event -> (statuses it may follow, status after it)
 MOVES = {
@@ -47,6 +71,11 @@ class Bounds:
     max_inputs: int | None = None
     max_held_bytes: int | None = None
     max_lease_ms: int | None = None
+    max_step_result_bytes: int | None = None
+    max_steps: int | None = None
+    max_run_step_bytes: int | None = None
+    #: calls tracked open per run (beyond it a started call is not closed on a loss)
+    max_open_calls: int | None = None
 
 
 def _size(text: str) -> int:
@@ -86,6 +115,17 @@ class RunModel:
     dropped_kinds: set[str] = field(default_factory=set)
     last: str = "run.started"
     ack_seen: bool = False
+    #: recorded steps, in record order: step id -> what a new holder must get back
+    steps: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: after a grant: the recorded steps still to be handed over, in order
+    steps_to_deliver: list[str] | None = None
+    #: the run's latest context.checkpointed uri
+    checkpoint: str | None = None
+    #: calls started and not finished: (kind, call id), in start order
+    open_calls: list[tuple[str, str]] = field(default_factory=list)
+    #: after a lease loss: the calls still to be closed as abandoned, and by whom
+    to_close: list[tuple[str, str]] = field(default_factory=list)
+    lost_holder: str | None = None
 
 
 class LogModel:
@@ -102,6 +142,8 @@ class LogModel:
         self.clock = 0
         #: every input accepted, and how many fates it got
         self.fates: dict[str, int] = {}
+        #: the latest context.checkpointed of any run of the session
+        self.checkpoint: str | None = None
 
     # -- per command ----------------------------------------------------------------------------
     def feed(self, events: list[Event]) -> None:
@@ -114,6 +156,11 @@ class LogModel:
         if run is not None:
             assert run.to_deliver in (None, []), f"inputs never handed over: {run.to_deliver}"
             run.to_deliver = None
+            assert not run.to_close, f"calls of a lost holder never closed: {run.to_close}"
+            assert run.steps_to_deliver in (None, []), (
+                f"recorded steps never handed over: {run.steps_to_deliver}"
+            )
+            run.steps_to_deliver = None
             if run.status == "cancelling":
                 assert run.holder is not None, "a cancelling run nobody executes would never end"
             if run.status == "compacting":
@@ -179,6 +226,8 @@ class LogModel:
         if p["retry_of"] is not None:
             ended = self.ended.get(p["retry_of"])
             assert ended is not None and ended[1], "a retry of a run that did not end retryable"
+        if p["from_checkpoint"]:
+            assert p["context_ref"] == self.checkpoint, "not started from the latest checkpoint"
         run = RunModel(e.run_id, "running", 1, p["timeout_at"], p["prompt"])
         self.active = self.runs[e.run_id] = run
         self.last_run = e.run_id
@@ -190,6 +239,22 @@ class LogModel:
         run.generation = e.generation
         if run.to_deliver and t != "run.input_delivered":
             raise AssertionError(f"{t} before the new holder got its inputs {run.to_deliver}")
+        if run.steps_to_deliver and t not in ("step.delivered", "run.input_delivered"):
+            raise AssertionError(f"{t} before the new holder got its steps {run.steps_to_deliver}")
+        if run.to_close and t != "run.compaction_abandoned":
+            kind, call_id = run.to_close.pop(0)
+            assert (t, p.get("call_id")) == (CALL_FINISHED[kind], call_id), (
+                f"{t} before the lost holder's open {kind} call {call_id} was closed"
+            )
+            assert p["detail"] == "abandoned: lease_lost" and p["worker_id"] == run.lost_holder
+        elif t in CALL_STARTED and p.get("call_id") is not None:
+            cap = self.bounds.max_open_calls
+            if cap is None or len(run.open_calls) < cap:
+                run.open_calls.append((CALL_STARTED[t], p["call_id"]))
+        if t in CALL_FINISHED.values() and p.get("call_id") is not None:
+            key = (next(k for k, v in CALL_FINISHED.items() if v == t), p["call_id"])
+            if key in run.open_calls:
+                run.open_calls.remove(key)
         if t in ("run.compaction_started", "run.cancel_acknowledged", "action.approved"):
             assert run.holder is not None, f"{t} without a holder"
         if t in ("run.lease_granted", "run.lease_renewed"):
@@ -198,6 +263,8 @@ class LogModel:
             assert run.holder is not None, f"{t} with no holder"
             if p.get("reason") == "lease_expiry":
                 assert e.ts >= run.expires_at, "lease taken before it expired"
+            # what the lost holder left open ends now, as abandoned
+            run.to_close, run.lost_holder = list(run.open_calls), run.holder
             run.holder = None
         elif t in MOVES:
             before, after = MOVES[t]
@@ -238,9 +305,52 @@ class LogModel:
         elif t == "run.cancel_acknowledged":
             assert run.status == "cancelling"
             run.ack_seen = True
+        elif t == "step.recorded":
+            self.step_recorded(run, e, p)
+        elif t == "step.delivered":
+            assert run.steps_to_deliver, "a step delivered outside a grant"
+            step_id = run.steps_to_deliver.pop(0)
+            assert p["step_id"] == step_id, "steps handed over out of record order"
+            want = run.steps[step_id]
+            got = {k: p[k] for k in want}
+            assert got == want, f"step {step_id} handed over as {got}, recorded as {want}"
+        elif t == "context.checkpointed":
+            run.checkpoint = self.checkpoint = p["uri"]
         elif t == "run.finished":
             self.finish(run, e, p)
         run.last = t
+
+    def step_recorded(self, run: RunModel, e: Event, p: dict[str, Any]) -> None:
+        """Only the holder of the current generation records, each step id once, within
+        the run's bounds; the first record stands."""
+        assert run.holder is not None and p["worker_id"] == run.holder, (
+            f"step recorded by {p['worker_id']}, the holder is {run.holder}"
+        )
+        step_id = p["step_id"]
+        assert step_id not in run.steps, f"step {step_id} recorded twice"
+        assert p["result"] is None or p["result_ref"] is None, "a result and a pointer"
+        b = self.bounds
+        inline = _size(p["result"] or "") + _size(p["result_ref"] or "")
+        if b.max_step_result_bytes is not None:
+            assert inline <= b.max_step_result_bytes, f"{inline} bytes of result held inline"
+        held_fields = ("step_id", "name", "input_digest", "result", "result_ref")
+        run.steps[step_id] = {
+            "kind": p["kind"],
+            "name": p["name"],
+            "input_digest": p["input_digest"],
+            "result": p["result"],
+            "result_ref": p["result_ref"],
+            "generation": e.generation,
+        }
+        if b.max_steps is not None:
+            assert len(run.steps) <= b.max_steps, f"{len(run.steps)} steps recorded"
+        if b.max_run_step_bytes is not None:
+            held = sum(
+                _size(step.get(f) or "") if f != "step_id" else _size(sid)
+                for sid, step in run.steps.items()
+                for f in held_fields
+            )
+            assert held <= b.max_run_step_bytes, f"{held} bytes of steps held"
 
     def lease(self, run: RunModel, e: Event, p: dict[str, Any]) -> None:
         granted = e.type == "run.lease_granted"
@@ -249,6 +359,10 @@ class LogModel:
             assert run.status != "cancelling", "lease granted while cancelling"
             # everything not consumed yet goes to the new holder, in arrival order
             run.to_deliver = list(run.pending)
+            # and every recorded step, in record order, with the latest checkpoint
+            run.steps_to_deliver = list(run.steps)
+            assert p["steps_delivered"] == len(run.steps), "the grant miscounts the steps"
+            assert p["checkpoint_ref"] == run.checkpoint, "the grant names another checkpoint"
         else:
             assert run.holder == p["worker_id"], f"renewed by {p['worker_id']}, not the holder"
         if p["lease_ms"] is not None:

@@ -35,6 +35,8 @@ from schemas.events import (
     RunStarted,
     StaleWriteRecorded,
     Steered,
+    StepDelivered,
+    StepRecorded,
 )
 
 _WORKER = {"run_id": "r-1", "worker_id": "w-1", "generation": 3}
@@ -84,6 +86,17 @@ _COMMANDS: dict[str, tuple[dict[str, Any], bool]] = {
         True,
     ),
     "run.fail": ({"error": "boom", "retryable": True}, True),
+    "step.record": (
+        {
+            "step_id": "model-1",
+            "kind": "tool",
+            "name": "search",
+            "input_digest": "ab12",
+            "input": '{"q": "lisbon"}',
+            "result": '["hit"]',
+        },
+        True,
+    ),
     "timer.fired": ({"kind": "cancel_deadline", "due_at": 1_700_000_030_000}, False),
 }
 
@@ -118,6 +131,7 @@ _PAYLOADS: dict[type[Payload], Payload] = {
         context_ref="ctx://1",
         actor="user:ana",
         retry_of="r-0",
+        from_checkpoint=True,
     ),
     RunQueued: RunQueued(
         source_command_id="c-2",
@@ -129,7 +143,14 @@ _PAYLOADS: dict[type[Payload], Payload] = {
         actor="user:bo",
         retry_of="r-9",
     ),
-    LeaseGranted: LeaseGranted(worker_id="w-1", lease_expires_at=10, lease_ms=9, capped=True),
+    LeaseGranted: LeaseGranted(
+        worker_id="w-1",
+        lease_expires_at=10,
+        lease_ms=9,
+        capped=True,
+        checkpoint_ref="s3://ck/2",
+        steps_delivered=3,
+    ),
     LeaseRenewed: LeaseRenewed(worker_id="w-1", lease_expires_at=20, lease_ms=8, capped=True),
     LeaseReleased: LeaseReleased(worker_id="w-1"),
     LeaseExpired: LeaseExpired(worker_id="w-1", reason="cancel_deadline"),
@@ -176,6 +197,23 @@ _PAYLOADS: dict[type[Payload], Payload] = {
     ),
     StaleWriteRecorded: StaleWriteRecorded(
         worker_id="w-0", command_type="run.progress", stale_generation=1, current_generation=2
+    ),
+    StepRecorded: StepRecorded(
+        worker_id="w-1",
+        step_id="tool:search-1",
+        kind="tool",
+        name="search",
+        input_digest="ab12",
+        input='{"q": "x"}',
+        result_ref="s3://steps/1",
+    ),
+    StepDelivered: StepDelivered(
+        step_id="model-1",
+        kind="model",
+        name="gpt",
+        input_digest="cd34",
+        result='"hello"',
+        generation=1,
     ),
 }
 

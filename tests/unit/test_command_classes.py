@@ -31,6 +31,7 @@ SPEC: dict[str, set[str]] = {
         "cancel.ack",
         "run.complete",
         "run.fail",
+        "step.record",
     },
     "timer": {"timer.fired"},
 }

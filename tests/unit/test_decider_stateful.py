@@ -46,12 +46,20 @@ CONFIG = DeciderConfig(
     cancel_grace_ms=5_000,
     default_run_timeout_ms=120_000,
     max_payload_bytes=400,
+    max_step_result_bytes=100,
+    max_steps=3,
+    max_run_step_bytes=250,
+    max_open_calls=2,
 )
 BOUNDS = Bounds(
     max_queue=CONFIG.max_queue,
     max_inputs=CONFIG.max_inputs,
     max_held_bytes=CONFIG.max_held_bytes,
     max_lease_ms=CONFIG.max_lease_ms,
+    max_step_result_bytes=CONFIG.max_step_result_bytes,
+    max_steps=CONFIG.max_steps,
+    max_run_step_bytes=CONFIG.max_run_step_bytes,
+    max_open_calls=CONFIG.max_open_calls,
 )
 #: the largest state record these bounds allow (JSON; generous for the ids and metadata)
 MAX_STATE_BYTES = 2 * CONFIG.max_held_bytes + 12_000
@@ -62,6 +70,16 @@ KEYS = st.sampled_from(["k1", "k2", "k3"])
 TEXT = st.sampled_from(["a", "b", "look at the last 7 days", "é✓", "x" * 300])
 #: producer clock offsets: in sync, 20 min behind, an hour ahead, and a clock in seconds
 SKEW = st.sampled_from([0, 0, -20 * 60_000, 3_600_000, "seconds"])
+#: steps a worker records in a row: (step id, kind, result JSON or "ref" for a pointer)
+STEPS = st.lists(
+    st.tuples(
+        st.sampled_from(["model-1", "model-2", "tool:search-1", "plan", "é"]),
+        st.sampled_from(["model", "tool"]),
+        st.sampled_from(['"yes"', "null", '{"rows": [1, 2]}', '"' + "r" * 120 + '"', None, "ref"]),
+    ),
+    min_size=1,
+    max_size=4,
+)
 #: which run a producer command names
 TARGET = st.sampled_from(["none", "none", "active", "old"])
 
@@ -218,6 +236,11 @@ class SessionMachine(RuleBasedStateMachine):
         return worker
 
     def work(self, worker: str, type_: str, payload: dict[str, Any] | None = None) -> None:
+        self.work_events(worker, type_, payload)
+
+    def work_events(
+        self, worker: str, type_: str, payload: dict[str, Any] | None = None
+    ) -> list[Event]:
         worker = self.who(worker)
         run = self.state.active
         if run is not None and run.lease_owner == worker:
@@ -229,7 +252,7 @@ class SessionMachine(RuleBasedStateMachine):
             run_id, generation = self.memory.get(worker, fallback)
             if self.state.finished_run(run_id) is None and (run is None or run_id != run.run_id):
                 run_id, generation = fallback  # a worker long gone writes no more
-        self.apply(
+        return self.apply(
             self.cmd(type_, payload or {}, run_id=run_id, worker_id=worker, generation=generation)
         )
 
@@ -368,9 +391,16 @@ class SessionMachine(RuleBasedStateMachine):
         self.work(worker, "lease.release")
 
     @precondition(lambda self: self.model.last_run is not None)
-    @rule(worker=WORKERS, kind=st.sampled_from(["model.request.started", "tool.started"]))
-    def progress(self, worker: str, kind: str) -> None:
-        self.work(worker, "run.progress", {"kind": kind, "name": "x"})
+    @rule(
+        worker=WORKERS,
+        kind=st.sampled_from(
+            ["model.request.started", "tool.started", "model.request.finished", "tool.finished"]
+        ),
+        call_id=st.sampled_from([None, "c1", "c2", "c3"]),
+    )
+    def progress(self, worker: str, kind: str, call_id: str | None) -> None:
+        """Calls start and end (or never end: their holder dies, and the loss closes them)."""
+        self.work(worker, "run.progress", {"kind": kind, "name": "x", "call_id": call_id})
 
     @precondition(lambda self: self.model.last_run is not None)
     @rule(worker=WORKERS)
@@ -391,6 +421,44 @@ class SessionMachine(RuleBasedStateMachine):
     @rule(worker=WORKERS, key=KEYS, ok=st.booleans())
     def action_result(self, worker: str, key: str, ok: bool) -> None:
         self.work(worker, "action.result", {"idempotency_key": key, "ok": ok})
+
+    @precondition(lambda self: self.model.last_run is not None)
+    @rule(
+        worker=WORKERS,
+        steps=STEPS,
+    )
+    def step_record(self, worker: str, steps: list[tuple[str, str, str | None]]) -> None:
+        self.record_steps(worker, steps)
+
+    @precondition(lambda self: self.state.active and self.state.active.lease_owner)
+    @rule(data=st.data())
+    def holder_records_steps(self, data: st.DataObject) -> None:
+        """The common case, made frequent: the holder records what it ran."""
+        steps = data.draw(STEPS)
+        self.record_steps("holder", steps)
+
+    def record_steps(self, worker: str, steps: list[tuple[str, str, str | None]]) -> None:
+        """Finished steps' results (or pointers), recorded once per step id: a holder may
+        record several in a row, repeat one, or pass the run's bounds."""
+        for step, kind, result in steps:
+            payload: dict[str, Any] = {
+                "step_id": step,
+                "kind": kind,
+                "name": "search" if kind == "tool" else "gpt",
+                "input_digest": "d" * 16,
+                "input": '{"q": "x"}',
+            }
+            if result == "ref":
+                payload["result_ref"] = f"s3://steps/{step}"
+            else:
+                payload["result"] = result
+            run = self.model.active
+            holder = self.who(worker) == (run.holder if run else None)
+            already = run is not None and step in run.steps
+            events = self.work_events(worker, "step.record", payload)
+            if holder and already:
+                # the first record stands: a second one for the step id is refused
+                assert _reasons(events) == ["step_already_recorded"]
 
     @precondition(lambda self: self.model.last_run is not None)
     @rule(worker=WORKERS)

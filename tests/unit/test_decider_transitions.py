@@ -148,6 +148,33 @@ def approve_then(act: Act) -> Act:
 REQ = {"idempotency_key": "k1", "kind": "email"}
 RES = {"idempotency_key": "k1", "ok": True}
 FIN = "run.finished"
+STEPS2 = DeciderConfig(max_steps=2)
+STEP_BYTES = DeciderConfig(max_run_step_bytes=40)
+
+
+def step(step_id: str = "model-1", result: str | None = '"ok"', **kw: Any) -> Act:
+    return lambda h: h.work(
+        "step.record", {"step_id": step_id, "kind": "model", "result": result, **kw}
+    )
+
+
+def steps_then(*acts: Act) -> Act:
+    def go(h: Harness) -> Any:
+        out: Any = None
+        for a in acts:
+            out = a(h)
+        return out
+
+    return go
+
+
+def taken_over_with_steps(h: Harness) -> Any:
+    """w1 recorded two steps and a checkpoint, then lost its lease: w2's grant gets them."""
+    step("model-1")(h)
+    step("tool:search-1", kind="tool", result_ref="s3://steps/2", result=None)(h)
+    h.work("lease.release")
+    return h.acquire("w2")
+
 
 # (id, arrange, act, expected event tokens, status after, config): a table, kept as one
 # fmt: off
@@ -159,6 +186,44 @@ CASES: list[tuple[str, Callable[[Harness], None], Act, list[str], str | None, De
      DEFAULT_CONFIG),
     ("idle-follow_up-when_idle_reject", idle, lambda h: h.follow_up(when_idle="reject"),
      ["rejected:no_active_run"], None, DEFAULT_CONFIG),
+    # durable steps
+    ("running-step.record", leased, step(), ["step.recorded"], "running", DEFAULT_CONFIG),
+    ("compacting-step.record", compacting, step(), ["step.recorded"], "compacting",
+     DEFAULT_CONFIG),
+    ("cancelling-step.record", cancelling, step(), ["step.recorded"], "cancelling",
+     DEFAULT_CONFIG),
+    ("step.record-twice", leased, steps_then(step(), step(result='"other"')),
+     ["rejected:step_already_recorded"], "running", DEFAULT_CONFIG),
+    ("step.record-too-large", leased, step(result='"' + "x" * 8 * 1024 + '"'),
+     ["rejected:step_too_large"], "running", DEFAULT_CONFIG),
+    ("step.record-too-many", leased, steps_then(step("a"), step("b"), step("c")),
+     ["rejected:too_many_steps"], "running", STEPS2),
+    ("step.record-too-many-bytes", leased,
+     steps_then(step("a", result='"' + "x" * 20 + '"'), step("b", result='"' + "y" * 20 + '"')),
+     ["rejected:too_many_steps"], "running", STEP_BYTES),
+    ("step.record-not-holder", leased, lambda h: h.work(
+        "step.record", {"step_id": "s", "kind": "tool", "result": "1"}, worker="w2"),
+     ["rejected:not_lease_holder"], "running", DEFAULT_CONFIG),
+    ("step.record-stale", leased, lambda h: h.work(
+        "step.record", {"step_id": "s", "kind": "tool", "result": "1"}, generation=0),
+     ["rejected:stale_generation", "run.stale_write_recorded"], "running", DEFAULT_CONFIG),
+    ("step.record-after-run-ended", leased, after_complete(step()),
+     ["rejected:run_finished"], None, DEFAULT_CONFIG),
+    ("lease-lost-closes-open-calls", leased, steps_then(
+        lambda h: h.work("run.progress", {"kind": "tool.started", "name": "s", "call_id": "t1"}),
+        lambda h: h.work("run.progress", {"kind": "model.request.started", "call_id": "m1"}),
+        lambda h: h.work("run.progress", {"kind": "tool.finished", "name": "s", "call_id": "t1"}),
+        lambda h: h.work("run.progress", {"kind": "subtask.started", "call_id": "s1"}),
+        lambda h: h.fire("lease_expiry")),
+     ["run.lease_expired:lease_expiry", "model.request.finished", "subtask.finished"], "running",
+     DEFAULT_CONFIG),
+    ("compacting-release-closes-open-calls", compacting, steps_then(
+        lambda h: h.work("run.progress", {"kind": "tool.started", "call_id": "t1"}),
+        lambda h: h.work("lease.release")),
+     ["run.lease_released", "run.compaction_abandoned", "tool.finished"], "running",
+     DEFAULT_CONFIG),
+    ("takeover-delivers-steps", leased, taken_over_with_steps,
+     ["run.lease_granted", "step.delivered", "step.delivered"], "running", DEFAULT_CONFIG),
     # compaction
     ("running-compact.start", leased, lambda h: h.work("compact.start"),
      ["run.compaction_started"], "compacting", DEFAULT_CONFIG),

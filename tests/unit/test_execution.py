@@ -27,6 +27,7 @@ class Host:
         self.cancel_grace_s = 0.5
         self.model = FakeModel()
         self.executor = None
+        self.step_store = None
         self.handler = handler
         self.sent: list[Command] = []
         self.control = self

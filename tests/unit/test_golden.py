@@ -89,7 +89,41 @@ def test_the_required_stories_are_there() -> None:
         "clock_is_the_logs",
         "ids_tenants_and_reuse",
         "fates_compaction_and_retry",
+        "durable_steps",
     } <= names
+
+
+def test_durable_steps_story_hands_each_finished_step_over_once() -> None:
+    """Written from the protocol's text: the new holder gets every finished step back with
+    the latest checkpoint, and only the unfinished one is run (and recorded) again."""
+    _, log, _ = replay(load(GOLDEN / "durable_steps.jsonl"))
+    grant = next(e for e in log if e.type == "run.lease_granted" and e.generation == 2)
+    p = grant.payload.model_dump()
+    assert (p["checkpoint_ref"], p["steps_delivered"]) == ("s3://ckpt/sess-steps/1", 2)
+    delivered = [e.payload.model_dump()["step_id"] for e in log if e.type == "step.delivered"]
+    assert delivered == ["model-1", "tool:search-1"]
+    recorded = [
+        (e.generation, e.payload.model_dump()["step_id"]) for e in log if e.type == "step.recorded"
+    ]
+    assert recorded == [(1, "model-1"), (1, "tool:search-1"), (2, "tool:search-2")]
+    # generation 2 started only the step that had no record
+    started = [
+        e.payload.model_dump()["call_id"]
+        for e in log
+        if e.generation == 2 and e.type in ("model.request.started", "tool.started")
+    ]
+    assert started == ["tool:search-2"]
+    # generation 1's unfinished tool call was closed by the lease's loss, as abandoned
+    closed = [
+        (e.payload.model_dump()["call_id"], e.payload.model_dump()["detail"])
+        for e in log
+        if e.type == "tool.finished" and e.command_id.startswith("timer:")
+    ]
+    assert closed == [("tool:search-2", "abandoned: lease_lost")]
+    # the session's next run asked for the latest checkpoint and starts from it
+    nxt = log[-1].payload.model_dump()
+    assert log[-1].type == "run.started"
+    assert (nxt["context_ref"], nxt["from_checkpoint"]) == ("s3://ckpt/sess-steps/1", True)
 
 
 def test_seed_story_ends_cancelled_after_the_ack() -> None:

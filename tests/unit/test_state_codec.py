@@ -11,14 +11,18 @@ from streams.decider import decide
 from streams.state import (
     ActionRecord,
     FinishedRun,
+    OpenCall,
     PendingInput,
     QueueEntry,
     RunState,
     SessionState,
+    StepRecord,
+    evolved,
     state_to_json,
     validate_state,
 )
 from streams.state_codec import (
+    FORMAT_V1,
     STATE_FIELDS,
     decode_if_active,
     decode_state,
@@ -59,6 +63,22 @@ def _full() -> SessionState:
                     source_command_id="c-3", kind="follow_up", text="trains", on_run_end="queue"
                 ),
             ),
+            checkpoint_ref="s3://ck/7",
+            steps=(
+                StepRecord(
+                    step_id="model-1",
+                    kind="model",
+                    name="gpt",
+                    input_digest="d1",
+                    result='"plan ✈"',
+                    generation=2,
+                ),
+                StepRecord(step_id="tool:s-1", kind="tool", result_ref="s3://st/1", generation=3),
+            ),
+            open_calls=(
+                OpenCall(kind="tool", name="search", call_id="tool:search-2"),
+                OpenCall(kind="subtask", call_id="s1"),
+            ),
         ),
         queue=(
             QueueEntry(
@@ -80,6 +100,7 @@ def _full() -> SessionState:
             FinishedRun(run_id=RUN.upper(), status="timed_out", generation=1),
             FinishedRun(run_id=RUN.replace("0f8f", "1f8f"), status="completed", generation=1),
         ),
+        last_checkpoint="s3://ck/7",
     )
 
 
@@ -128,9 +149,31 @@ OLD_JSON = (
 )
 
 
+def _full_before_steps() -> SessionState:
+    """`_full()` without what format 2 added: the run's checkpoint pointer and steps, the
+    session's latest checkpoint."""
+    full = _full()
+    assert full.active is not None
+    return evolved(
+        full,
+        active=evolved(full.active, checkpoint_ref=None, steps=(), open_calls=()),
+        last_checkpoint=None,
+    )
+
+
 def test_the_json_of_earlier_versions_is_still_read() -> None:
-    assert decode_state(OLD_JSON.encode()) == _full()
+    assert decode_state(OLD_JSON.encode()) == _full_before_steps()
     assert decode_state(state_to_json(_full())) == _full()
+
+
+def test_a_format_1_record_is_still_read() -> None:
+    """Format 1 is format 2 without the fields durable steps added."""
+    v2 = msgspec.msgpack.decode(encode_state(_full())[1:])
+    v2[2] = v2[2][:16]
+    v2 = v2[:8]
+    v1 = bytes([FORMAT_V1]) + msgspec.msgpack.encode(v2)
+    assert not is_current(v1)
+    assert decode_state(v1) == _full_before_steps()
 
 
 @pytest.mark.parametrize(
@@ -153,7 +196,14 @@ def test_a_json_record_with_a_value_its_type_refuses_is_no_state(bad: dict) -> N
 
 @pytest.mark.parametrize(
     "data",
-    [b"", b"\x02whatever", b"\x01", b"\x01\x93\x01\x02\x03", encode_state(_full())[:-3]],
+    [
+        b"",
+        b"\x02whatever",
+        b"\x03whatever",
+        b"\x01",
+        b"\x01\x93\x01\x02\x03",
+        encode_state(_full())[:-3],
+    ],
 )
 def test_bytes_that_are_no_state_record_are_refused(data: bytes) -> None:
     with pytest.raises(ValueError):
