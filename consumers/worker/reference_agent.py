@@ -7,7 +7,9 @@ the prompt, so a test can ask for exactly the run it needs:
     subtask_ms=0 email_ms=0 compact=1
 
 Each step: read steering, call the model (the steer text is in its prompt), call the
-"search" tool (which waits `tool_ms` unless aborted). After the steps the "sql" tool asks
+"search" tool (which waits `tool_ms` unless aborted). Both are durable steps: a new holder
+after a takeover, or a later round, gets their recorded results back instead of calling
+them again. After the steps the "sql" tool asks
 the worker's database how many emails the run has sent, in a query that first sleeps
 `sql_ms` in the server (`pg_sleep`), so a test can cancel a query mid-flight. `email`
 sends one email (a row in `agent_outbox`) through the action gate with the key
@@ -21,9 +23,10 @@ demo's local server also reads `model_ms`), else a FakeModel that takes `model_m
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from consumers.worker._signal import RunCancelled
+from consumers.worker._signal import AbortSignal, RunCancelled
 from consumers.worker.context import RunContext
 from consumers.worker.executor import ActionRun
 from consumers.worker.model import FakeModel, Model
@@ -88,6 +91,17 @@ def _model_for(ctx: RunContext, cfg: AgentConfig) -> Model:
     return ctx.default_model
 
 
+def _search(cfg: AgentConfig) -> Callable[[AbortSignal, str], Awaitable[str]]:
+    """The "search" tool: waits `tool_ms` unless aborted."""
+
+    async def search(signal: AbortSignal, idempotency_id: str) -> str:
+        if not await signal.sleep(cfg.tool_ms / 1000):
+            raise RunCancelled(signal.reason or "aborted")
+        return f"searched ({idempotency_id})"
+
+    return search
+
+
 async def _emails_sent(ctx: RunContext, cfg: AgentConfig) -> int | None:
     """The "sql" tool: this run's rows in agent_outbox (None without a database)."""
     if ctx.database is None:
@@ -126,9 +140,7 @@ async def reference_agent(ctx: RunContext) -> str:
             prompt += " | steer: " + "; ".join(steers)
         async with ctx.model(model, detail=prompt) as m:
             answer = await m.complete(prompt)
-        async with ctx.tool("search", f"search-{step}") as signal:
-            if not await signal.sleep(cfg.tool_ms / 1000):
-                raise RunCancelled(signal.reason or "aborted")
+        await ctx.call_tool("search", _search(cfg), {"step": step}, step=f"search-{step}")
     sent = await _emails_sent(ctx, cfg)
     if side is not None:
         await side
