@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import os
 import signal
+import sys
 
 from consumers.worker._handler import Handler, check_handler
 from consumers.worker.model import Model
@@ -29,7 +31,20 @@ def load_handler(agent: str) -> Handler:
     module, _, name = agent.partition(":")
     if not name:
         raise ConfigurationError(f"agent {agent!r}: expected 'reference' or 'module:function'")
-    return check_handler(getattr(importlib.import_module(module), name), agent)
+    # the current directory first, as uvicorn and gunicorn look for an app: an agent in
+    # the project the worker is started from is found without installing it
+    here = os.getcwd()
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    try:
+        loaded = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        raise ConfigurationError(
+            f"agent {agent!r}: cannot import {module!r} from {here} or the environment ({e})"
+        ) from e
+    if not hasattr(loaded, name):
+        raise ConfigurationError(f"agent {agent!r}: module {module!r} has no {name!r}")
+    return check_handler(getattr(loaded, name), agent)
 
 
 def model_from_settings(settings: Settings) -> Model | None:

@@ -87,6 +87,9 @@ def _accepted_from_non_holder(evs: list[Event], runs: set[str], worker: str) -> 
             e.run_id in lost
             and holder.get(e.run_id) != worker
             and e.type != "run.stale_write_recorded"
+            # the ends a lease expiry gives the calls the holder left open name it, but are
+            # the processor's (caused by its timer), not the worker's writes
+            and not e.command_id.startswith("timer:")
             and e.payload.model_dump().get("worker_id") == worker
         ):
             out.append(e)

@@ -192,3 +192,23 @@ async def test_the_example_in_docs_workers_md_runs_and_completes_with_its_json()
     assert len(host.executor.conn.statements) == 1  # type: ignore[union-attr]
     ex.on_event(event("run.finished", {"terminal_status": "completed"}))
     await asyncio.wait_for(task, 5)
+
+
+def test_an_agent_is_found_in_the_directory_the_worker_starts_from(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`sessionstream worker --agent mypkg.agent:run` from a project's folder: the module is
+    found there without installing it (as uvicorn finds an app); a missing module or name
+    is a ConfigurationError naming both."""
+    pkg = tmp_path / "myproj_agents"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "agent.py").write_text("async def run(ctx):\n    return 'ok'\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if p not in ("", ".")])
+    handler = load_handler("myproj_agents.agent:run")
+    assert handler.__name__ == "run"
+    with pytest.raises(ConfigurationError, match=r"cannot import 'nope_agents.agent'.*No module"):
+        load_handler("nope_agents.agent:run")
+    with pytest.raises(ConfigurationError, match=r"has no 'missing'"):
+        load_handler("myproj_agents.agent:missing")
