@@ -107,7 +107,8 @@ def read_range(
     """(offset, event) of one events partition from `start` up to `end` (exclusive) or its
     end; with `session_id` / `run_id`, only that session's / run's events. The filter reads
     the record key (`{session}/{run}/{seq}`), so only the events asked for are decoded:
-    reading is ~6x faster than decoding (docs/decisions/0005-processor-profile.md).
+    reading skips what decoding would cost (2026-12-04: a raw read at 136k events/s, a
+    whole partition decoded at 82k/s; bench/results/profile.md).
     `partition` None: the session's own partition (its key's murmur2 placement), where all
     its events are."""
     codec = codec or reader_codec(settings)
