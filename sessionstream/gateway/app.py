@@ -36,7 +36,7 @@ from sessionstream.gateway.commands import (
     read_json,
 )
 from sessionstream.gateway.db import Database
-from sessionstream.gateway.errors import ApiError, error_response
+from sessionstream.gateway.errors import ApiError, database_refusal, error_response
 from sessionstream.gateway.fanout import EventFanout
 from sessionstream.gateway.fastpath import CommandsFastPath
 from sessionstream.gateway.guard import DOCS_CSP, Guard
@@ -496,4 +496,4 @@ def _errors(app: FastAPI) -> None:
 
     @app.exception_handler(DatabaseUnavailable)
     async def db_down(request: Request, e: DatabaseUnavailable) -> JSONResponse:
-        return error_response(ApiError(503, "database_unavailable", str(e).splitlines()[0]))
+        return error_response(database_refusal(e))

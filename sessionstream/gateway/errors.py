@@ -6,9 +6,9 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from sessionstream.errors import SessionstreamError
+from sessionstream.errors import DatabaseUnavailable, SessionstreamError
 
-__all__ = ["ApiError", "error_body", "error_response"]
+__all__ = ["ApiError", "database_refusal", "error_body", "error_response"]
 
 
 class ApiError(SessionstreamError):
@@ -40,3 +40,8 @@ def error_body(e: ApiError) -> dict[str, Any]:
 
 def error_response(e: ApiError) -> JSONResponse:
     return JSONResponse(error_body(e), status_code=e.status, headers=e.headers)
+
+
+def database_refusal(e: DatabaseUnavailable) -> ApiError:
+    """What a request that needed PostgreSQL gets while it does not answer."""
+    return ApiError(503, "database_unavailable", str(e).splitlines()[0])

@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sessionstream.errors import DatabaseUnavailable
-from sessionstream.gateway.errors import ApiError, error_body
+from sessionstream.gateway.errors import ApiError, database_refusal, error_body
 from sessionstream.gateway.guard import SECURITY_HEADERS
 
 __all__ = ["COMMANDS_PATH", "CommandsFastPath"]
@@ -59,7 +59,7 @@ class CommandsFastPath:
                 except ApiError as e:
                     status, body, headers = e.status, error_body(e), e.headers.items()
                 except DatabaseUnavailable as e:
-                    refusal = ApiError(503, "database_unavailable", str(e).splitlines()[0])
+                    refusal = database_refusal(e)
                     status, body = refusal.status, error_body(refusal)
                 await send_json(send, status, body, headers)
                 return
