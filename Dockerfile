@@ -6,14 +6,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /app
 # dependencies first, so code changes do not reinstall them
 COPY pyproject.toml README.md ./
-RUN mkdir -p sessionstream schemas streams sinks consumers \
-    && for p in sessionstream schemas streams sinks consumers; do touch $p/__init__.py; done \
+RUN mkdir -p sessionstream && touch sessionstream/__init__.py \
     && pip install . && pip uninstall -y sessionstream
 COPY sessionstream ./sessionstream
-COPY schemas ./schemas
-COPY streams ./streams
-COPY sinks ./sinks
-COPY consumers ./consumers
 RUN pip install --no-deps . && useradd --system --uid 10001 sessionstream
 USER sessionstream
 ENTRYPOINT ["sessionstream"]

@@ -83,7 +83,7 @@ browser:
 		fi; \
 	fi
 
-# Flink SQL analytics (consumers/analytics/flink): PyFlink in its own ~830 MB virtualenv
+# Flink SQL analytics (sessionstream/runtimes/analytics/flink): PyFlink in its own ~830 MB virtualenv
 # and two jars, both cached outside the repo (stack/flink/install.sh where); a no-op once
 # installed. `sessionstream flink-sql` runs the queries.
 flink:

@@ -6,7 +6,8 @@
   (`select doc`, append in Python, `update`) under read committed, no row lock.
 * Baseline B, the seed's SQL design without Kafka: per command one transaction that locks the
   session's state row (`select ... for update`), decides with OUR pure decider
-  (`streams.decider.apply`), appends the events and projects `agent_runs` / `agent_sessions`
+  (`sessionstream.core.decider.apply`), appends the events and projects `agent_runs` /
+  `agent_sessions`
   with the sink's own statements (so the partial unique index is the backstop), and stores the
   new state — the same semantics and the same rows, without the log.
 """
@@ -28,18 +29,23 @@ from psycopg.types.json import Jsonb
 
 from bench._harness import percentiles
 from bench._sink_harness import connect, delete_groups, fresh_schema
-from schemas.commands import Command
-from sessionstream.kafka import (
+from sessionstream.adapters.kafka import (
     client_config,
     command_producer_config,
     reader_config,
     take,
     transactional_producer_config,
 )
+from sessionstream.core.decider import apply
+from sessionstream.core.step import decode_state, encode_state
+from sessionstream.runtimes.sink.writer import (
+    PendingEvent,
+    _insert_events,
+    _load,
+    _write_projection,
+)
+from sessionstream.schemas.commands import Command
 from sessionstream.settings import Settings
-from sinks.writer import PendingEvent, _insert_events, _load, _write_projection
-from streams.decider import apply
-from streams.step import decode_state, encode_state
 
 now = time.perf_counter
 Conn = psycopg.Connection[tuple[Any, ...]]

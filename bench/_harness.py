@@ -22,7 +22,12 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from hdrh.histogram import HdrHistogram  # type: ignore[import-untyped]
 
-from schemas.commands import (
+from sessionstream.adapters.kafka import client_config, read_topic, take
+from sessionstream.adapters.registry import reader_codec
+from sessionstream.apps._procs import Service, cpu_seconds, delete_world
+from sessionstream.client import CommandHandle, SessionClient
+from sessionstream.core.log_check import check_log, fold_log, state_table
+from sessionstream.schemas.commands import (
     AbortPayload,
     Command,
     FollowUpPayload,
@@ -30,12 +35,7 @@ from schemas.commands import (
     SendPayload,
     SteerPayload,
 )
-from sessionstream._procs import Service, cpu_seconds, delete_world
-from sessionstream.client import CommandHandle, SessionClient
-from sessionstream.kafka import client_config, read_topic, take
-from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
-from streams.log_check import check_log, fold_log, state_table
 
 REPO = Path(__file__).resolve().parents[1]
 TICKS = os.sysconf("SC_CLK_TCK")

@@ -18,13 +18,13 @@ from confluent_kafka.admin import AdminClient
 
 from bench._harness import cpu_seconds
 from bench.bench_decider import CYCLE, build
-from schemas.commands import Command
-from sessionstream.kafka import client_config
+from sessionstream.adapters.kafka import client_config
+from sessionstream.adapters.postgres.migrate import migrate
+from sessionstream.core.decider import apply
+from sessionstream.core.partitioning import partition_for
+from sessionstream.runtimes.sink.writer import PendingEvent
+from sessionstream.schemas.commands import Command
 from sessionstream.settings import Settings
-from sinks.migrate import migrate
-from sinks.writer import PendingEvent
-from streams.decider import apply
-from streams.partitioning import partition_for
 from tests.integration.procs import Proc
 
 __all__ = [

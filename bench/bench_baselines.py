@@ -13,8 +13,9 @@
    projection in one transaction, see `_baselines.py`): saturated throughput with 8
    writers, then command -> committed latency at a paced rate; sessionstream's command -> row
    latency at the same rate measured here too; ratios.
-4. Replay: events/s reading the events topic by offset (`sinks.replay.read_range`) and
-   rebuilding the PostgreSQL projection from it (`sinks.replay.rebuild`).
+4. Replay: events/s reading the events topic by offset
+(`sessionstream.runtimes.sink.replay.read_range`) and
+   rebuilding the PostgreSQL projection from it (`sessionstream.runtimes.sink.replay.rebuild`).
 
 Topics, groups and PostgreSQL schemas are private to the run and removed at the end.
 
@@ -48,11 +49,11 @@ from bench._harness import (
 )
 from bench._sink_harness import RowPoller, SinkProc, connect, delete_groups, drop_schemas
 from bench._sink_harness import fresh_schema as new_schema
-from schemas.commands import Command
+from sessionstream.adapters.kafka import client_config, read_topic
 from sessionstream.client import CommandHandle, SessionClient
-from sessionstream.kafka import client_config, read_topic
+from sessionstream.runtimes.sink.replay import read_range, rebuild
+from sessionstream.schemas.commands import Command
 from sessionstream.settings import Settings
-from sinks.replay import read_range, rebuild
 from tests.integration.worlds import isolated_settings
 
 RESULTS = Path(__file__).resolve().parent / "results"

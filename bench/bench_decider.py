@@ -22,10 +22,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from schemas.commands import Command
-from sessionstream.registry import reader_codec
-from streams.decider import DEFAULT_CONFIG, apply, decide
-from streams.state import SessionState
+from sessionstream.adapters.registry import reader_codec
+from sessionstream.core.decider import DEFAULT_CONFIG, apply, decide
+from sessionstream.core.state import SessionState
+from sessionstream.schemas.commands import Command
 
 W = True  # a worker command: it needs the run id and generation the decider handed out
 

@@ -40,14 +40,14 @@ import psycopg
 from confluent_kafka import Consumer, TopicPartition
 
 from bench._harness import CpuMeter, broker_pid, machine_busy, percentiles
-from sessionstream._model_server import free_port
-from sessionstream._procs import Service, delete_world
-from sessionstream.gateway.keys import create_key
-from sessionstream.kafka import reader_config, take
-from sessionstream.registry import reader_codec
+from sessionstream.adapters.kafka import reader_config, take
+from sessionstream.adapters.postgres.migrate import migrate
+from sessionstream.adapters.registry import reader_codec
+from sessionstream.apps._model_server import free_port
+from sessionstream.apps._procs import Service, delete_world
+from sessionstream.apps.gateway.keys import create_key
+from sessionstream.core.partitioning import partition_for
 from sessionstream.settings import Settings
-from sinks.migrate import migrate
-from streams.partitioning import partition_for
 from tests.integration.worlds import isolated_settings
 
 #: partitions of the benchmark's topics

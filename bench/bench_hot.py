@@ -10,8 +10,8 @@
    next to the raw pass-through's latency at the same rate (measured after ours)
    (`bench/bench_latency.py`), with the transaction phases.
 3. Replay and rebuild over the last round's events topic: raw reading (`read_records`),
-   decoded (`sinks.replay.read_range`), and the bulk rebuild into PostgreSQL
-   (`sinks.rebuild`) against a sink's live projection of the same log.
+   decoded (`sessionstream.runtimes.sink.replay.read_range`), and the bulk rebuild into PostgreSQL
+   (`sessionstream.runtimes.sink.rebuild`) against a sink's live projection of the same log.
 
     .venv/bin/python -m bench.bench_hot [--commands 40000] [--rounds 2] [--rates 1000,5000]
 """
@@ -41,12 +41,12 @@ from bench._harness import (
 from bench._sink_harness import SinkProc, count_rows, delete_groups, drop_schemas, fresh_schema
 from bench.bench_latency import measure as measure_latency
 from bench.bench_latency import with_ceiling
-from schemas.events import SESSION_LOG
+from sessionstream.adapters.kafka import client_config, read_messages
 from sessionstream.client import SessionClient
-from sessionstream.kafka import client_config, read_messages
+from sessionstream.runtimes.sink.rebuild import rebuild
+from sessionstream.runtimes.sink.replay import read_range, session_partition
+from sessionstream.schemas.events import SESSION_LOG
 from sessionstream.settings import Settings
-from sinks.rebuild import rebuild
-from sinks.replay import read_range, session_partition
 from tests.integration.worlds import isolated_settings
 
 RESULTS = Path(__file__).resolve().parent / "results"

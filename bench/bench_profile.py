@@ -33,7 +33,7 @@ def summarize(raw: Path, top: int) -> None:
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         n, frames = int(count), stack.split(";")
-        if not any("streams/processor/loop.py" in f for f in frames):
+        if not any("sessionstream/runtimes/processor/loop.py" in f for f in frames):
             continue
         total += n
         self_t[frames[-1]] += n

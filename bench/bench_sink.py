@@ -1,7 +1,7 @@
 """PostgreSQL sink benchmark: COPY vs pipelined executemany, and command -> row latency.
 
 1. Writer: `write_batch` (events + projection + offsets, one transaction per batch) over a
-   real event log — the decider bench's command cycle run through `streams.decider.apply`
+   real event log — the decider bench's command cycle run through `sessionstream.core.decider.apply`
    on 1000 sessions — into a fresh schema per run, per mode and batch size, 3 times, modes
    in alternating order: best and median. Also the events insert alone (step 1 of
    `write_batch`, the only part the modes differ in) at the sink's default batch.
@@ -58,11 +58,11 @@ from bench._sink_harness import (
     sink_run,
     workload,
 )
-from schemas.commands import Command
+from sessionstream.adapters.kafka import read_topic
 from sessionstream.client import SessionClient
-from sessionstream.kafka import read_topic
+from sessionstream.runtimes.sink.writer import PendingEvent, WriteMode, _insert_events, write_batch
+from sessionstream.schemas.commands import Command
 from sessionstream.settings import Settings
-from sinks.writer import PendingEvent, WriteMode, _insert_events, write_batch
 from tests.integration.worlds import isolated_settings
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -37,8 +37,8 @@ from bench._harness import (
     Workload,
     delete_topics_and_groups,
 )
+from sessionstream.adapters.kafka import read_records
 from sessionstream.client import SessionClient
-from sessionstream.kafka import read_records
 from sessionstream.settings import Settings
 from tests.integration.worlds import isolated_settings
 
@@ -47,9 +47,9 @@ def encoding(repeat: int = 5, n: int = 3000) -> dict[str, Any]:
     """JSON (pydantic) against the binary record for a busy session (600 commands) and a
     fresh one: bytes, encode and decode µs (best of `repeat`)."""
     from bench.bench_decider import build
-    from streams.decider import decide
-    from streams.state import SessionState, state_from_json, state_to_json
-    from streams.state_codec import decode_state, encode_state
+    from sessionstream.core.decider import decide
+    from sessionstream.core.state import SessionState, state_from_json, state_to_json
+    from sessionstream.core.state_codec import decode_state, encode_state
 
     state = SessionState.initial("s-0")
     busy = state

@@ -17,7 +17,7 @@ Two workloads, each on `--sessions` sessions:
   steers, follow-ups, an abort and its acknowledgement), worker commands on their own topic.
 
 The garbage collector is settled first, as `sessionstream processor` does once started
-(`sessionstream._gc`); `--default-gc` keeps CPython's thresholds instead, to compare.
+(`sessionstream.adapters._gc`); `--default-gc` keeps CPython's thresholds instead, to compare.
 
 Printed per workload: commands, events per command, microseconds per command of decode
 (a separate pass), decide_batch, produce and store, commands/s for the whole, and the
@@ -46,16 +46,16 @@ from confluent_kafka import Producer
 
 from bench._harness import CYCLE as PRODUCER_CYCLE
 from bench.bench_decider import build as protocol_commands
-from schemas.codec import Codec
-from schemas.commands import Command, command_class
-from sessionstream._gc import settle_collector
-from sessionstream.registry import reader_codec
+from sessionstream.adapters._gc import settle_collector
+from sessionstream.adapters.registry import reader_codec
+from sessionstream.core.partitioning import partition_for
+from sessionstream.core.step import CommandStep
+from sessionstream.runtimes.processor.batch import decide_batch, input_classes, produce
+from sessionstream.runtimes.processor.partition import PartitionState
+from sessionstream.runtimes.processor.store import PartitionStore
+from sessionstream.schemas.codec import Codec
+from sessionstream.schemas.commands import Command, command_class
 from sessionstream.settings import Settings
-from streams.partitioning import partition_for
-from streams.processor.batch import decide_batch, input_classes, produce
-from streams.processor.partition import PartitionState
-from streams.processor.store import PartitionStore
-from streams.step import CommandStep
 
 PARTITIONS = 4
 

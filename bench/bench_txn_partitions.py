@@ -10,7 +10,8 @@ over 4, 8, 12 or 16 partitions (1-4 topics of 4), the input offset joined with
 alternate within each round (A B C D A B C D ...) to tame the machine's noise.
 
 `--producers 1,2` also alternates the number of transactional producers the transactions
-take turns on, as the processor's two do (`streams/processor/loop.py`): one producer that
+take turns on, as the processor's two do (`sessionstream/runtimes/processor/loop.py`): one producer
+that
 begins its next transaction right after a commit has its AddPartitionsToTxn refused
 CONCURRENT_TRANSACTIONS until the broker has written the commit's markers, and librdkafka
 retries that after a fixed 20 ms; with two, each producer's last transaction ended one
@@ -35,7 +36,7 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench._harness import percentiles
-from sessionstream.kafka import client_config, transactional_producer_config
+from sessionstream.adapters.kafka import client_config, transactional_producer_config
 from sessionstream.settings import Settings
 
 PARTITIONS = 4

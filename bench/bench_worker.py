@@ -30,12 +30,12 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from schemas.events import Event, LeaseGranted
+from sessionstream.adapters.kafka import read_topic
+from sessionstream.adapters.postgres.migrate import migrate
+from sessionstream.adapters.registry import reader_codec
 from sessionstream.client import SessionClient
-from sessionstream.kafka import read_topic
-from sessionstream.registry import reader_codec
+from sessionstream.schemas.events import Event, LeaseGranted
 from sessionstream.settings import Settings
-from sinks.migrate import migrate
 from tests.integration.procs import Proc, processor
 from tests.integration.worlds import isolated_settings
 

@@ -22,11 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from schemas.commands import Command
-from schemas.errors import DecodeError
-from schemas.events import SESSION_LOG, CommandRejected, Event
-from schemas.outcomes import CommandOutcome
 from sessionstream.errors import IncompatibleEvent
+from sessionstream.schemas.commands import Command
+from sessionstream.schemas.errors import DecodeError
+from sessionstream.schemas.events import SESSION_LOG, CommandRejected, Event
+from sessionstream.schemas.outcomes import CommandOutcome
 
 __all__ = [
     "CommandHandle",

@@ -13,7 +13,7 @@ adapters' `ModelError`, `ModelUnavailable`, `QueryFailed` and `DatabaseUnavailab
 generation fencing, cancel propagation; docs/workers.md).
 """
 
-from consumers.worker import (
+from sessionstream.runtimes.worker import (
     AbortSignal,
     ActionDenied,
     ActionExecutor,

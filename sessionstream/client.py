@@ -41,8 +41,27 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from schemas.codec import Codec
-from schemas.commands import (
+from sessionstream._outcomes import (
+    CommandHandle,
+    Outcome,
+    OutcomeMatcher,
+    acknowledged,
+    outcome_of,
+)
+from sessionstream.adapters.kafka import (
+    client_config,
+    command_producer_config,
+    produce,
+    reader_config,
+    take,
+    unavailable,
+)
+from sessionstream.adapters.registry import attach_registry
+from sessionstream.adapters.topics import command_topic
+from sessionstream.core.partitioning import partition_for
+from sessionstream.errors import CommandTimeout, KafkaUnavailable, SessionstreamError
+from sessionstream.schemas.codec import Codec
+from sessionstream.schemas.commands import (
     AbortPayload,
     Command,
     FollowUpPayload,
@@ -51,29 +70,10 @@ from schemas.commands import (
     SendPayload,
     SteerPayload,
 )
-from schemas.errors import DecodeError
-from schemas.events import Event
-from schemas.sessions import scoped_session_id
-from sessionstream._outcomes import (
-    CommandHandle,
-    Outcome,
-    OutcomeMatcher,
-    acknowledged,
-    outcome_of,
-)
-from sessionstream.errors import CommandTimeout, KafkaUnavailable, SessionstreamError
-from sessionstream.kafka import (
-    client_config,
-    command_producer_config,
-    produce,
-    reader_config,
-    take,
-    unavailable,
-)
-from sessionstream.registry import attach_registry
+from sessionstream.schemas.errors import DecodeError
+from sessionstream.schemas.events import Event
+from sessionstream.schemas.sessions import scoped_session_id
 from sessionstream.settings import Settings, get_settings
-from sessionstream.topics import command_topic
-from streams.partitioning import partition_for
 
 __all__ = ["KNOWN_RUN", "CommandHandle", "Outcome", "SessionClient", "outcome_of"]
 
@@ -181,7 +181,7 @@ class SessionClient:
 
     def session_id(self, local_id: str) -> str:
         """The full id of this client's tenant's session `local_id` (``acme:s1``): the
-        session the gateway shows that tenant as `local_id` (schemas.sessions)."""
+        session the gateway shows that tenant as `local_id` (sessionstream.schemas.sessions)."""
         return scoped_session_id(self.tenant_id, local_id)
 
     def known_run(self, session_id: str) -> str | None:

@@ -10,10 +10,10 @@
 `SessionClient.prompt`, `steer`, `follow_up`, `send` and `abort` build these for you; the
 models are here for typing, and for a command built by hand (`SessionClient.command`).
 Fields, defaults and rules: docs/protocol.md#commands. These are the wire contract's own
-models (`schemas.commands`), re-exported.
+models (`sessionstream.schemas.commands`), re-exported.
 """
 
-from schemas.commands import (
+from sessionstream.schemas.commands import (
     PRODUCER_COMMAND_TYPES,
     AbortPayload,
     Command,

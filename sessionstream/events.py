@@ -10,10 +10,10 @@ session's log (`sessionstream tail`, the gateway's SSE stream), a run's replay.
 
 Every event is an `Event` envelope around the payload model its `type` names; each model
 below is documented in docs/protocol.md#events. These are the wire contract's own models
-(`schemas.events`), re-exported.
+(`sessionstream.schemas.events`), re-exported.
 """
 
-from schemas.events import (
+from sessionstream.schemas.events import (
     ACTIVE_STATUSES,
     EVENT_TYPES,
     REJECTION_REASONS,

@@ -33,6 +33,9 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STACK="$REPO/stack"
 PYTHON="${PYTHON:-$REPO/.venv/bin/python}"
+# the stack's own tools (stack/probe.py, stack/secure.py) live beside this script, outside
+# the installed package: `-m stack.probe` finds them from the repository's root
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 TIMEOUT="${SESSIONSTREAM_STACK_TIMEOUT:-90}"
 STATE_DIR="${SESSIONSTREAM_STATE_DIR:-${XDG_STATE_HOME:-$HOME/.local/state}/sessionstream}"
 KAFKA_LIBS="${SESSIONSTREAM_KAFKA_LIBS:-${XDG_CACHE_HOME:-$HOME/.cache}/sessionstream/kafka-libs}"
@@ -165,7 +168,7 @@ apt_install() {
 load_config() {
     [[ -x "$PYTHON" ]] || die "no Python at $PYTHON: run 'make install' first (or set PYTHON)"
     local out
-    out="$("$PYTHON" -m sessionstream._probe config)" || die "could not read sessionstream settings"
+    out="$("$PYTHON" -m stack.probe config)" || die "could not read sessionstream settings"
     eval "$out"
 }
 
@@ -270,7 +273,7 @@ render_props() { # server.properties of the current node: the base, then the pro
 SCRAM_ARGS=()
 secure_prepare() { # credentials files, the broker's jaas.conf, the format-time SCRAM users
     local out
-    out="$("$PYTHON" -m sessionstream._secure_stack prepare "$CRED_DIR" --bootstrap "$BOOTSTRAP" \
+    out="$("$PYTHON" -m stack.secure prepare "$CRED_DIR" --bootstrap "$BOOTSTRAP" \
         --database-url "$CFG_SECURE_DATABASE_URL" --jaas "$KAFKA_JAAS" \
         --registry-url "$REGISTRY_URL")" \
         || die "kafka-secure: could not write the credentials in $CRED_DIR"
@@ -327,7 +330,7 @@ kafka_start() {
 kafka_probe() { # wait [pid]: the probe of the current node (credentials, node id as needed)
     local pid=()
     [[ -n "${2:-}" ]] && pid=(--pid "$2")
-    "$PYTHON" -m sessionstream._probe kafka "$KAFKA_ADDR" --wait "$1" "${pid[@]}" "${PROBE_ARGS[@]}"
+    "$PYTHON" -m stack.probe kafka "$KAFKA_ADDR" --wait "$1" "${pid[@]}" "${PROBE_ARGS[@]}"
 }
 
 kafka_fail() { # message
@@ -353,7 +356,7 @@ kafka_up() { # the default profile: also knows external and foreign brokers
     use_node 1
     if [[ "$CFG_KAFKA_LOCAL" != 1 ]]; then
         local desc
-        desc="$("$PYTHON" -m sessionstream._probe kafka "$CFG_KAFKA_BOOTSTRAP" --wait 15)" \
+        desc="$("$PYTHON" -m stack.probe kafka "$CFG_KAFKA_BOOTSTRAP" --wait 15)" \
             || die "kafka: SESSIONSTREAM_KAFKA_BOOTSTRAP=$CFG_KAFKA_BOOTSTRAP does not answer (see above); not starting a local broker for an external address"
         say "kafka: external $CFG_KAFKA_BOOTSTRAP answers ($desc); not starting a local broker"
         return 0
@@ -367,7 +370,7 @@ kafka_up() { # the default profile: also knows external and foreign brokers
     fi
     drop_stale_kafka_pidfile
     if listening 127.0.0.1 9092; then
-        desc="$("$PYTHON" -m sessionstream._probe kafka 127.0.0.1:9092 --wait 10)" \
+        desc="$("$PYTHON" -m stack.probe kafka 127.0.0.1:9092 --wait 10)" \
             || die "kafka: 127.0.0.1:9092 is taken by a process that does not answer as Kafka: $(who_listens 9092)"
         say "kafka: 127.0.0.1:9092 already answers and was not started by sessionstream ($desc) - using it"
         return 0
@@ -437,7 +440,7 @@ kafka_profile_up() { # start the nodes that do not run (all before waiting: a qu
         fi
     done
     if [[ $NODES -gt 1 ]]; then
-        desc="$("$PYTHON" -m sessionstream._probe kafka "$BOOTSTRAP" --wait "$TIMEOUT" --brokers "$NODES")" \
+        desc="$("$PYTHON" -m stack.probe kafka "$BOOTSTRAP" --wait "$TIMEOUT" --brokers "$NODES")" \
             || die "kafka-$PROFILE: the nodes run but do not form a cluster of $NODES brokers (logs in $PROFILE_DIR/kafka-*/logs)"
         say "kafka-$PROFILE: $desc on $BOOTSTRAP"
     fi
@@ -525,18 +528,18 @@ kafka_status() {
         return 0
     fi
     if [[ "$CFG_KAFKA_LOCAL" != 1 ]]; then
-        if desc="$("$PYTHON" -m sessionstream._probe kafka "$CFG_KAFKA_BOOTSTRAP" 2>&1)"; then
+        if desc="$("$PYTHON" -m stack.probe kafka "$CFG_KAFKA_BOOTSTRAP" 2>&1)"; then
             say "kafka: external $CFG_KAFKA_BOOTSTRAP answers ($desc)"
         else
             say "kafka: external $CFG_KAFKA_BOOTSTRAP does not answer ($desc)"
         fi
     elif pid="$(kafka_pid)"; then
-        if desc="$("$PYTHON" -m sessionstream._probe kafka 127.0.0.1:9092 2>&1)"; then
+        if desc="$("$PYTHON" -m stack.probe kafka 127.0.0.1:9092 2>&1)"; then
             say "kafka: running (pid $pid, Apache Kafka $(kafka_version), 127.0.0.1:9092, $desc; state $KAFKA_DIR)"
         else
             say "kafka: running (pid $pid) but not answering yet ($desc)"
         fi
-    elif desc="$("$PYTHON" -m sessionstream._probe kafka 127.0.0.1:9092 2>&1)"; then
+    elif desc="$("$PYTHON" -m stack.probe kafka 127.0.0.1:9092 2>&1)"; then
         say "kafka: 127.0.0.1:9092 answers but was not started by sessionstream ($desc)"
     elif [[ -f "$KAFKA_PIDFILE" ]]; then
         say "kafka: not running (stale pid file $KAFKA_PIDFILE; 'up' removes it)"
@@ -687,20 +690,20 @@ pg_fail() {
 pg_up() {
     local desc
     if [[ "$CFG_PG_LOCAL" != 1 ]]; then
-        desc="$("$PYTHON" -m sessionstream._probe postgres "$CFG_DATABASE_URL" --wait 15)" \
+        desc="$("$PYTHON" -m stack.probe postgres "$CFG_DATABASE_URL" --wait 15)" \
             || die "postgres: SESSIONSTREAM_DATABASE_URL=$CFG_DATABASE_URL_SHOWN does not answer (see above); not starting a local cluster for an external address"
         say "postgres: external $CFG_DATABASE_URL_SHOWN answers ($desc); not starting a local cluster"
         return 0
     fi
     ensure_postgres_installed
     if pg_running; then
-        desc="$("$PYTHON" -m sessionstream._probe postgres "$CFG_DATABASE_URL" --wait "$TIMEOUT")" \
+        desc="$("$PYTHON" -m stack.probe postgres "$CFG_DATABASE_URL" --wait "$TIMEOUT")" \
             || pg_fail "postgres: our cluster (pid $(pg_pid)) runs but $CFG_DATABASE_URL_SHOWN does not answer"
         say "postgres: already running (pid $(pg_pid), 127.0.0.1:$PG_PORT, $desc) - nothing to do"
         return 0
     fi
     if listening 127.0.0.1 "$PG_PORT"; then
-        if desc="$("$PYTHON" -m sessionstream._probe postgres "$CFG_DATABASE_URL" --wait 10)"; then
+        if desc="$("$PYTHON" -m stack.probe postgres "$CFG_DATABASE_URL" --wait 10)"; then
             say "postgres: 127.0.0.1:$PG_PORT already answers and was not started by sessionstream ($desc) - using it"
             return 0
         fi
@@ -714,7 +717,7 @@ pg_up() {
     as_pg "$PG_BIN/pg_ctl" start -D "$PG_DATA" -l "$PG_LOG" -w -t "$TIMEOUT" -s \
         || pg_fail "postgres: the server did not start within ${TIMEOUT}s"
     pg_bootstrap || pg_fail "postgres: could not create role/database $PG_ROLE/$PG_DB"
-    desc="$("$PYTHON" -m sessionstream._probe postgres "$CFG_DATABASE_URL" --wait 15)" \
+    desc="$("$PYTHON" -m stack.probe postgres "$CFG_DATABASE_URL" --wait 15)" \
         || pg_fail "postgres: started, but $CFG_DATABASE_URL_SHOWN does not answer select 1"
     say "postgres: ready on 127.0.0.1:$PG_PORT (pid $(pg_pid), $desc; role/password/db $PG_ROLE/$PG_PASSWORD/$PG_DB)"
 }
@@ -743,18 +746,18 @@ pg_down() {
 pg_status() {
     local desc
     if [[ "$CFG_PG_LOCAL" != 1 ]]; then
-        if desc="$("$PYTHON" -m sessionstream._probe postgres "$CFG_DATABASE_URL" 2>&1)"; then
+        if desc="$("$PYTHON" -m stack.probe postgres "$CFG_DATABASE_URL" 2>&1)"; then
             say "postgres: external $CFG_DATABASE_URL_SHOWN answers ($desc)"
         else
             say "postgres: external $CFG_DATABASE_URL_SHOWN does not answer ($desc)"
         fi
     elif find_pg_bin && pg_running; then
-        if desc="$("$PYTHON" -m sessionstream._probe postgres "$CFG_DATABASE_URL" 2>&1)"; then
+        if desc="$("$PYTHON" -m stack.probe postgres "$CFG_DATABASE_URL" 2>&1)"; then
             say "postgres: running (pid $(pg_pid), 127.0.0.1:$PG_PORT, $desc; data $PG_DATA)"
         else
             say "postgres: running (pid $(pg_pid)) but not answering ($desc)"
         fi
-    elif desc="$("$PYTHON" -m sessionstream._probe postgres "$CFG_DATABASE_URL" 2>&1)"; then
+    elif desc="$("$PYTHON" -m stack.probe postgres "$CFG_DATABASE_URL" 2>&1)"; then
         say "postgres: 127.0.0.1:$PG_PORT answers but was not started by sessionstream ($desc)"
     else
         say "postgres: not running"
@@ -847,7 +850,7 @@ registry_probe() { # wait [pid]: ask the profile's registry (with the credential
     local args=(registry "$REGISTRY_URL" --wait "$1")
     [[ -n "${2:-}" ]] && args+=(--pid "$2")
     [[ $REGISTRY_AUTH == 1 ]] && args+=(--credentials "$CRED_DIR/admin.env")
-    "$PYTHON" -m sessionstream._probe "${args[@]}"
+    "$PYTHON" -m stack.probe "${args[@]}"
 }
 
 registry_fail() {
@@ -859,7 +862,7 @@ registry_fail() {
 registry_up() {
     local desc pid
     if [[ $PROFILE == default && "$CFG_REGISTRY_LOCAL" != 1 ]]; then
-        desc="$("$PYTHON" -m sessionstream._probe registry "$CFG_REGISTRY_URL" --wait 15)" \
+        desc="$("$PYTHON" -m stack.probe registry "$CFG_REGISTRY_URL" --wait 15)" \
             || die "registry: SESSIONSTREAM_SCHEMA_REGISTRY_URL=$CFG_REGISTRY_URL does not answer (see above); not starting a local registry for an external address"
         say "registry: external $CFG_REGISTRY_URL answers ($desc); not starting a local registry"
         return 0
@@ -885,7 +888,7 @@ registry_up() {
     mkdir -p "$REGISTRY_DIR"
     if [[ $REGISTRY_AUTH == 1 ]]; then
         # config/application.properties in its working directory: the user it accepts
-        "$PYTHON" -m sessionstream._secure_stack registry-config "$CRED_DIR" "$REGISTRY_DIR" \
+        "$PYTHON" -m stack.secure registry-config "$CRED_DIR" "$REGISTRY_DIR" \
             || die "registry: could not write the secured registry's configuration"
     fi
     say "registry: starting Apicurio Registry $REGISTRY_VERSION, waiting up to ${TIMEOUT}s"
@@ -917,7 +920,7 @@ registry_down() { pidfile_stop registry "$REGISTRY_PIDFILE" apicurio-registry "$
 registry_status() {
     local pid desc
     if [[ $PROFILE == default && "$CFG_REGISTRY_LOCAL" != 1 ]]; then
-        if desc="$("$PYTHON" -m sessionstream._probe registry "$CFG_REGISTRY_URL")"; then
+        if desc="$("$PYTHON" -m stack.probe registry "$CFG_REGISTRY_URL")"; then
             say "registry: external $CFG_REGISTRY_URL answers ($desc)"
         else
             say "registry: external $CFG_REGISTRY_URL does not answer"
@@ -983,7 +986,7 @@ connect_pid() { pidfile_pid "$CONNECT_PIDFILE" ConnectDistributed; }
 connect_probe() { # wait [pid]
     local args=(connect "http://127.0.0.1:$CONNECT_PORT" --wait "$1")
     [[ -n "${2:-}" ]] && args+=(--pid "$2")
-    "$PYTHON" -m sessionstream._probe "${args[@]}"
+    "$PYTHON" -m stack.probe "${args[@]}"
 }
 
 connect_up() {
@@ -1049,14 +1052,14 @@ secure_apply() { # users and ACLs in Kafka, roles, database and grants in Postgr
     else
         say "postgres-secure: skipped - the roles and database $SECURE_DB are made in this script's own PostgreSQL cluster, and 127.0.0.1:$PG_PORT is not it"
     fi
-    "$PYTHON" -m sessionstream._secure_stack apply "$CRED_DIR" "${pg[@]}" \
+    "$PYTHON" -m stack.secure apply "$CRED_DIR" "${pg[@]}" \
         || die "secure: creating users, ACLs, roles or grants failed (as admin: $CRED_DIR/admin.env)"
     say "secure: credentials of each role in $CRED_DIR/<role>.env (SESSIONSTREAM_CREDENTIALS_FILE)"
 }
 
 secure_pg_reset() {
     if secure_pg_ours; then
-        "$PYTHON" -m sessionstream._secure_stack drop --pg-socket "$PG_SOCK" --pg-port "$PG_PORT" \
+        "$PYTHON" -m stack.secure drop --pg-socket "$PG_SOCK" --pg-port "$PG_PORT" \
             --database "$SECURE_DB" || die "postgres-secure: could not drop $SECURE_DB and its roles"
     else
         say "postgres-secure: our PostgreSQL does not run; database $SECURE_DB and its roles left in place"

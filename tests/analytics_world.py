@@ -3,7 +3,7 @@
 Each session has a tenant, runs that complete, fail, time out, are cancelled (with a known
 cancel latency) or stay active, progress events analytics ignores, and rejections and
 `run.queued` entries on its session log. `Expected` is computed from the scenario itself,
-never through `consumers.analytics`, so the tests compare two independent countings.
+never through `sessionstream.runtimes.analytics`, so the tests compare two independent countings.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 
-from schemas.events import (
+from sessionstream.schemas.events import (
     SESSION_LOG,
     CancelRequested,
     CommandRejected,

@@ -28,17 +28,17 @@ import psycopg
 from bench._harness import Processor, broker_pid
 from bench.peers._http import JsonPoster
 from bench.peers._load import Result
-from schemas.commands import AbortPayload, Command, PromptPayload
-from sessionstream._model_server import free_port
-from sessionstream._procs import Service, delete_world
+from sessionstream.adapters.kafka import read_topic
+from sessionstream.adapters.postgres.migrate import migrate
+from sessionstream.adapters.registry import reader_codec
+from sessionstream.apps._model_server import free_port
+from sessionstream.apps._procs import Service, delete_world
+from sessionstream.apps.gateway.keys import create_key
 from sessionstream.client import CommandHandle, Outcome, SessionClient
+from sessionstream.core.log_check import check_log
 from sessionstream.errors import SessionstreamError
-from sessionstream.gateway.keys import create_key
-from sessionstream.kafka import read_topic
-from sessionstream.registry import reader_codec
+from sessionstream.schemas.commands import AbortPayload, Command, PromptPayload
 from sessionstream.settings import Settings
-from sinks.migrate import migrate
-from streams.log_check import check_log
 from tests.integration.worlds import isolated_settings
 
 PARTITIONS = 4

@@ -46,7 +46,7 @@ install_venv() {
   command -v java >/dev/null || { echo "error: PyFlink needs a Java 11/17 runtime on PATH (Debian: apt-get install openjdk-17-jre-headless)" >&2; exit 1; }
   echo "flink: virtualenv $VENV with apache-flink==$PYFLINK_VERSION (log: $VENV/install.log)"
   [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
-  # The runner imports the repo's own codec (schemas/, fastavro) for its decode checks;
+  # The runner imports the repo's own codec (sessionstream/schemas/, fastavro) for its decode checks;
   # fastavro comes from the project's pins, sessionstream itself is put on sys.path by the runner.
   "$VENV/bin/python" -m pip install --disable-pip-version-check -q \
       "apache-flink==$PYFLINK_VERSION" >"$VENV/install.log" 2>&1 \

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from streams.partitioning import partition_for
+from sessionstream.core.partitioning import partition_for
 
 __all__ = [
     "fds",

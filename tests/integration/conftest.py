@@ -21,8 +21,8 @@ import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from sessionstream._probe import NotAnswering, NotListening, kafka_answers, postgres_answers
 from sessionstream.settings import Settings
+from stack.probe import NotAnswering, NotListening, kafka_answers, postgres_answers
 from tests.integration.helpers import wait_until
 from tests.integration.procs import MADE, REPO, Proc
 from tests.integration.worlds import isolated_world, remove_isolated

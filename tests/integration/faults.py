@@ -20,12 +20,12 @@ from dataclasses import dataclass
 
 import psycopg
 
-from schemas.events import RunStarted
+from sessionstream.adapters.kafka import LogRecord, read_topic
+from sessionstream.adapters.registry import reader_codec
 from sessionstream.client import CommandHandle, SessionClient
-from sessionstream.kafka import LogRecord, read_topic
-from sessionstream.registry import reader_codec
+from sessionstream.core.log_check import state_table
+from sessionstream.schemas.events import RunStarted
 from sessionstream.settings import Settings
-from streams.log_check import state_table
 from tests.integration.helpers import check_log, fold_log, wait_until
 from tests.integration.procs import (
     REPO,

@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 import psycopg
 
-from sessionstream._procs import delete_groups
-from sessionstream.gateway.keys import create_key
+from sessionstream.adapters.postgres.migrate import migrate
+from sessionstream.apps._procs import delete_groups
+from sessionstream.apps.gateway.keys import create_key
 from sessionstream.settings import Settings
-from sinks.migrate import migrate
 from tests.integration.helpers import wait_until
 from tests.integration.procs import Proc
 from tests.integration.worlds import isolated_world

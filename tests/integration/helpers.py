@@ -7,11 +7,11 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
 
-from schemas.codec import Codec
-from sessionstream.registry import reader_codec
-from streams import log_check
-from streams.log_check import LogReport, Record
-from streams.state import SessionState
+from sessionstream.adapters.registry import reader_codec
+from sessionstream.core import log_check
+from sessionstream.core.log_check import LogReport, Record
+from sessionstream.core.state import SessionState
+from sessionstream.schemas.codec import Codec
 
 T = TypeVar("T")
 
@@ -60,10 +60,10 @@ def _say(what: str | Callable[[], str]) -> str:
 
 
 def check_log(records: Iterable[Record], codec: Codec | None = None, limit: int = 50) -> LogReport:
-    """`streams.log_check.check_log` with a codec that reads registry-framed events."""
+    """`sessionstream.core.log_check.check_log` with a codec that reads registry-framed events."""
     return log_check.check_log(records, codec or reader_codec(), limit)
 
 
 def fold_log(records: Iterable[Record], codec: Codec | None = None) -> dict[str, SessionState]:
-    """`streams.log_check.fold_log` with a codec that reads registry-framed events."""
+    """`sessionstream.core.log_check.fold_log` with a codec that reads registry-framed events."""
     return log_check.fold_log(records, codec or reader_codec())

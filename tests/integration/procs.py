@@ -8,8 +8,8 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
-from sessionstream._procs import TOPIC_FIELDS, Service
-from sessionstream.kafka import read_topic
+from sessionstream.adapters.kafka import read_topic
+from sessionstream.apps._procs import TOPIC_FIELDS, Service
 from sessionstream.settings import Settings
 from tests.integration.helpers import wait_until
 

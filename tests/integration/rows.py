@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import psycopg
 
-from schemas.codec import Codec
-from schemas.events import Event
-from sessionstream.kafka import read_topic
-from sessionstream.registry import reader_codec
+from sessionstream.adapters.kafka import read_topic
+from sessionstream.adapters.registry import reader_codec
+from sessionstream.runtimes.sink.projection import Projection
+from sessionstream.schemas.codec import Codec
+from sessionstream.schemas.events import Event
 from sessionstream.settings import Settings
-from sinks.projection import Projection
 
 __all__ = ["assert_rows_equal_log", "count_rows", "db", "log_events"]
 

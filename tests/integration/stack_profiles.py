@@ -20,8 +20,8 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from sessionstream._procs import delete_world
-from sessionstream.kafka.config import client_config
+from sessionstream.adapters.kafka.config import client_config
+from sessionstream.apps._procs import delete_world
 from sessionstream.settings import Settings, read_credentials_file
 from tests.integration.worlds import ISOLATED
 

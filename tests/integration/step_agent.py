@@ -16,9 +16,9 @@ from __future__ import annotations
 import asyncio
 import os
 
-from consumers.worker._signal import AbortSignal, RunCancelled
-from consumers.worker.context import RunContext
-from consumers.worker.model import Model
+from sessionstream.runtimes.worker._signal import AbortSignal, RunCancelled
+from sessionstream.runtimes.worker.context import RunContext
+from sessionstream.runtimes.worker.model import Model
 
 __all__ = ["run"]
 

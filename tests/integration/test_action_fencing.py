@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 import psycopg
 import pytest
 
-from consumers.worker._signal import RunFenced
-from consumers.worker.executor import ActionExecutor, ActionRun, ActionTarget
-from sinks.migrate import migrate
+from sessionstream.adapters.postgres.migrate import migrate
+from sessionstream.runtimes.worker._signal import RunFenced
+from sessionstream.runtimes.worker.executor import ActionExecutor, ActionRun, ActionTarget
 
 pytestmark = pytest.mark.integration
 

@@ -1,6 +1,6 @@
 """The real model and tool adapters: their abort reaches the far side, measured.
 
-* `OpenAIChatModel` against the local streaming server (`sessionstream._model_server`, on
+* `OpenAIChatModel` against the local streaming server (`sessionstream.apps._model_server`, on
   a thread of its own, loopback): a whole reply; an abort mid-stream closes the connection
   (the server records when it saw the client go) within 100 ms; provider errors are
   `ModelError`s.
@@ -22,12 +22,8 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from consumers.worker import AbortSignal, RunCancelled
-from consumers.worker.openai_model import OpenAIChatModel
-from consumers.worker.sql_tool import run_query
-from schemas.commands import AbortPayload
-from schemas.events import Event, RunFinished
-from sessionstream._model_server import ModelServer, Served, free_port, reply_text
+from sessionstream.adapters.registry import reader_codec
+from sessionstream.apps._model_server import ModelServer, Served, free_port, reply_text
 from sessionstream.client import SessionClient
 from sessionstream.errors import (
     DatabaseUnavailable,
@@ -35,7 +31,11 @@ from sessionstream.errors import (
     ModelUnavailable,
     QueryFailed,
 )
-from sessionstream.registry import reader_codec
+from sessionstream.runtimes.worker import AbortSignal, RunCancelled
+from sessionstream.runtimes.worker.openai_model import OpenAIChatModel
+from sessionstream.runtimes.worker.sql_tool import run_query
+from sessionstream.schemas.commands import AbortPayload
+from sessionstream.schemas.events import Event, RunFinished
 from sessionstream.settings import Settings
 from tests.integration.conftest import WorldFactory
 from tests.integration.helpers import await_until, wait_until
@@ -254,7 +254,7 @@ def iso(request: pytest.FixtureRequest, worlds: WorldFactory) -> Settings:
 
 
 def _events(s: Settings, run_id: str) -> list[Event]:
-    from sessionstream.kafka import read_topic
+    from sessionstream.adapters.kafka import read_topic
 
     codec = reader_codec()
     out = [codec.decode_event(r.value or b"") for r in read_topic(s, s.events_topic)]

@@ -27,10 +27,10 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
-from schemas.events import Event, RunStarted
-from sessionstream.registry import reader_codec
+from sessionstream.adapters.registry import reader_codec
+from sessionstream.core.partitioning import partition_for
+from sessionstream.schemas.events import Event, RunStarted
 from sessionstream.settings import Settings
-from streams.partitioning import partition_for
 from tests.analytics_world import COUNTED_TYPES, Expected, make_world
 from tests.integration.conftest import WorldFactory
 from tests.integration.helpers import wait_until
@@ -311,7 +311,7 @@ def test_a_changelog_it_cannot_recover_stops_the_app_saying_why(iso: Settings) -
     a rollback). faust runs the recovery callback in a task whose outcome it never reads:
     the error vanished, the app served zeros and counted every event as `unowned`. Now
     the app stops with the reason, for its supervisor to see."""
-    from sessionstream.topics import ensure_topics
+    from sessionstream.adapters.topics import ensure_topics
 
     ensure_topics(iso)
     changelog = f"{iso.analytics_app_id}-analytics-changelog"

@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from schemas.commands import PromptPayload
 from sessionstream.client import SessionClient
+from sessionstream.schemas.commands import PromptPayload
 from sessionstream.settings import Settings
 from tests.analytics_world import make_world
 from tests.integration.conftest import WorldFactory

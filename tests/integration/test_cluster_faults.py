@@ -35,13 +35,13 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from sessionstream.adapters.kafka import log_bounds, read_topic
+from sessionstream.adapters.postgres.migrate import migrate
+from sessionstream.adapters.registry import reader_codec
+from sessionstream.core.partitioning import partition_for
 from sessionstream.errors import KafkaUnavailable
-from sessionstream.kafka import log_bounds, read_topic
-from sessionstream.registry import reader_codec
+from sessionstream.runtimes.processor.loop import transactional_ids
 from sessionstream.settings import Settings
-from sinks.migrate import migrate
-from streams.partitioning import partition_for
-from streams.processor.loop import transactional_ids
 from tests.integration.faults import SOAK, Load, Pipeline, Verifier, assert_consistent
 from tests.integration.helpers import check_log, fold_log, wait_until
 from tests.integration.stack_profiles import (

@@ -19,11 +19,11 @@ import psycopg
 import pytest
 from confluent_kafka import Producer
 
-from sessionstream import connect
-from sessionstream._procs import settings_env
+from sessionstream.adapters import connect
+from sessionstream.adapters.kafka import client_config, read_topic
+from sessionstream.adapters.registry import reader_codec
+from sessionstream.apps._procs import settings_env
 from sessionstream.client import SessionClient
-from sessionstream.kafka import client_config, read_topic
-from sessionstream.registry import reader_codec
 from sessionstream.settings import Settings
 from tests.integration.conftest import WorldFactory
 from tests.integration.helpers import wait_until

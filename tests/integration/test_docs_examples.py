@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sessionstream._procs import settings_env
+from sessionstream.apps._procs import settings_env
 from sessionstream.settings import Settings
 from tests.integration.procs import Proc, processor
 

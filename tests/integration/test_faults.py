@@ -17,15 +17,15 @@ from collections.abc import Callable, Iterator
 import pytest
 from confluent_kafka import Producer
 
-from schemas.codec import DEFAULT_MAX_RECORD_BYTES, Codec
-from schemas.commands import Command
-from schemas.events import Event, StaleWriteRecorded
+from sessionstream.adapters.kafka import read_topic
+from sessionstream.adapters.postgres.migrate import migrate
+from sessionstream.adapters.registry import reader_codec
 from sessionstream.client import SessionClient
-from sessionstream.kafka import read_topic
-from sessionstream.registry import reader_codec
+from sessionstream.core.partitioning import partition_for
+from sessionstream.schemas.codec import DEFAULT_MAX_RECORD_BYTES, Codec
+from sessionstream.schemas.commands import Command
+from sessionstream.schemas.events import Event, StaleWriteRecorded
 from sessionstream.settings import Settings
-from sinks.migrate import migrate
-from streams.partitioning import partition_for
 from tests.integration.conftest import WorldFactory
 from tests.integration.faults import (
     Load,

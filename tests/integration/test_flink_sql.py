@@ -1,5 +1,6 @@
 """Flink SQL over the run event stream against the real broker, registry
-and PostgreSQL: the queries of consumers/analytics/flink/ on a bounded read_committed read
+and PostgreSQL: the queries of sessionstream/runtimes/analytics/flink/ on a bounded read_committed
+read
 equal what the sink projected (`sessionstream stats` and the same definitions in SQL), and a
 record whose schema id the registry lacks stops the job with that reason.
 
@@ -21,10 +22,10 @@ import psycopg
 import pytest
 from confluent_kafka import Producer
 
-from sessionstream._procs import settings_env
+from sessionstream.apps._procs import settings_env
 from sessionstream.client import SessionClient
+from sessionstream.runtimes.sink.stats import run_stats
 from sessionstream.settings import Settings
-from sinks.stats import run_stats
 from tests.integration.conftest import TopicFactory, WorldFactory
 from tests.integration.helpers import wait_until
 from tests.integration.procs import (
@@ -38,7 +39,7 @@ from tests.integration.procs import (
 
 pytestmark = pytest.mark.integration
 
-JOB = REPO / "consumers" / "analytics" / "flink_job.py"
+JOB = REPO / "sessionstream" / "runtimes" / "analytics" / "flink_job.py"
 
 
 @pytest.fixture(scope="module")

@@ -19,11 +19,11 @@ import httpx
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from sessionstream._procs import settings_env
-from sessionstream.kafka import read_topic
-from sessionstream.registry import reader_codec
+from sessionstream.adapters.kafka import read_topic
+from sessionstream.adapters.registry import reader_codec
+from sessionstream.apps._procs import settings_env
+from sessionstream.core.partitioning import partition_for
 from sessionstream.settings import Settings
-from streams.partitioning import partition_for
 from tests.integration.gateway_world import SSE, GatewayWorld, gateway_world
 from tests.integration.helpers import wait_until
 

@@ -16,10 +16,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from schemas.events import Event
-from sessionstream.registry import reader_codec
+from sessionstream.adapters.registry import reader_codec
+from sessionstream.core.partitioning import partition_for
+from sessionstream.schemas.events import Event
 from sessionstream.settings import Settings
-from streams.partitioning import partition_for
 from tests.integration.abuse import (
     fill_session,
     first_event_s,

@@ -17,8 +17,8 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from sessionstream.kafka import take, unmasked
-from sessionstream.kafka.transactions import FENCING
+from sessionstream.adapters.kafka import take, unmasked
+from sessionstream.adapters.kafka.transactions import FENCING
 from tests.integration.conftest import TopicFactory
 from tests.integration.helpers import wait_until
 
@@ -177,7 +177,7 @@ def test_a_group_a_stopped_static_member_holds_is_deleted_once_its_session_ends(
     for long enough, it goes; asked once, it is reported, not lost silently."""
     import uuid
 
-    from sessionstream._procs import delete_groups
+    from sessionstream.apps._procs import delete_groups
 
     topic = topic_factory(partitions=1)
     group = f"it-static-{uuid.uuid4().hex[:8]}"

@@ -14,16 +14,16 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from schemas.commands import Command
-from schemas.events import Event
+from sessionstream.adapters.kafka import read_topic
+from sessionstream.adapters.registry import reader_codec
 from sessionstream.client import CommandHandle, SessionClient, acknowledged
-from sessionstream.kafka import read_topic
-from sessionstream.registry import reader_codec
+from sessionstream.core.log_check import state_table
+from sessionstream.core.partitioning import partition_for
+from sessionstream.runtimes.processor import TransactionalProcessor
+from sessionstream.runtimes.processor.batch import Batch
+from sessionstream.schemas.commands import Command
+from sessionstream.schemas.events import Event
 from sessionstream.settings import Settings
-from streams.log_check import state_table
-from streams.partitioning import partition_for
-from streams.processor import TransactionalProcessor
-from streams.processor.batch import Batch
 from tests.integration.helpers import check_log, fold_log, wait_until
 from tests.integration.procs import (
     TOPIC_FIELDS,
@@ -445,8 +445,8 @@ def test_misconfigured_topics_stop_the_processor_at_startup(
 ) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
+    from sessionstream.adapters.topics import check_topics
     from sessionstream.errors import TopicMisconfigured
-    from sessionstream.topics import check_topics
 
     tag = uuid.uuid4().hex[:8]
     s = settings.model_copy(
@@ -479,7 +479,7 @@ def test_a_topics_configs_are_asked_again_while_a_broker_does_not_know_it(
     `check_topics` asks again until its timeout, and only then fails."""
     from confluent_kafka.admin import NewTopic
 
-    from sessionstream.topics import _describe_topics
+    from sessionstream.adapters.topics import _describe_topics
 
     name = f"it-late-{uuid.uuid4().hex[:8]}"
     with pytest.raises(KafkaException) as gone:  # never there: the error, after the timeout
@@ -527,8 +527,8 @@ def test_a_topic_the_broker_refuses_to_create_is_a_clear_error(settings: Setting
     """The broker's refusal reaches the user as sessionstream's error, naming the topic and
     the broker's reason, not as a driver exception (`processor` and `topics create` print
     it and exit 2 / 1)."""
+    from sessionstream.adapters.topics import ensure_topics
     from sessionstream.errors import KafkaUnavailable
-    from sessionstream.topics import ensure_topics
 
     # one broker here: a replication factor of 5 is refused (INVALID_REPLICATION_FACTOR)
     s = settings.model_copy(
@@ -548,7 +548,7 @@ def test_a_group_member_reading_other_topics_stops_the_processor(iso: Settings) 
     another member decides. Two writers for a session: the processor refuses to go on."""
     from confluent_kafka import Consumer
 
-    from sessionstream.topics import ensure_topics
+    from sessionstream.adapters.topics import ensure_topics
 
     ensure_topics(iso)
     old = Consumer(
@@ -868,8 +868,8 @@ def test_a_restarted_instance_fences_both_of_its_predecessors_producers(iso: Set
     partition for its whole timeout (2 minutes here). The restarted instance must abort it
     at start: a command to that partition gets its outcome at once, the zombie's record is
     never visible, and the zombie is fenced when it tries to commit."""
-    from sessionstream.kafka import transactional_producer_config
-    from streams.processor.loop import transactional_ids
+    from sessionstream.adapters.kafka import transactional_producer_config
+    from sessionstream.runtimes.processor.loop import transactional_ids
 
     instance = f"fence-{uuid.uuid4().hex[:6]}"
     sid = next(

@@ -23,13 +23,13 @@ import psycopg
 import pytest
 from confluent_kafka import Producer
 
-from schemas.events import Event
-from sessionstream._procs import settings_env
+from sessionstream.adapters.kafka import read_topic
+from sessionstream.adapters.registry import reader_codec
+from sessionstream.apps._procs import settings_env
 from sessionstream.client import Outcome, SessionClient
-from sessionstream.kafka import read_topic
-from sessionstream.registry import reader_codec
+from sessionstream.core.partitioning import partition_for
+from sessionstream.schemas.events import Event
 from sessionstream.settings import Settings
-from streams.partitioning import partition_for
 from tests.integration.helpers import check_log, wait_until
 from tests.integration.procs import processor, sink, wait_sink_caught_up
 from tests.integration.worlds import isolated_world

@@ -17,13 +17,13 @@ import psycopg
 import pytest
 from confluent_kafka import Producer
 
-from schemas._avro import event_schema
-from sessionstream._procs import settings_env
+from sessionstream.adapters.kafka import read_topic
+from sessionstream.adapters.registry import COMPATIBILITY, SchemaRegistry, reader_codec, subjects_of
+from sessionstream.apps._procs import settings_env
 from sessionstream.client import SessionClient
-from sessionstream.kafka import read_topic
-from sessionstream.registry import COMPATIBILITY, SchemaRegistry, reader_codec, subjects_of
+from sessionstream.runtimes.sink.replay import rebuild
+from sessionstream.schemas._avro import event_schema
 from sessionstream.settings import Settings
-from sinks.replay import rebuild
 from tests.integration.conftest import WorldFactory
 from tests.integration.helpers import check_log, wait_until
 from tests.integration.procs import REPO, Proc, processor, sink

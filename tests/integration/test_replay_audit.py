@@ -12,19 +12,25 @@ import psycopg
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from sessionstream._procs import settings_env
+from sessionstream.adapters.kafka import client_config, partitions_of, read_topic, reader_config
+from sessionstream.adapters.postgres.migrate import migrate
+from sessionstream.adapters.registry import reader_codec
+from sessionstream.adapters.topics import ensure_topics
+from sessionstream.apps._procs import settings_env
 from sessionstream.client import SessionClient
+from sessionstream.core.decider import decide
 from sessionstream.errors import KafkaUnavailable, SingleWriterViolation
-from sessionstream.kafka import client_config, partitions_of, read_topic, reader_config
-from sessionstream.registry import reader_codec
+from sessionstream.runtimes.sink.audit import run_audit
+from sessionstream.runtimes.sink.rebuild import RebuildFailed
+from sessionstream.runtimes.sink.replay import (
+    events_of_run,
+    events_of_session,
+    read_range,
+    rebuild,
+    session_partition,
+)
+from sessionstream.runtimes.sink.sink import connect
 from sessionstream.settings import Settings
-from sessionstream.topics import ensure_topics
-from sinks.audit import run_audit
-from sinks.migrate import migrate
-from sinks.rebuild import RebuildFailed
-from sinks.replay import events_of_run, events_of_session, read_range, rebuild, session_partition
-from sinks.sink import connect
-from streams.decider import decide
 from tests.integration.conftest import WorldFactory
 from tests.integration.procs import (
     Proc,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sessionstream._procs import settings_env
+from sessionstream.apps._procs import settings_env
 from sessionstream.settings import Settings
 from tests.integration.gateway_world import SSE, GatewayWorld, gateway_world
 

@@ -140,7 +140,7 @@ def test_postgres_restarted_under_the_sink(iso: Settings, procs: list[Proc]) -> 
 
 
 def test_partial_unique_index_rejects_a_second_active_run(iso: Settings, procs: list[Proc]) -> None:
-    from sinks.migrate import migrate
+    from sessionstream.adapters.postgres.migrate import migrate
 
     migrate(iso.database_url, schema=iso.database_schema)
     with db(iso) as conn:
@@ -170,7 +170,7 @@ def test_a_consumer_stuck_outside_the_group_is_replaced(
     coordinator restart: no JoinGroup for minutes) replaces it and writes on, exactly once.
     The stuck member is made here by unsubscribing the live consumer, on the sink's own
     thread, behind the sink's back; nothing else in the sink knows."""
-    from sinks.sink import Sink
+    from sessionstream.runtimes.sink.sink import Sink
 
     class Unsubscribing(Sink):
         unsubscribe = threading.Event()

@@ -15,8 +15,8 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
+from sessionstream.adapters.topics import check_topics, ensure_topics
 from sessionstream.settings import Settings
-from sessionstream.topics import check_topics, ensure_topics
 from tests.integration.helpers import wait_until
 from tests.integration.procs import TOPIC_FIELDS
 from tests.integration.stack_profiles import (

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from sessionstream._probe import (
+from sessionstream.settings import Settings
+from stack.probe import (
     NotAnswering,
     NotListening,
     is_local_kafka,
@@ -23,7 +24,6 @@ from sessionstream._probe import (
     kafka_answers,
     postgres_answers,
 )
-from sessionstream.settings import Settings
 from tests.integration.helpers import wait_until
 
 pytestmark = pytest.mark.integration

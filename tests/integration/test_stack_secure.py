@@ -2,7 +2,7 @@
 
 Starts the profile (idempotent `stack.sh up`, next to the default stack) and leaves it
 running. Every Kafka check is made with the role's own credentials file, as a process of
-that role would: each role can do what `sessionstream.access` grants and is refused
+that role would: each role can do what `sessionstream.adapters.access` grants and is refused
 beyond. Writes that are allowed go to the real topic names of the secured broker, so they
 are either aborted transactions or records the processor dead-letters: nothing a sink or
 processor of this profile would choke on.
@@ -30,10 +30,10 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
+from sessionstream.adapters.kafka import aiokafka_config, client_config
+from sessionstream.adapters.topics import align_topics, ensure_topics
 from sessionstream.client import SessionClient
-from sessionstream.kafka import aiokafka_config, client_config
 from sessionstream.settings import Settings
-from sessionstream.topics import align_topics, ensure_topics
 from tests.integration.helpers import wait_until
 from tests.integration.procs import Proc
 from tests.integration.stack_profiles import Profile, running, stack
@@ -179,7 +179,7 @@ def test_the_secured_profile_has_its_own_registry_that_refuses_anonymous_clients
     user whose password is in every role's file); anonymous or wrong: 401."""
     import httpx
 
-    from sessionstream.registry import SchemaRegistry
+    from sessionstream.adapters.registry import SchemaRegistry
 
     s = secure.settings("producer")
     assert s.schema_registry_url.startswith("http://127.0.0.1:8181/")

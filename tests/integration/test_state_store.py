@@ -12,13 +12,13 @@ import pytest
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from sessionstream._procs import world_topics
+from sessionstream.adapters.kafka import client_config, read_topic
+from sessionstream.adapters.topics import ensure_topics
+from sessionstream.apps._procs import world_topics
 from sessionstream.client import SessionClient
+from sessionstream.core.log_check import state_table
 from sessionstream.errors import SessionstreamError
-from sessionstream.kafka import client_config, read_topic
 from sessionstream.settings import Settings
-from sessionstream.topics import ensure_topics
-from streams.log_check import state_table
 from tests.integration.helpers import check_log, fold_log, wait_until
 from tests.integration.procs import Proc, processor, wait_processed
 

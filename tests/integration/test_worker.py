@@ -12,12 +12,12 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from schemas.events import Event, RunFinished
+from sessionstream.adapters.kafka import read_topic
+from sessionstream.adapters.postgres.migrate import migrate
+from sessionstream.adapters.registry import reader_codec
 from sessionstream.client import SessionClient
-from sessionstream.kafka import read_topic
-from sessionstream.registry import reader_codec
+from sessionstream.schemas.events import Event, RunFinished
 from sessionstream.settings import Settings
-from sinks.migrate import migrate
 from tests.integration.helpers import check_log, wait_until
 from tests.integration.procs import Proc, processor
 
@@ -274,10 +274,10 @@ def test_a_worker_whose_producer_turns_fatal_releases_its_run_and_says_why(
 
     from confluent_kafka import KafkaError, KafkaException
 
-    from consumers.worker.reference_agent import reference_agent
-    from consumers.worker.runtime import Worker
+    from sessionstream.adapters.topics import ensure_topics
     from sessionstream.errors import KafkaUnavailable
-    from sessionstream.topics import ensure_topics
+    from sessionstream.runtimes.worker.reference_agent import reference_agent
+    from sessionstream.runtimes.worker.runtime import Worker
 
     ensure_topics(iso)
     procs.append(processor(iso))
@@ -339,9 +339,9 @@ def test_a_worker_whose_feed_dies_stops_and_run_raises_its_error(
     stopped on purpose."""
     import asyncio
 
-    from consumers.worker.reference_agent import reference_agent
-    from consumers.worker.runtime import Worker
-    from sessionstream.topics import ensure_topics
+    from sessionstream.adapters.topics import ensure_topics
+    from sessionstream.runtimes.worker.reference_agent import reference_agent
+    from sessionstream.runtimes.worker.runtime import Worker
 
     ensure_topics(iso)
     w = Worker(iso, reference_agent, "w-feed", database_url=db, presence_interval_s=0.2)
@@ -372,9 +372,9 @@ def test_a_result_too_large_to_record_fails_the_run_with_the_reason(
     word of the cause."""
     import asyncio
 
-    from consumers.worker.context import RunContext
-    from consumers.worker.runtime import Worker
-    from sessionstream.topics import ensure_topics
+    from sessionstream.adapters.topics import ensure_topics
+    from sessionstream.runtimes.worker.context import RunContext
+    from sessionstream.runtimes.worker.runtime import Worker
 
     ensure_topics(iso)
     procs.append(processor(iso.model_copy(update={"max_payload_bytes": 50_000})))
@@ -418,11 +418,11 @@ def test_a_handler_misused_or_failing_outside_its_own_errors_fails_its_run_once(
     the lease expired and the run was taken again and again until its deadline."""
     import asyncio
 
-    from consumers.worker._signal import RunCancelled
-    from consumers.worker.context import RunContext
-    from consumers.worker.runtime import Worker
+    from sessionstream.adapters.topics import ensure_topics
     from sessionstream.errors import ConfigurationError
-    from sessionstream.topics import ensure_topics
+    from sessionstream.runtimes.worker._signal import RunCancelled
+    from sessionstream.runtimes.worker.context import RunContext
+    from sessionstream.runtimes.worker.runtime import Worker
 
     def plain(ctx: RunContext) -> str:
         return "a plain def"
@@ -490,10 +490,10 @@ def test_a_dict_result_completes_the_run_as_json_after_its_action_ran_once(
     import asyncio
     import json
 
-    from consumers.worker.context import RunContext
-    from consumers.worker.executor import ActionRun
-    from consumers.worker.runtime import Worker
-    from sessionstream.topics import ensure_topics
+    from sessionstream.adapters.topics import ensure_topics
+    from sessionstream.runtimes.worker.context import RunContext
+    from sessionstream.runtimes.worker.executor import ActionRun
+    from sessionstream.runtimes.worker.runtime import Worker
 
     ensure_topics(iso)
     procs.append(processor(iso))

@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
-from schemas.events import LeaseGranted, RunFinished, StaleWriteRecorded
-from sessionstream.kafka import read_topic
+from sessionstream.adapters.kafka import read_topic
+from sessionstream.schemas.events import LeaseGranted, RunFinished, StaleWriteRecorded
 from sessionstream.settings import Settings
 from tests.integration import test_worker as _tw
 from tests.integration.helpers import check_log, wait_until

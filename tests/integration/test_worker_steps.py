@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from schemas.events import LeaseGranted, StepDelivered, StepRecorded
+from sessionstream.schemas.events import LeaseGranted, StepDelivered, StepRecorded
 from sessionstream.settings import Settings
 from tests.integration.helpers import wait_until
 from tests.integration.procs import Proc, processor

@@ -24,10 +24,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from schemas.events import Event, LeaseGranted, RunFinished
+from sessionstream.adapters.kafka import read_topic
+from sessionstream.adapters.registry import reader_codec
 from sessionstream.client import SessionClient
-from sessionstream.kafka import read_topic
-from sessionstream.registry import reader_codec
+from sessionstream.schemas.events import Event, LeaseGranted, RunFinished
 from sessionstream.settings import Settings
 from tests.integration import test_worker as _tw
 from tests.integration.faults import SOAK

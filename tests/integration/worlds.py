@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psycopg
 
-from sessionstream._procs import TOPIC_FIELDS, delete_world
+from sessionstream.apps._procs import TOPIC_FIELDS, delete_world
 from sessionstream.settings import Settings
 
 __all__ = ["ISOLATED", "isolated_settings", "isolated_world", "remove_isolated"]
@@ -28,7 +28,7 @@ def isolated_settings(
     own, named `{prefix}.{kind}.{tag}-{random}`: tests and benchmarks never see each other's
     data. The topics are created here; removing them is the caller's (`isolated_world`,
     `delete_world`)."""
-    from sessionstream.topics import ensure_topics
+    from sessionstream.adapters.topics import ensure_topics
 
     suffix = f"{tag}-{uuid.uuid4().hex[:8]}"
     update: dict[str, object] = {
@@ -68,7 +68,7 @@ def isolated_world(
     s = isolated_settings(base, tag, partitions=partitions)
     ISOLATED.append(s)
     if migrated:
-        from sinks.migrate import migrate
+        from sessionstream.adapters.postgres.migrate import migrate
 
         migrate(s.database_conninfo, schema=s.database_schema)
     try:

@@ -9,11 +9,11 @@ from __future__ import annotations
 from itertools import groupby
 from typing import Any
 
-from schemas.commands import Command, CommandClass
-from schemas.events import Event
-from streams.decider import DEFAULT_CONFIG, DeciderConfig, Decision, decide, evolve, fold
-from streams.state import SessionState, command_hash
-from streams.timers import due_timers, timer_command
+from sessionstream.core.decider import DEFAULT_CONFIG, DeciderConfig, Decision, decide, evolve, fold
+from sessionstream.core.state import SessionState, command_hash
+from sessionstream.core.timers import due_timers, timer_command
+from sessionstream.schemas.commands import Command, CommandClass
+from sessionstream.schemas.events import Event
 from tests.unit._model import LogModel
 
 

@@ -1,6 +1,6 @@
 """A reference model of the protocol, rebuilt from a session's events alone.
 
-It shares no code with `streams.decider` and was written from the protocol's text
+It shares no code with `sessionstream.core.decider` and was written from the protocol's text
 (docs/protocol.md), not from the decider: it reads the log the way an auditor
 would and fails on anything the protocol forbids:
 
@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.events import SESSION_LOG, Event
+from sessionstream.schemas.events import SESSION_LOG, Event
 
 SESSION_LOG_TYPES = {"command.rejected", "run.queued", "action.denied"}
 FATES = {"run.input_consumed", "run.input_dropped", "run.input_requeued"}

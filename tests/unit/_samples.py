@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from schemas._base import Payload
-from schemas.commands import Command
-from schemas.events import (
+from sessionstream.schemas._base import Payload
+from sessionstream.schemas.commands import Command
+from sessionstream.schemas.events import (
     EVENT_PAYLOADS,
     ActionCompleted,
     ActionDecision,

@@ -1,19 +1,19 @@
-"""The ACL and grant spec (`sessionstream.access`): least privilege, checked as data.
+"""The ACL and grant spec (`sessionstream.adapters.access`): least privilege, checked as data.
 
 The secured stack's integration tests check the same against a real broker; these fail
 fast, and name the rule, when someone widens a role or adds a topic without its ACLs."""
 
 from __future__ import annotations
 
-from sessionstream.access import (
+from sessionstream.adapters.access import (
     KAFKA_ROLES,
     Grant,
     db_grants,
     kafka_grants,
     main,
 )
+from sessionstream.adapters.topics import topic_specs
 from sessionstream.settings import Settings
-from sessionstream.topics import topic_specs
 
 S = Settings()
 GRANTS = kafka_grants(S)
@@ -60,7 +60,7 @@ def test_nobody_but_the_processor_has_transactional_ids_or_creates_our_topics() 
 
 def test_the_processor_can_check_every_topic_it_checks_at_startup() -> None:
     """check_topics lists and describes the configs of every topic in topic_specs: a new
-    topic there needs its processor ACLs in sessionstream/access.py."""
+    topic there needs its processor ACLs in sessionstream/adapters/access.py."""
     for spec in topic_specs(S):
         assert _allowed("processor", "DESCRIBE_CONFIGS", "topic", spec.name), spec.name
 

@@ -8,10 +8,10 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumers.analytics import stats
-from consumers.analytics.fold import Folder, Write
-from schemas.codec import Codec
-from streams.partitioning import partition_for
+from sessionstream.core.partitioning import partition_for
+from sessionstream.runtimes.analytics import stats
+from sessionstream.runtimes.analytics.fold import Folder, Write
+from sessionstream.schemas.codec import Codec
 from tests.analytics_world import Expected, make_world
 
 PARTITIONS = 4
@@ -174,7 +174,7 @@ def test_finished_runs_expire_active_ones_stay_and_late_repeats_are_ignored() ->
 
 
 def test_durations_are_start_to_finish_per_minute_tenant_and_status() -> None:
-    from consumers.analytics.facts import RunFacts
+    from sessionstream.runtimes.analytics.facts import RunFacts
 
     def run(rid: str, tenant: str, start: int, end: int | None, status: str | None) -> RunFacts:
         return RunFacts("s", rid, tenant, 0, 3, start, None, end, status)

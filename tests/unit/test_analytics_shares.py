@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumers.analytics import shares, stats
-from consumers.analytics.facts import Rejection, RunFacts
-from consumers.analytics.fold import Folder
+from sessionstream.runtimes.analytics import shares, stats
+from sessionstream.runtimes.analytics.facts import Rejection, RunFacts
+from sessionstream.runtimes.analytics.fold import Folder
 from tests.analytics_world import make_world
 from tests.unit.test_analytics_fold import ALL, PARTITIONS, START, _log
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from aiokafka import TopicPartition
 
-from consumers.analytics._transport import changelog_positions
+from sessionstream.runtimes.analytics._transport import changelog_positions
 
 CL = "app-analytics-changelog"
 

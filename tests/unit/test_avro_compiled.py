@@ -18,13 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from schemas._avro import command_schema, event_schema
-from schemas._avro_compiled import ReadError
-from schemas._base import construct
-from schemas.codec import Codec
-from schemas.commands import COMMAND_PAYLOADS, Command
-from schemas.errors import DecodeError
-from schemas.events import EVENT_PAYLOADS, Event
+from sessionstream.schemas._avro import command_schema, event_schema
+from sessionstream.schemas._avro_compiled import ReadError
+from sessionstream.schemas._base import construct
+from sessionstream.schemas.codec import Codec
+from sessionstream.schemas.commands import COMMAND_PAYLOADS, Command
+from sessionstream.schemas.errors import DecodeError
+from sessionstream.schemas.events import EVENT_PAYLOADS, Event
 from tests.unit._samples import COMMAND_TYPES, EVENT_TYPES, command, event
 
 CODEC = Codec()

@@ -1,4 +1,5 @@
-"""The checked-in `schemas/avro/*.avsc` are the contract: they must equal what the models give."""
+"""The checked-in `sessionstream/schemas/avro/*.avsc` are the contract: they must equal what
+the models give."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import fastavro
 
-from schemas.gen import AVRO_DIR, render
+from sessionstream.schemas.gen import AVRO_DIR, render
 
 
 def test_checked_in_schemas_match_the_models() -> None:
@@ -15,7 +16,9 @@ def test_checked_in_schemas_match_the_models() -> None:
     on_disk = {p.name: p.read_text() for p in Path(AVRO_DIR).glob("*.avsc")}
     assert sorted(on_disk) == sorted(rendered), "a schema file is missing or left over"
     for name, text in rendered.items():
-        assert on_disk[name] == text, f"{name} drifted: run `python -m schemas.gen` and review"
+        assert on_disk[name] == text, (
+            f"{name} drifted: run `python -m sessionstream.schemas.gen` and review"
+        )
 
 
 def test_checked_in_schemas_are_valid_avro() -> None:

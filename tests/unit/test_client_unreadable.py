@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from schemas.codec import Codec
-from schemas.commands import AbortPayload, Command
-from schemas.outcomes import CommandOutcome
 from sessionstream._outcomes import command_key as _key
 from sessionstream.client import CommandHandle, SessionClient
 from sessionstream.errors import IncompatibleEvent
+from sessionstream.schemas.codec import Codec
+from sessionstream.schemas.commands import AbortPayload, Command
+from sessionstream.schemas.outcomes import CommandOutcome
 from sessionstream.settings import Settings
 from tests.unit._samples import event
 from tests.unit.test_codec_confluent import _registry
@@ -43,7 +43,7 @@ def _client() -> SessionClient:
 
 
 def _registry_with_outcome() -> Any:
-    from schemas._avro import outcome_schema
+    from sessionstream.schemas._avro import outcome_schema
 
     reg = _registry()
     reg.ids["outcome"] = 11

@@ -12,10 +12,12 @@ import fastavro
 import pytest
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
-from schemas._avro import command_schema, event_schema
-from schemas.codec import MAGIC, Codec, crc64_avro, single_object_header
-from schemas.commands import COMMAND_PAYLOADS, MAX_WIRE_INT, Command
-from schemas.errors import (
+from sessionstream.core.decider import decide, evolve
+from sessionstream.core.state import SessionState
+from sessionstream.schemas._avro import command_schema, event_schema
+from sessionstream.schemas.codec import MAGIC, Codec, crc64_avro, single_object_header
+from sessionstream.schemas.commands import COMMAND_PAYLOADS, MAX_WIRE_INT, Command
+from sessionstream.schemas.errors import (
     DecodeError,
     MalformedRecord,
     OversizedRecord,
@@ -23,9 +25,7 @@ from schemas.errors import (
     UnknownSchema,
     UnknownType,
 )
-from schemas.events import EVENT_PAYLOADS
-from streams.decider import decide, evolve
-from streams.state import SessionState
+from sessionstream.schemas.events import EVENT_PAYLOADS
 from tests.unit._samples import COMMAND_TYPES, EVENT_TYPES, command, event
 
 CODEC = Codec()

@@ -13,9 +13,9 @@ from typing import Any
 import fastavro
 import pytest
 
-from schemas._avro import command_schema, event_schema
-from schemas.codec import CONFLUENT_MAGIC, Codec
-from schemas.errors import UnknownSchema
+from sessionstream.schemas._avro import command_schema, event_schema
+from sessionstream.schemas.codec import CONFLUENT_MAGIC, Codec
+from sessionstream.schemas.errors import UnknownSchema
 from tests.unit._samples import COMMAND_TYPES, EVENT_TYPES, command, event
 
 
@@ -40,7 +40,7 @@ class Registry:
 
 
 def _history(name: str) -> dict[str, Any]:
-    text = (resources.files("schemas") / "avro" / "history" / name).read_text()
+    text = (resources.files("sessionstream.schemas") / "avro" / "history" / name).read_text()
     loaded: dict[str, Any] = json.loads(text)
     return loaded
 

@@ -11,11 +11,11 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas._avro import command_schema, event_schema
-from schemas.codec import Codec, single_object_header
-from schemas.commands import Command
-from schemas.errors import DecodeError
-from streams.decider import decide
+from sessionstream.core.decider import decide
+from sessionstream.schemas._avro import command_schema, event_schema
+from sessionstream.schemas.codec import Codec, single_object_header
+from sessionstream.schemas.commands import Command
+from sessionstream.schemas.errors import DecodeError
 from tests.unit._samples import COMMAND_TYPES, EVENT_TYPES, command, event
 
 CODEC = Codec()

@@ -1,7 +1,7 @@
 """Who may write which command: the topic a command arrives on decides its class.
 
 The table below is written from the spec (docs/protocol.md "Command topics"), not
-from `schemas.commands`: producers write `session.commands`, workers write
+from `sessionstream.schemas.commands`: producers write `session.commands`, workers write
 `session.worker-commands`, and only the processor writes `session.timers`. A command of
 another class on a topic is rejected `not_allowed_here` with no other effect, in any state
 a session is in, and does not use up its command id.
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from schemas.commands import COMMAND_CLASSES, Command, command_class
-from streams.decider import decide
-from streams.state import SessionState
+from sessionstream.core.decider import decide
+from sessionstream.core.state import SessionState
+from sessionstream.schemas.commands import COMMAND_CLASSES, Command, command_class
 from tests.unit._harness import Harness, cancelling, compacting, idle, leased, running
 from tests.unit._samples import COMMAND_TYPES, command
 

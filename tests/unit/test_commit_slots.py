@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from sessionstream.kafka import kafka_cause, unmasked
-from sessionstream.kafka.transactions import TransactionCommit
+from sessionstream.adapters.kafka import kafka_cause, unmasked
+from sessionstream.adapters.kafka.transactions import TransactionCommit
+from sessionstream.runtimes.processor import failures
+from sessionstream.runtimes.processor.batch import Batch
+from sessionstream.runtimes.processor.loop import TransactionalProcessor
 from sessionstream.settings import Settings
-from streams.processor import failures
-from streams.processor.batch import Batch
-from streams.processor.loop import TransactionalProcessor
 from tests.unit._samples import event
 
 

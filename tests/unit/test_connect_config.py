@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from sessionstream.connect import connector_config, registry_v2_url
+from sessionstream.adapters.connect import connector_config, registry_v2_url
 from sessionstream.errors import ConfigurationError
 from sessionstream.settings import Settings
 

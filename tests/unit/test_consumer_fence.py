@@ -12,7 +12,7 @@ import logging
 
 import pytest
 
-from sessionstream.kafka.transactions import (
+from sessionstream.adapters.kafka.transactions import (
     RENEW_WINDOW_S,
     SELF_FENCE_S,
     GroupLog,
@@ -50,7 +50,7 @@ def test_the_group_log_forwards_every_line_and_notes_session_timeouts(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     g = GroupLog()
-    caplog.set_level(logging.DEBUG, logger="sessionstream.kafka")
+    caplog.set_level(logging.DEBUG, logger="sessionstream.adapters.kafka")
     g.log(logging.INFO, "%s [%s] %s", "FAIL", "processor-p0#consumer-1", "broker down")
     assert g.session_timeout_at is None
     g.log(logging.WARNING, "%s [%s] %s", "SESSTMOUT", "processor-p0#consumer-1", "timed out")
@@ -59,7 +59,7 @@ def test_the_group_log_forwards_every_line_and_notes_session_timeouts(
         "FAIL [processor-p0#consumer-1] broker down",
         "SESSTMOUT [processor-p0#consumer-1] timed out",
     ]
-    assert [r.name for r in caplog.records] == ["sessionstream.kafka"] * 2
+    assert [r.name for r in caplog.records] == ["sessionstream.adapters.kafka"] * 2
 
 
 def test_librdkafka_calls_the_group_log_with_the_facility_first(
@@ -68,7 +68,7 @@ def test_librdkafka_calls_the_group_log_with_the_facility_first(
     """What `GroupLog` relies on: confluent-kafka passes (facility, client name, line)."""
     from confluent_kafka import Consumer
 
-    caplog.set_level(logging.DEBUG, logger="sessionstream.kafka")
+    caplog.set_level(logging.DEBUG, logger="sessionstream.adapters.kafka")
     seen: list[tuple[object, ...]] = []
 
     class Recording(GroupLog):

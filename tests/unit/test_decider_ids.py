@@ -10,8 +10,8 @@ import uuid
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schemas.commands import Command, PromptPayload
-from streams.decider import RUN_ID_NAMESPACE, command_digest, run_id_for
+from sessionstream.core.decider import RUN_ID_NAMESPACE, command_digest, run_id_for
+from sessionstream.schemas.commands import Command, PromptPayload
 
 ids = st.text(min_size=1, max_size=40)
 

@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
-from schemas.commands import PromptPayload
-from schemas.events import (
+from sessionstream.core.decider import RUN_ID_NAMESPACE, DeciderConfig
+from sessionstream.core.state import evolved
+from sessionstream.schemas.commands import PromptPayload
+from sessionstream.schemas.events import (
     SESSION_LOG,
     CancelAcknowledged,
     CancelRequested,
@@ -20,8 +22,6 @@ from schemas.events import (
     RunQueued,
     RunStarted,
 )
-from streams.decider import RUN_ID_NAMESPACE, DeciderConfig
-from streams.state import evolved
 from tests.unit._harness import Harness, leased, running, tokens
 
 
@@ -404,7 +404,7 @@ def test_acquire_with_an_old_generation_is_fenced() -> None:
 
 
 def test_a_run_is_open_exactly_while_it_needs_a_holder() -> None:
-    from streams.open_runs import open_run
+    from sessionstream.core.open_runs import open_run
 
     h = Harness()
     assert open_run(h.state) is None

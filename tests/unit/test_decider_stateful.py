@@ -23,13 +23,24 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from schemas.codec import Codec
-from schemas.commands import PRODUCER_COMMAND_TYPES, WORKER_COMMAND_TYPES, Command, CommandClass
-from schemas.events import ACTIVE_STATUSES, SESSION_LOG, CommandRejected, Event
-from streams.decider import REJECTION_REASONS, DeciderConfig, decide, evolve, fold
-from streams.state import SessionState, command_hash, evolved, state_to_json, validate_state
-from streams.step import decode_state, encode_state
-from streams.timers import DueTimer, due_timers, timer_command
+from sessionstream.core.decider import REJECTION_REASONS, DeciderConfig, decide, evolve, fold
+from sessionstream.core.state import (
+    SessionState,
+    command_hash,
+    evolved,
+    state_to_json,
+    validate_state,
+)
+from sessionstream.core.step import decode_state, encode_state
+from sessionstream.core.timers import DueTimer, due_timers, timer_command
+from sessionstream.schemas.codec import Codec
+from sessionstream.schemas.commands import (
+    PRODUCER_COMMAND_TYPES,
+    WORKER_COMMAND_TYPES,
+    Command,
+    CommandClass,
+)
+from sessionstream.schemas.events import ACTIVE_STATUSES, SESSION_LOG, CommandRejected, Event
 from tests.unit._harness import Dedup
 from tests.unit._model import Bounds, LogModel
 from tests.unit.test_command_classes import SPEC as CLASSES

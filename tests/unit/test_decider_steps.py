@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from schemas.commands import LATEST_CHECKPOINT_REF
-from schemas.events import Event, LeaseGranted, RunStarted, StepDelivered
-from streams.open_runs import open_run
+from sessionstream.core.open_runs import open_run
+from sessionstream.schemas.commands import LATEST_CHECKPOINT_REF
+from sessionstream.schemas.events import Event, LeaseGranted, RunStarted, StepDelivered
 from tests.unit._harness import Harness, leased, tokens
 from tests.unit._model import LogModel
 

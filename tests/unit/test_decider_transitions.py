@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from schemas.commands import CommandClass
-from streams.decider import DEFAULT_CONFIG, REJECTION_REASONS, DeciderConfig
+from sessionstream.core.decider import DEFAULT_CONFIG, REJECTION_REASONS, DeciderConfig
+from sessionstream.schemas.commands import CommandClass
 from tests.unit._harness import (
     Harness,
     cancelling,

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from consumers.worker._execution import Execution, RunSpec
-from consumers.worker.context import RunContext
-from consumers.worker.model import FakeModel
-from schemas.commands import Command
-from schemas.events import SESSION_LOG, Event
+from sessionstream.runtimes.worker._execution import Execution, RunSpec
+from sessionstream.runtimes.worker.context import RunContext
+from sessionstream.runtimes.worker.model import FakeModel
+from sessionstream.schemas.commands import Command
+from sessionstream.schemas.events import SESSION_LOG, Event
 
 SPEC = RunSpec("s-1", "acme", "r-1", 0, "do it", None)
 
@@ -163,7 +163,7 @@ async def test_no_action_starts_once_the_lease_may_have_passed(answered: bool) -
     ran: list[str] = []
 
     async def handler(ctx: RunContext) -> str:
-        from consumers.worker._signal import RunFenced
+        from sessionstream.runtimes.worker._signal import RunFenced
 
         await asyncio.sleep(0.35)  # past a 300 ms lease, when nothing renewed it
         try:
@@ -206,8 +206,8 @@ async def _record(ran: list[str]) -> str:
 
 
 async def test_a_model_call_whose_caller_is_cancelled_takes_the_request_with_it() -> None:
-    from consumers.worker._signal import AbortSignal
-    from consumers.worker.context import ModelCall
+    from sessionstream.runtimes.worker._signal import AbortSignal
+    from sessionstream.runtimes.worker.context import ModelCall
 
     seen: list[str] = []
 
@@ -298,7 +298,7 @@ async def test_an_action_request_the_processor_refuses_is_a_denial_with_its_reas
     decided: list[object] = []
 
     async def handler(ctx: RunContext) -> str:
-        from consumers.worker.context import ActionDenied
+        from sessionstream.runtimes.worker.context import ActionDenied
 
         try:
             await ctx.action("email", "k-1", lambda a: _record([]), detail="d" * 10)
@@ -380,7 +380,7 @@ async def test_a_handler_that_says_cancelled_when_nothing_cancelled_the_run_fail
 ) -> None:
     """Nothing asked the run to stop: left as it was, the run held its lease (renewed)
     with no handler running, until its deadline."""
-    from consumers.worker._signal import RunCancelled
+    from sessionstream.runtimes.worker._signal import RunCancelled
 
     async def handler(ctx: RunContext) -> str:
         if raised == "run_cancelled":
@@ -398,7 +398,7 @@ async def test_a_fence_the_handler_meets_first_gives_the_run_up_without_failing_
     """An action refused by a newer generation's token (RunFenced) means another worker
     holds the run: this one says so with a release of its generation, and does not fail a
     run that is no longer its own."""
-    from consumers.worker._signal import RunFenced
+    from sessionstream.runtimes.worker._signal import RunFenced
 
     async def handler(ctx: RunContext) -> str:
         raise RunFenced("generation 1 is fenced: generation 2 holds run r-1")

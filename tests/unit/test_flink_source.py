@@ -1,10 +1,10 @@
-"""The Flink SQL source table as consumers/analytics/flink_job.py renders it."""
+"""The Flink SQL source table as sessionstream/runtimes/analytics/flink_job.py renders it."""
 
 from __future__ import annotations
 
 import pytest
 
-from consumers.analytics.flink_job import render_source
+from sessionstream.runtimes.analytics.flink_job import render_source
 
 BASE = {
     "bootstrap": "127.0.0.1:9092",

@@ -16,15 +16,15 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from schemas.commands import Command
-from schemas.sessions import local_session_id, scoped_session_id, session_id_problem
-from sessionstream._logging import RedactKeys
-from sessionstream.gateway.auth import Authenticator, Principal
-from sessionstream.gateway.commands import build_command, read_json
-from sessionstream.gateway.errors import ApiError
-from sessionstream.gateway.guard import Guard
-from sessionstream.gateway.keys import ApiKey
-from sessionstream.gateway.limits import AddressBuckets, StreamCounts
+from sessionstream.adapters._logging import RedactKeys
+from sessionstream.apps.gateway.auth import Authenticator, Principal
+from sessionstream.apps.gateway.commands import build_command, read_json
+from sessionstream.apps.gateway.errors import ApiError
+from sessionstream.apps.gateway.guard import Guard
+from sessionstream.apps.gateway.keys import ApiKey
+from sessionstream.apps.gateway.limits import AddressBuckets, StreamCounts
+from sessionstream.schemas.commands import Command
+from sessionstream.schemas.sessions import local_session_id, scoped_session_id, session_id_problem
 from sessionstream.settings import Settings
 
 WHO = Principal("abcdef012345", "acme", "alice")
@@ -263,11 +263,11 @@ def test_the_client_forgets_a_sessions_run_once_it_ends_and_bounds_the_rest(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """It kept ~186 B for every session that ever started a run, forever."""
-    from schemas.codec import Codec
     from sessionstream import client as sdk
+    from sessionstream.schemas.codec import Codec
 
     def event(session: str, type_: str, payload: dict[str, Any]) -> Any:
-        from schemas.events import Event
+        from sessionstream.schemas.events import Event
 
         return Event.model_validate(
             {
@@ -300,7 +300,7 @@ def test_the_client_forgets_a_sessions_run_once_it_ends_and_bounds_the_rest(
 # -- Swagger UI: off by default, from the package when on ----------------------------------------
 @pytest.mark.parametrize("docs", [False, True])
 async def test_swagger_ui_is_off_by_default_and_served_from_the_package(docs: bool) -> None:
-    from sessionstream.gateway.app import create_app
+    from sessionstream.apps.gateway.app import create_app
 
     app = create_app(Settings(gateway_docs=docs))  # no lifespan: nothing connects
     transport = httpx.ASGITransport(app=app)
@@ -355,7 +355,7 @@ async def test_a_live_key_whose_cache_entry_expired_is_not_charged_as_unauthenti
 async def test_the_commands_fast_path_answers_as_the_app_does() -> None:
     """POST /v1/sessions/{id}/commands skips FastAPI's layers: its errors keep the app's
     shape and the security headers; everything else is still FastAPI's."""
-    from sessionstream.gateway.app import create_app
+    from sessionstream.apps.gateway.app import create_app
 
     app = create_app(Settings())  # no lifespan: nothing connects
     fast = app.user_middleware[0].cls  # the outermost: the fast path

@@ -9,19 +9,19 @@ import threading
 
 import pytest
 
-from schemas.codec import Codec
-from schemas.commands import Command
-from schemas.events import Event
+from sessionstream.apps.gateway._flight import SingleFlight
+from sessionstream.apps.gateway.auth import Principal, _presented
+from sessionstream.apps.gateway.commands import build_command, outcome_body
+from sessionstream.apps.gateway.errors import ApiError
+from sessionstream.apps.gateway.fanout import Item, Overflow, Stopped, Subscriber, _deliver, _stop
+from sessionstream.apps.gateway.keys import hash_key, parse_key
+from sessionstream.apps.gateway.limits import TokenBucket
+from sessionstream.apps.gateway.sse import parse_last_event_id
 from sessionstream.client import CommandHandle, Outcome
 from sessionstream.errors import SessionstreamError
-from sessionstream.gateway._flight import SingleFlight
-from sessionstream.gateway.auth import Principal, _presented
-from sessionstream.gateway.commands import build_command, outcome_body
-from sessionstream.gateway.errors import ApiError
-from sessionstream.gateway.fanout import Item, Overflow, Stopped, Subscriber, _deliver, _stop
-from sessionstream.gateway.keys import hash_key, parse_key
-from sessionstream.gateway.limits import TokenBucket
-from sessionstream.gateway.sse import parse_last_event_id
+from sessionstream.schemas.codec import Codec
+from sessionstream.schemas.commands import Command
+from sessionstream.schemas.events import Event
 from sessionstream.settings import Settings
 
 WHO = Principal("abcdef012345", "acme", "alice")
@@ -231,7 +231,7 @@ class _RoundClient:
 def test_a_failed_round_fails_its_requests_and_a_new_client_serves_the_next(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from sessionstream.gateway import bridge as bridge_mod
+    from sessionstream.apps.gateway import bridge as bridge_mod
 
     _RoundClient.made = []
     monkeypatch.setattr(bridge_mod, "SessionClient", _RoundClient)
@@ -288,7 +288,7 @@ class _PagedFanout:
 
 
 async def test_a_catch_up_is_read_page_by_page_in_order_to_its_end() -> None:
-    from sessionstream.gateway.sse import CatchUpSlots, _catch_up
+    from sessionstream.apps.gateway.sse import CatchUpSlots, _catch_up
 
     fanout = _PagedFanout(1000, per_page=64)
     got = [
@@ -304,7 +304,7 @@ async def test_one_tenants_stalled_reads_leave_the_threads_to_the_others() -> No
     at most `per_tenant` threads, and tenant A's catch-up is read at once beside them.
     (Catch-ups used to share 8 threads, each held for as long as its client did not
     read: B's 8 streams delayed A's first resumed event 27.5 s.)"""
-    from sessionstream.gateway.sse import CatchUpSlots, _catch_up
+    from sessionstream.apps.gateway.sse import CatchUpSlots, _catch_up
 
     fanout = _PagedFanout(10, per_page=10, blocked="B")
     slots = CatchUpSlots(2)
@@ -326,7 +326,7 @@ async def test_one_tenants_stalled_reads_leave_the_threads_to_the_others() -> No
 async def test_a_slot_comes_back_when_its_read_ends_not_when_its_asker_leaves() -> None:
     """A client that reconnects in a loop would otherwise pile reads onto the threads:
     each leaves, its slot is free, its read still runs."""
-    from sessionstream.gateway.sse import CatchUpSlots
+    from sessionstream.apps.gateway.sse import CatchUpSlots
 
     fanout = _PagedFanout(10, per_page=10, blocked="B")
     slots = CatchUpSlots(1)
@@ -359,7 +359,7 @@ async def test_database_calls_do_not_wait_behind_the_default_executor(
 ) -> None:
     """Every thread of asyncio's default executor busy (as slow SSE catch-ups held them):
     a database call still runs at once, on the database's own threads."""
-    from sessionstream.gateway.db import Database
+    from sessionstream.apps.gateway.db import Database
 
     db = Database(Settings())  # never opened: `_call` is stood in for
     monkeypatch.setattr(db, "_call", lambda fn, *args: fn(None, *args))
@@ -387,7 +387,7 @@ async def test_database_calls_do_not_wait_behind_the_default_executor(
 async def test_bodies_that_are_not_utf8_json_are_malformed_json(raw: bytes) -> None:
     from starlette.requests import Request
 
-    from sessionstream.gateway.commands import read_json
+    from sessionstream.apps.gateway.commands import read_json
 
     async def receive() -> dict[str, object]:
         return {"type": "http.request", "body": raw, "more_body": False}
@@ -407,7 +407,7 @@ async def test_the_key_cache_drops_the_least_recently_used_key(
 ) -> None:
     """A flood of other keys (bad ones are remembered as unknown) used to push out the
     keys in use first: the cache dropped the oldest lookup, however often it was hit."""
-    from sessionstream.gateway import auth
+    from sessionstream.apps.gateway import auth
 
     monkeypatch.setattr(auth, "_CACHE_MAX", 3)
     asked: list[str] = []

@@ -10,7 +10,7 @@ import sys
 
 _CHILD = """
 import gc, json, weakref
-from sessionstream._gc import YOUNG_THRESHOLD, settle_collector
+from sessionstream.adapters._gc import YOUNG_THRESHOLD, settle_collector
 
 before = gc.get_freeze_count()
 reported = settle_collector()

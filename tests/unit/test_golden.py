@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from schemas.codec import Codec
-from schemas.events import Event
-from streams.decider import evolve, fold
-from streams.state import SessionState
-from streams.timers import due_timers, timer_command
+from sessionstream.core.decider import evolve, fold
+from sessionstream.core.state import SessionState
+from sessionstream.core.timers import due_timers, timer_command
+from sessionstream.schemas.codec import Codec
+from sessionstream.schemas.events import Event
 from tests.unit._harness import Dedup, check_log
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
@@ -54,7 +54,9 @@ def replay(lines: list[Line]) -> tuple[list[Line], list[Event], SessionState | N
         if cmd.type == "timer.fired":
             assert state is not None
             built = [timer_command(state, t, cmd.ts) for t in due_timers(state)]
-            assert cmd in built, f"{cmd.command_id} is not a timer streams.timers would send"
+            assert cmd in built, (
+                f"{cmd.command_id} is not a timer sessionstream.core.timers would send"
+            )
         # the broker's append time of the record; a story that does not say is one whose
         # producers' clocks agree with the broker's
         at = line.get("logTime", cmd.ts)

@@ -18,13 +18,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from consumers.worker._execution import Execution
-from consumers.worker._handler import ResultRefused, check_handler, result_text
-from consumers.worker._main import load_handler, run_worker
-from consumers.worker.context import RunContext
-from consumers.worker.executor import ActionRun, ActionTarget
 from sessionstream.agent import Worker
 from sessionstream.errors import ConfigurationError
+from sessionstream.runtimes.worker._execution import Execution
+from sessionstream.runtimes.worker._handler import ResultRefused, check_handler, result_text
+from sessionstream.runtimes.worker._main import load_handler, run_worker
+from sessionstream.runtimes.worker.context import RunContext
+from sessionstream.runtimes.worker.executor import ActionRun, ActionTarget
 from sessionstream.settings import Settings
 from tests.unit.test_execution import SPEC, Host, event, grant, until
 

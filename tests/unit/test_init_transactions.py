@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
+from sessionstream.adapters.kafka.transactions import Stopping, init_transactions
 from sessionstream.errors import KafkaUnavailable
-from sessionstream.kafka.transactions import Stopping, init_transactions
 
 
 class Answers:
@@ -98,8 +98,8 @@ def _starting_processor(monkeypatch: pytest.MonkeyPatch, init: Callable[..., obj
     place of `init_transactions`)."""
     from types import SimpleNamespace
 
+    from sessionstream.runtimes.processor import loop
     from sessionstream.settings import Settings
-    from streams.processor import loop
 
     s = Settings(schema_registry_url="")  # no registry: the test needs no stack
     monkeypatch.setattr(loop, "ensure_topics", lambda settings: [])
@@ -117,7 +117,7 @@ def test_a_starting_processor_waits_for_a_loading_coordinator_and_can_be_stopped
     coordinator: the processor asks for START_PATIENCE_S (not one 60 s call, after which it
     used to exit 2), and SIGTERM (the stop event given to start) ends the wait."""
 
-    from streams.processor import loop
+    from sessionstream.runtimes.processor import loop
 
     asked: list[tuple[float, threading.Event | None]] = []
 
@@ -143,7 +143,7 @@ def test_the_second_producer_waits_out_what_is_left_of_one_patience(
     and a second producer that cannot start leaves the first flushed, not dangling."""
     from types import SimpleNamespace
 
-    from streams.processor import loop
+    from sessionstream.runtimes.processor import loop
 
     clock = [1000.0]
     # the loop module's own clock only: other threads keep the real one

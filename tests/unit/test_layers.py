@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import grimp
 
-PACKAGES = ("sessionstream", "schemas", "streams", "sinks", "consumers")
+PACKAGES = ("sessionstream",)
 
 
 def test_no_module_imports_one_that_imports_it_back() -> None:
@@ -22,3 +22,25 @@ def test_no_module_imports_one_that_imports_it_back() -> None:
                 chain = graph.find_shortest_chain(importer=imported, imported=importer)
                 cycles.append(f"{importer} -> {imported} -> ... -> {importer}: {chain}")
     assert not cycles, "\n".join(cycles)
+
+
+def test_the_install_adds_one_top_level_name() -> None:
+    """A user's environment gets `sessionstream` and nothing else (generic names such as
+    `schemas` or `streams` belong to other distributions), and every folder of Python code
+    under it is a package the wheel ships (a folder without `__init__.py` would be left out)."""
+    import tomllib
+    from pathlib import Path
+
+    import setuptools
+
+    repo = Path(__file__).resolve().parents[2]
+    config = tomllib.loads((repo / "pyproject.toml").read_text())
+    include = config["tool"]["setuptools"]["packages"]["find"]["include"]
+    shipped = setuptools.find_packages(where=repo, include=include)
+    assert {name.split(".")[0] for name in shipped} == {"sessionstream"}
+    code_dirs = {
+        ".".join(p.parent.relative_to(repo).parts)
+        for p in (repo / "sessionstream").rglob("*.py")
+        if "__pycache__" not in p.parts
+    }
+    assert code_dirs <= set(shipped), sorted(code_dirs - set(shipped))

@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import TopicPartition as TP
 
-from sessionstream.kafka.reader import watermarks
+from sessionstream.adapters.kafka.reader import watermarks
 
 
 class Scripted:

@@ -11,7 +11,7 @@ import pytest
 
 from sessionstream.errors import SessionstreamError
 
-PACKAGES = ("sessionstream", "schemas", "streams", "sinks", "consumers")
+PACKAGES = ("sessionstream",)
 
 
 def _modules() -> list[str]:

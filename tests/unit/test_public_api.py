@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
-import consumers.worker
 import sessionstream
 import sessionstream.agent
+import sessionstream.runtimes.worker
 
 
 def test_the_agent_sdk_is_under_sessionstream() -> None:
-    assert sorted(sessionstream.agent.__all__) == sorted(consumers.worker.__all__)
-    for name in consumers.worker.__all__:
-        assert getattr(sessionstream.agent, name) is getattr(consumers.worker, name)
+    assert sorted(sessionstream.agent.__all__) == sorted(sessionstream.runtimes.worker.__all__)
+    for name in sessionstream.runtimes.worker.__all__:
+        assert getattr(sessionstream.agent, name) is getattr(sessionstream.runtimes.worker, name)
 
 
 def test_the_producer_sdk_is_under_sessionstream() -> None:
@@ -148,14 +148,14 @@ def test_every_public_module_under_sessionstream_resolves_its_all() -> None:
 
 def test_the_producer_types_are_the_wire_contracts_own() -> None:
     """`sessionstream.commands` / `.events` re-export `schemas`' models: one class each."""
-    import schemas.commands
-    import schemas.events
     import sessionstream.commands
     import sessionstream.events
+    import sessionstream.schemas.commands
+    import sessionstream.schemas.events
 
     for public, contract in (
-        (sessionstream.commands, schemas.commands),
-        (sessionstream.events, schemas.events),
+        (sessionstream.commands, sessionstream.schemas.commands),
+        (sessionstream.events, sessionstream.schemas.events),
     ):
         for n in public.__all__:
             assert getattr(public, n) is getattr(contract, n), f"{public.__name__}.{n}"

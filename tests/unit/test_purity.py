@@ -16,19 +16,19 @@ from typing import Any, NoReturn
 
 import pytest
 
-from schemas.events import RunStarted
+from sessionstream.schemas.events import RunStarted
 from tests.unit._harness import Harness, leased
 
 ROOT = Path(__file__).resolve().parents[2]
 PURE = [
-    "streams/decider.py",
-    "streams/state.py",
-    "streams/timers.py",
-    "streams/open_runs.py",
+    "sessionstream/core/decider.py",
+    "sessionstream/core/state.py",
+    "sessionstream/core/timers.py",
+    "sessionstream/core/open_runs.py",
 ]
-#: msgspec: the state structs (C, no I/O; chosen for the fold's speed, streams/state.py)
+#: msgspec: the state structs (C, no I/O; chosen for the fold's speed, sessionstream/core/state.py)
 ALLOWED = {"__future__", "dataclasses", "typing", "uuid", "hashlib", "pydantic", "msgspec"}
-ALLOWED_LOCAL = {"streams.state", "streams.decider"}
+ALLOWED_LOCAL = {"sessionstream.core.state", "sessionstream.core.decider"}
 #: the schemas modules the decider may lean on, and what they may import in turn
 SCHEMA_ALLOWED = ALLOWED | {"builtins", "pydantic.alias_generators"}
 FORBIDDEN_CALLS = {"open", "__import__", "exec", "eval", "compile", "input", "print"}
@@ -57,13 +57,15 @@ def calls(path: Path) -> set[str]:
 def test_pure_modules_import_only_pure_things(rel: str) -> None:
     for name in imports(ROOT / rel):
         top = name.split(".")[0]
-        ok = top in ALLOWED or name.startswith("schemas.") or name in ALLOWED_LOCAL
+        ok = top in ALLOWED or name.startswith("sessionstream.schemas.") or name in ALLOWED_LOCAL
         assert ok, f"{rel} imports {name}: the decider must stay free of I/O and clocks"
     assert not calls(ROOT / rel) & FORBIDDEN_CALLS
 
 
 def test_schema_modules_the_decider_uses_are_pure_too() -> None:
-    todo = [n for rel in PURE for n in imports(ROOT / rel) if n.startswith("schemas.")]
+    todo = [
+        n for rel in PURE for n in imports(ROOT / rel) if n.startswith("sessionstream.schemas.")
+    ]
     seen: set[str] = set()
     while todo:
         mod = todo.pop()
@@ -72,13 +74,13 @@ def test_schema_modules_the_decider_uses_are_pure_too() -> None:
         seen.add(mod)
         path = ROOT / (mod.replace(".", "/") + ".py")
         for name in imports(path):
-            if name.startswith("schemas."):
+            if name.startswith("sessionstream.schemas."):
                 todo.append(name)
             else:
                 assert name.split(".")[0] in SCHEMA_ALLOWED or name in SCHEMA_ALLOWED, (mod, name)
         assert not calls(path) & FORBIDDEN_CALLS, mod
-    assert "schemas.codec" not in seen  # fastavro and io stay out of the decider
-    assert {"schemas.commands", "schemas.events"} <= seen
+    assert "sessionstream.schemas.codec" not in seen  # fastavro and io stay out of the decider
+    assert {"sessionstream.schemas.commands", "sessionstream.schemas.events"} <= seen
 
 
 def _boom(what: str) -> Any:

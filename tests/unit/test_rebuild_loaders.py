@@ -7,7 +7,7 @@ import sys
 
 _PROBE = """
 import threading, time
-from sinks.rebuild import _start_method
+from sessionstream.runtimes.sink.rebuild import _start_method
 before = _start_method()
 stop = threading.Event()
 t = threading.Thread(target=stop.wait, daemon=True)

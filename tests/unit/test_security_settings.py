@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from sessionstream._procs import settings_env
-from sessionstream.kafka import aiokafka_config, client_config, faust_credentials
+from sessionstream.adapters.kafka import aiokafka_config, client_config, faust_credentials
+from sessionstream.apps._procs import settings_env
 from sessionstream.settings import Settings, redact_conninfo
 
 SECRET = "s3cr3t-Pa55"

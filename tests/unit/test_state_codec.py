@@ -7,8 +7,8 @@ import msgspec
 import pytest
 
 from bench.bench_decider import build
-from streams.decider import decide
-from streams.state import (
+from sessionstream.core.decider import decide
+from sessionstream.core.state import (
     ActionRecord,
     FinishedRun,
     OpenCall,
@@ -21,7 +21,7 @@ from streams.state import (
     state_to_json,
     validate_state,
 )
-from streams.state_codec import (
+from sessionstream.core.state_codec import (
     FORMAT_V1,
     STATE_FIELDS,
     decode_if_active,
@@ -107,7 +107,8 @@ def _full() -> SessionState:
 @pytest.mark.parametrize("model", list(STATE_FIELDS))
 def test_the_codec_writes_every_field_of_every_model(model: type) -> None:
     assert set(STATE_FIELDS[model]) == set(model.__struct_fields__), (
-        f"{model.__name__} changed: write its new field in streams/state_codec.py (a new "
+        f"{model.__name__} changed: write its new field in sessionstream/core/state_codec.py "
+        "(a new "
         "format tag) and read the old tag still"
     )
 

@@ -10,18 +10,18 @@ import pytest
 import rocksdict
 from confluent_kafka import OFFSET_BEGINNING
 
-from streams.processor.partition import PartitionState
-from streams.processor.restore import _start
-from streams.processor.store import (
+from sessionstream.core.state import RunState, SessionState, evolved
+from sessionstream.core.state_codec import encode_state
+from sessionstream.core.step import DedupRecord
+from sessionstream.core.timers import next_due
+from sessionstream.runtimes.processor.partition import PartitionState
+from sessionstream.runtimes.processor.restore import _start
+from sessionstream.runtimes.processor.store import (
     Checkpoint,
     PartitionStore,
     open_partition_store,
     remove_private,
 )
-from streams.state import RunState, SessionState, evolved
-from streams.state_codec import encode_state
-from streams.step import DedupRecord
-from streams.timers import next_due
 
 CACHE = rocksdict.Cache(1 << 20)
 

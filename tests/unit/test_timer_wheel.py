@@ -1,6 +1,7 @@
 """The processor's timer wheel: fire when due, once per refire window, again after an abort.
 
-Expected outcomes come from the wheel's contract (streams/processor/timer_wheel.py and
+Expected outcomes come from the wheel's contract (sessionstream/runtimes/processor/timer_wheel.py
+and
 docs/protocol.md "Timers"): a deadline in the state is fired when the processor's clock
 passes it, not before; a fired timer is not fired again inside `refire_ms` (its command is
 on its way); it is fired again after that (the command may have been lost); `unfire` makes
@@ -10,9 +11,9 @@ deadline (the run finished) fires nothing.
 
 from __future__ import annotations
 
-from streams.processor.timer_wheel import TimerWheel
-from streams.state import SessionState
-from streams.timers import due_timers
+from sessionstream.core.state import SessionState
+from sessionstream.core.timers import due_timers
+from sessionstream.runtimes.processor.timer_wheel import TimerWheel
 from tests.unit._harness import Harness, leased
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from sessionstream import topics
+from sessionstream.adapters import topics
 from sessionstream.errors import TopicMisconfigured
 from sessionstream.settings import Settings
 

@@ -6,9 +6,13 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from sessionstream.access import kafka_grants
+from sessionstream.adapters.access import kafka_grants
+from sessionstream.runtimes.processor.loop import (
+    PRODUCERS,
+    TransactionalProcessor,
+    transactional_ids,
+)
 from sessionstream.settings import Settings, check_instance_id
-from streams.processor.loop import PRODUCERS, TransactionalProcessor, transactional_ids
 
 
 def test_the_first_id_is_the_single_producer_versions_so_an_upgrade_fences_it() -> None:

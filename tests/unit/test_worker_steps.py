@@ -9,11 +9,11 @@ import asyncio
 import json
 from typing import Any
 
-from consumers.worker._execution import Execution
-from consumers.worker._signal import AbortSignal
-from consumers.worker.context import RunContext
-from consumers.worker.model import Model
-from schemas.commands import Command
+from sessionstream.runtimes.worker._execution import Execution
+from sessionstream.runtimes.worker._signal import AbortSignal
+from sessionstream.runtimes.worker.context import RunContext
+from sessionstream.runtimes.worker.model import Model
+from sessionstream.schemas.commands import Command
 from tests.unit.test_execution import SPEC, Host, event, until
 
 

@@ -1,0 +1,1 @@
+"""The apps: the command line, the HTTP gateway and the demo."""

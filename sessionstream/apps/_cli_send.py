@@ -1,0 +1,317 @@
+"""CLI commands that write to sessions (prompt, steer, follow-up, send, abort) and tail them."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import uuid
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from sessionstream.adapters.registry import reader_codec
+from sessionstream.errors import CommandTimeout, SessionstreamError
+from sessionstream.schemas.codec import Codec
+from sessionstream.schemas.events import Event
+from sessionstream.settings import get_settings
+
+__all__ = ["register"]
+
+console = Console()
+
+Tenant = Annotated[str, typer.Option(help="tenant the session belongs to")]
+Session = Annotated[
+    str,
+    typer.Argument(
+        help="the session's full id: TENANT:ID is the session the gateway shows tenant "
+        "TENANT's keys as ID (an id without ':' is unscoped)",
+        show_default=False,
+    ),
+]
+Wait = Annotated[float, typer.Option(help="seconds to wait for the outcome (0: don't wait)")]
+AsJson = Annotated[bool, typer.Option("--json", help="print the outcome as JSON")]
+CommandId = Annotated[
+    str | None, typer.Option(help="idempotency key (default: a new uuid); resend to retry")
+]
+Actor = Annotated[
+    str | None, typer.Option(help="who asks, recorded on the events (default: cli:$USER)")
+]
+Run = Annotated[
+    str | None,
+    typer.Option(
+        "--run",
+        help="the run meant (default: the session's active run as PostgreSQL last saw it)",
+    ),
+]
+AnyRun = Annotated[
+    bool, typer.Option("--any", help="session-scoped: whichever run is active when it lands")
+]
+
+
+def _default_actor() -> str:
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):
+        return "cli"
+
+
+def _run_seen(session: str, *, latest: bool) -> str | None:
+    """The session's active run in the projection (the sink's view, a moment behind the
+    log); with `latest`, the most recent run when none is active, so that a command for a
+    run that has ended is refused `run_not_active` rather than landing on a newer one."""
+    import psycopg
+
+    s = get_settings()
+    options = f"-c search_path={s.database_schema}" if s.database_schema else ""
+    try:
+        with psycopg.connect(s.database_conninfo, connect_timeout=5, options=options) as conn:
+            row = conn.execute(
+                "select active_run_id from agent_sessions where session_id = %s", (session,)
+            ).fetchone()
+            if row is not None and row[0] is not None:
+                return str(row[0])
+            if not latest:
+                return None
+            row = conn.execute(
+                "select run_id from agent_runs where session_id = %s"
+                " order by created_at desc, run_id limit 1",
+                (session,),
+            ).fetchone()
+            return None if row is None else str(row[0])
+    except psycopg.Error as e:
+        typer.echo(
+            f"error: cannot look up the active run of {session!r} in PostgreSQL ({e}); "
+            "name it with --run RUN_ID, or send it session-scoped with --any",
+            err=True,
+        )
+        raise typer.Exit(code=2) from e
+
+
+def _target(session: str, run: str | None, any_run: bool, *, latest: bool) -> str | None:
+    if run is not None and any_run:
+        typer.echo("error: --run and --any exclude each other", err=True)
+        raise typer.Exit(code=2)
+    if any_run:
+        return None
+    return run if run is not None else _run_seen(session, latest=latest)
+
+
+def _submit(
+    session: str,
+    type_: str,
+    payload: dict[str, Any],
+    tenant: str,
+    wait: float,
+    as_json: bool,
+    command_id: str | None,
+    actor: str | None,
+    run_id: str | None = None,
+) -> None:
+    from sessionstream.client import SessionClient
+
+    try:
+        with SessionClient(tenant, get_settings(), actor=actor or _default_actor()) as client:
+            cmd = client.command(
+                session,
+                type_,
+                payload,
+                command_id=command_id or str(uuid.uuid4()),
+                run_id=run_id,
+            )
+            handle = client.submit(cmd, track=wait > 0)
+            if wait <= 0:
+                client.flush()
+                _out(as_json, {"commandId": cmd.command_id, "status": "sent"})
+                return
+            outcome = client.wait(handle, timeout=wait)
+    except CommandTimeout as e:
+        typer.echo(f"error: {e} (is `sessionstream processor` running?)", err=True)
+        raise typer.Exit(code=2) from e
+    except SessionstreamError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(code=2) from e
+    result = {
+        "commandId": cmd.command_id,
+        "status": outcome.status,
+        "runId": outcome.run_id,
+        "reason": outcome.reason,
+        "events": [e.type for e in outcome.events],
+    }
+    _out(as_json, result)
+    if outcome.status in ("rejected", "dead_letter"):
+        raise typer.Exit(code=1)
+
+
+def _out(as_json: bool, result: dict[str, Any]) -> None:
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    status = result["status"]
+    color = {
+        "accepted": "green",
+        "rejected": "red",
+        "duplicate": "yellow",
+        "dead_letter": "red",
+    }.get(status, "white")
+    line = f"[{color}]{status}[/{color}] command {result['commandId']}"
+    if result.get("runId"):
+        line += f" run {result['runId']}"
+    if result.get("reason"):
+        line += f" reason {result['reason']}"
+    if result.get("events"):
+        line += f" -> {', '.join(result['events'])}"
+    console.print(line, highlight=False)
+
+
+def prompt(
+    session: Session,
+    text: str,
+    tenant: Tenant = "default",
+    policy: Annotated[
+        str, typer.Option(help="while a run is active: reject, enqueue, interrupt")
+    ] = "reject",
+    timeout_ms: Annotated[int | None, typer.Option(help="run deadline in ms")] = None,
+    retry_of: Annotated[
+        str | None, typer.Option(help="the run (timed out, or failed retryable) this retries")
+    ] = None,
+    wait: Wait = 10.0,
+    as_json: AsJson = False,
+    command_id: CommandId = None,
+    actor: Actor = None,
+) -> None:
+    """Start a new task in SESSION (policy says what happens while a run is active)."""
+    if policy not in ("reject", "enqueue", "interrupt"):
+        typer.echo(f"error: unknown policy {policy!r}", err=True)
+        raise typer.Exit(code=2)
+    payload: dict[str, Any] = {"text": text, "policy": policy}
+    if timeout_ms:
+        payload["timeoutMs"] = timeout_ms
+    if retry_of:
+        payload["retryOf"] = retry_of
+    _submit(session, "prompt", payload, tenant, wait, as_json, command_id, actor)
+
+
+def steer(
+    session: Session,
+    text: str,
+    tenant: Tenant = "default",
+    run: Run = None,
+    any_run: AnyRun = False,
+    wait: Wait = 10.0,
+    as_json: AsJson = False,
+    command_id: CommandId = None,
+    actor: Actor = None,
+) -> None:
+    """Change the active run's course; delivered to its worker at the next step. Names the
+    run it means (see --run / --any): a steer never lands on a run started after it."""
+    target = _target(session, run, any_run, latest=True)
+    _submit(session, "steer", {"text": text}, tenant, wait, as_json, command_id, actor, target)
+
+
+def follow_up(
+    session: Session,
+    text: str,
+    tenant: Tenant = "default",
+    run: Run = None,
+    any_run: AnyRun = False,
+    wait: Wait = 10.0,
+    as_json: AsJson = False,
+    command_id: CommandId = None,
+    actor: Actor = None,
+) -> None:
+    """Add information: pending for the active run until it takes it, or starts a run when
+    the session is idle."""
+    target = _target(session, run, any_run, latest=False)
+    payload = {"text": text}
+    _submit(session, "follow_up", payload, tenant, wait, as_json, command_id, actor, target)
+
+
+def send(
+    session: Session,
+    text: str,
+    tenant: Tenant = "default",
+    wait: Wait = 10.0,
+    as_json: AsJson = False,
+    command_id: CommandId = None,
+    actor: Actor = None,
+) -> None:
+    """The single send button: the runtime picks prompt, follow-up or queue from the state."""
+    _submit(session, "send", {"text": text}, tenant, wait, as_json, command_id, actor)
+
+
+def abort(
+    session: Session,
+    tenant: Tenant = "default",
+    reason: Annotated[str, typer.Option(help="recorded with the cancel")] = "user",
+    run: Run = None,
+    any_run: AnyRun = False,
+    wait: Wait = 10.0,
+    as_json: AsJson = False,
+    command_id: CommandId = None,
+    actor: Actor = None,
+) -> None:
+    """Cancel the run: model request, tools, sub-tasks and pending actions. Names the run it
+    means (default: the active one as last seen; --any: whichever is active then), so a late
+    abort is refused `run_not_active` instead of cancelling a newer run."""
+    target = _target(session, run, any_run, latest=True)
+    payload = {"reason": reason}
+    _submit(session, "abort", payload, tenant, wait, as_json, command_id, actor, target)
+
+
+def tail(
+    session: Session,
+    from_start: Annotated[bool, typer.Option(help="print the session's history first")] = False,
+    as_json: AsJson = False,
+) -> None:
+    """Print SESSION's events as they are committed (Ctrl-C to stop)."""
+    from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
+
+    from sessionstream.adapters.kafka import reader_config
+    from sessionstream.client import SessionClient
+    from sessionstream.core.partitioning import partition_for
+
+    s = get_settings()
+    try:
+        n = SessionClient("tail", s)._partition_count()
+    except SessionstreamError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(code=2) from e
+    p = partition_for(session.encode(), n)
+    consumer = Consumer(
+        reader_config(s, group_id=f"sessionstream-tail-{uuid.uuid4()}", fetch_wait_ms=50)
+    )
+    consumer.assign(
+        [TopicPartition(s.events_topic, p, OFFSET_BEGINNING if from_start else OFFSET_END)]
+    )
+    codec = reader_codec(s)
+    try:
+        while True:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error() is not None:
+                continue
+            event = codec.decode_event(msg.value() or b"")
+            if event.session_id == session:
+                _print_event(event, as_json)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        consumer.close()
+
+
+def _print_event(e: Event, as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(Codec.event_to_json(e)))
+        return
+    data = {k: v for k, v in Codec.event_to_json(e)["payload"].items() if v not in (None, [], "")}
+    console.print(
+        f"{e.ts} [bold]{e.type}[/bold] run {e.run_id[:8]} #{e.seq} gen {e.generation} "
+        f"{json.dumps(data)[:120]}",
+        highlight=False,
+    )
+
+
+def register(app: typer.Typer) -> None:
+    for fn in (prompt, steer, send, abort, tail):
+        app.command()(fn)
+    app.command("follow-up")(follow_up)

@@ -1,0 +1,79 @@
+"""The busiest route, ``POST /v1/sessions/{sessionId}/commands``, ahead of FastAPI.
+
+FastAPI's stack between the server and a route is a dozen layers of middleware, routing
+and dependency solving (the security-header middleware, exception telemetry, body limit,
+exception middleware, exit stacks, the router, the route, the endpoint runner, the
+response object); py-spy on the gateway at 64 commands in flight put them at ~300 of the
+~1,000 samples its event loop spent in Python, more than the handler itself. This
+middleware is the outermost of the app's own (inside Starlette's server-error middleware,
+so an unexpected exception is still a 500): it hands that one route straight to its
+`answer` and writes the JSON response itself, with the headers `Guard` gives every
+response. Every other request — and this route's with a percent-encoded path, which
+`Guard` judges — goes down the usual stack; the route's OpenAPI description stays
+FastAPI's. Refusals take the shape the app's exception handlers give them (`ApiError`,
+`DatabaseUnavailable`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from sessionstream.apps.gateway.errors import ApiError, database_refusal, error_body
+from sessionstream.apps.gateway.guard import SECURITY_HEADERS
+from sessionstream.errors import DatabaseUnavailable
+
+__all__ = ["COMMANDS_PATH", "CommandsFastPath"]
+
+#: the route as Starlette matches ``/v1/sessions/{sessionId}/commands``: one decoded segment
+COMMANDS_PATH = re.compile(r"/v1/sessions/([^/]+)/commands")
+
+Answer = Callable[[Request], Awaitable[tuple[int, dict[str, Any]]]]
+_JSON = (b"content-type", b"application/json")
+
+
+class CommandsFastPath:
+    """ASGI middleware: a POST to `COMMANDS_PATH` is answered by `answer` directly."""
+
+    def __init__(self, app: ASGIApp, answer: Answer) -> None:
+        self.app = app
+        self.answer = answer
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["method"] == "POST"
+            and b"%" not in (scope.get("raw_path") or b"%")
+        ):
+            m = COMMANDS_PATH.fullmatch(scope["path"])
+            if m is not None:
+                scope["path_params"] = {"sessionId": m.group(1)}
+                headers: Iterable[tuple[str, str]] = ()
+                try:
+                    status, body = await self.answer(Request(scope, receive))
+                except ApiError as e:
+                    status, body, headers = e.status, error_body(e), e.headers.items()
+                except DatabaseUnavailable as e:
+                    refusal = database_refusal(e)
+                    status, body = refusal.status, error_body(refusal)
+                await send_json(send, status, body, headers)
+                return
+        await self.app(scope, receive, send)
+
+
+async def send_json(
+    send: Send, status: int, body: Any, headers: Iterable[tuple[str, str]] = ()
+) -> None:
+    """`body` as Starlette's JSONResponse renders it, with Guard's headers."""
+    data = json.dumps(
+        body, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")
+    ).encode("utf-8")
+    raw = [(b"content-length", str(len(data)).encode()), _JSON, *SECURITY_HEADERS]
+    raw += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": data})

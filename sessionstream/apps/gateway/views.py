@@ -1,0 +1,194 @@
+"""What the gateway reads from PostgreSQL: sessions, runs, their events, as JSON.
+
+Everything here is the sink's projection, a moment behind the log (the sink's batch:
+tens of milliseconds when it keeps up). A session's state is the decider's own fold
+(`sessionstream.core.decider.evolve`) over the session's stored events in log order, so it says
+exactly what the processor's state said at the last event the sink wrote: active run,
+status, generation, queue and pending inputs. Calls take a connection and run in a
+worker thread (`Database.run`).
+
+Session ids are shown as the tenant knows them (`sessionstream.schemas.sessions.local_session_id`):
+``s1`` for ``acme:s1`` when acme asks.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from sessionstream.core.decider import evolve
+from sessionstream.core.state import SessionState
+from sessionstream.runtimes.sink.replay import events_of_session, offsets_of_run
+from sessionstream.schemas.codec import Codec
+from sessionstream.schemas.events import SESSION_LOG, Event
+from sessionstream.schemas.sessions import NAMESPACE_SEP, local_session_id
+
+__all__ = [
+    "event_json",
+    "list_sessions",
+    "run_events",
+    "run_view",
+    "session_view",
+]
+
+_RUN_COLUMNS = (
+    "run_id, session_id, tenant_id, status, generation, lease_owner, lease_expires_at,"
+    " timeout_at, cancel_requested_at, terminal_status, terminal_at, prompt, last_seq,"
+    " created_at, updated_at, started_by, cancelled_by, retryable, retry_of"
+)
+
+
+def _ms(t: datetime | None) -> int | None:
+    return None if t is None else int(t.timestamp() * 1000)
+
+
+def event_json(e: Event, offset: int | None = None) -> dict[str, Any]:
+    """The seed's JSON event (camelCase), with its topic offset when known."""
+    out = Codec.event_to_json(e)
+    out["sessionId"] = local_session_id(e.tenant_id, e.session_id)
+    if offset is not None:
+        out["offset"] = offset
+    return out
+
+
+def _run(r: tuple[Any, ...]) -> dict[str, Any]:
+    return {
+        "runId": r[0],
+        "sessionId": local_session_id(r[2], r[1]),
+        "tenantId": r[2],
+        "status": r[3],
+        "generation": r[4],
+        "leaseOwner": r[5],
+        "leaseExpiresAt": _ms(r[6]),
+        "timeoutAt": _ms(r[7]),
+        "cancelRequestedAt": _ms(r[8]),
+        "terminalStatus": r[9],
+        "terminalAt": _ms(r[10]),
+        "prompt": r[11],
+        "lastSeq": r[12],
+        "createdAt": _ms(r[13]),
+        "updatedAt": _ms(r[14]),
+        "startedBy": r[15],
+        "cancelledBy": r[16],
+        "retryable": r[17],
+        "retryOf": r[18],
+    }
+
+
+def list_sessions(
+    conn: psycopg.Connection[Any], tenant_id: str, limit: int
+) -> list[dict[str, Any]]:
+    """A tenant's sessions the gateway reaches (in its namespace, or aliased), most
+    recently updated first, with their active run's status."""
+    rows = conn.execute(
+        "select s.session_id, s.active_run_id, s.created_at, s.updated_at, s.user_id, r.status"
+        " from agent_sessions s left join agent_runs r on r.run_id = s.active_run_id"
+        " where s.tenant_id = %s and (starts_with(s.session_id, %s) or exists (select 1"
+        " from session_aliases a where a.tenant_id = s.tenant_id"
+        " and a.session_id = s.session_id))"
+        " order by s.updated_at desc, s.session_id limit %s",
+        (tenant_id, f"{tenant_id}{NAMESPACE_SEP}", limit),
+    ).fetchall()
+    conn.rollback()
+    return [
+        {
+            "sessionId": local_session_id(tenant_id, r[0]),
+            "activeRunId": r[1],
+            "status": r[5] or "idle",
+            "createdAt": _ms(r[2]),
+            "updatedAt": _ms(r[3]),
+            "userId": r[4],
+        }
+        for r in rows
+    ]
+
+
+def session_view(
+    conn: psycopg.Connection[Any], session_id: str, tenant_id: str, runs: int = 20
+) -> dict[str, Any] | None:
+    """The session's state as the sink last saw it; None if unknown or another tenant's."""
+    row = conn.execute(
+        "select tenant_id, created_at, updated_at, user_id from agent_sessions"
+        " where session_id = %s",
+        (session_id,),
+    ).fetchone()
+    if row is None or row[0] != tenant_id:
+        conn.rollback()
+        return None
+    events = events_of_session(conn, session_id)
+    last = conn.execute(
+        "select max(kafka_offset) from agent_run_events where session_id = %s", (session_id,)
+    ).fetchone()
+    recent = conn.execute(
+        f"select {_RUN_COLUMNS} from agent_runs where session_id = %s"
+        " order by created_at desc, run_id limit %s",
+        (session_id, runs),
+    ).fetchall()
+    conn.rollback()
+    state = SessionState.initial(session_id)
+    for e in events:
+        state = evolve(state, e)
+    active = state.active
+    return {
+        "sessionId": local_session_id(tenant_id, session_id),
+        "tenantId": row[0],
+        "userId": row[3],
+        "createdAt": _ms(row[1]),
+        "updatedAt": _ms(row[2]),
+        "status": active.status if active else "idle",
+        "generation": active.generation if active else None,
+        "activeRun": None
+        if active is None
+        else {
+            "runId": active.run_id,
+            "status": active.status,
+            "generation": active.generation,
+            "leaseOwner": active.lease_owner,
+            "leaseExpiresAt": active.lease_expires_at,
+            "startedAt": active.started_at,
+            "timeoutAt": active.timeout_at,
+            "cancelRequestedAt": active.cancel_requested_at,
+            "prompt": active.prompt,
+            "pendingInputs": [
+                {"sourceCommandId": i.source_command_id, "kind": i.kind, "text": i.text}
+                for i in active.inputs
+            ],
+        },
+        "queue": [
+            {"sourceCommandId": q.source_command_id, "kind": q.kind, "text": q.text}
+            for q in state.queue
+        ],
+        "runs": [_run(r) for r in recent],
+        # resume the live stream after this (GET .../events with Last-Event-ID)
+        "lastEventId": None if last is None or last[0] is None else int(last[0]),
+        "eventCount": len(events),
+    }
+
+
+def run_view(conn: psycopg.Connection[Any], run_id: str, tenant_id: str) -> dict[str, Any] | None:
+    if run_id == SESSION_LOG:  # no run: every session's own log is stored under it
+        return None
+    row = conn.execute(
+        f"select {_RUN_COLUMNS} from agent_runs where run_id = %s", (run_id,)
+    ).fetchone()
+    conn.rollback()
+    if row is None or row[2] != tenant_id:
+        return None
+    return _run(row)
+
+
+def run_events(
+    conn: psycopg.Connection[Any], run_id: str, tenant_id: str
+) -> list[dict[str, Any]] | None:
+    """A run's events in seq order with their offsets; None if unknown or another tenant's.
+    `_session` is no run: the sessions' own logs (of every tenant) are stored under it."""
+    if run_id == SESSION_LOG:
+        return None
+    events = offsets_of_run(conn, run_id)
+    conn.rollback()
+    # every row, not the first: what is not all the tenant's is not shown at all
+    if not events or any(e.tenant_id != tenant_id for _, e in events):
+        return None
+    return [event_json(e, o) for o, e in events]

@@ -1,0 +1,320 @@
+"""What the processor does when a transaction or its consumer fails: abort (or renew the
+producer) and read the batches again, find out whether a commit it was told failed went
+through after all, give up the transaction decided on top of a failed one, and renew a
+fenced consumer. A part of `TransactionalProcessor` (`loop.py`), which provides the state
+and the set-up methods declared here."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from sessionstream.adapters.kafka import client_config
+from sessionstream.adapters.kafka.transactions import (
+    FENCING,
+    RENEW_WINDOW_S,
+    GroupLog,
+    TransactionCommit,
+    abort_transaction,
+    consumer_fence_is_foreign,
+    stable_offsets,
+)
+from sessionstream.errors import KafkaUnavailable, SingleWriterViolation
+from sessionstream.runtimes.processor.batch import Batch
+from sessionstream.runtimes.processor.partition import PartitionState
+from sessionstream.runtimes.processor.stats import StatsObserver
+from sessionstream.schemas.commands import CommandClass
+from sessionstream.settings import Settings
+
+__all__ = ["OUTCOME_LIMIT_S", "RENEW_PATIENCE_S", "WEDGED_AFTER", "Recovery"]
+
+log = logging.getLogger("sessionstream.processor")
+
+#: how long a producer that replaces a failed one may keep getting retriable answers to
+#: init_transactions (a restarted broker still loading its transaction coordinator) before
+#: the processor gives up
+RENEW_PATIENCE_S = 600.0
+#: how long the group coordinator may take to say whether a failed transaction committed
+OUTCOME_LIMIT_S = 120.0
+#: transactions in a row that time out on one producer before it is replaced (`_wedged`)
+WEDGED_AFTER = 3
+
+
+class Recovery:
+    """The failure paths of `TransactionalProcessor`."""
+
+    settings: Settings
+    classes: dict[str, CommandClass]
+    partitions: dict[int, PartitionState]
+    observer: StatsObserver
+    _producers: list[Producer]
+    _consumer: Consumer | None
+    _inflight: TransactionCommit[Batch] | None
+    _older: TransactionCommit[Batch] | None
+    #: slot -> when its producer was made (`_renew_siblings`)
+    _born: dict[int, float]
+    #: slot -> when its producer was last renewed (a fence is judged per transactional id)
+    _renewed_at: dict[int, float]
+    _consumer_renewed_at: float | None
+    _group_log: GroupLog
+    #: slot -> transactions in a row that timed out (`_wedged`)
+    _timeouts: dict[int, int]
+
+    if TYPE_CHECKING:  # provided by the processor (`loop.TransactionalProcessor`)
+
+        def _transactional_producer(self, slot: int, patience_s: float = 0.0) -> Producer: ...
+
+        def _group_consumer(self) -> Consumer: ...
+
+        def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None: ...
+
+        def _committed(self, commit: TransactionCommit[Batch]) -> None: ...
+
+    def _give_up(self, commit: TransactionCommit[Batch]) -> None:
+        """The transaction before `commit` failed: `commit` (which waits for it, and never
+        commits without it) ends and its transaction is aborted — or its producer renewed,
+        whose init_transactions aborts it. Its batch is the caller's to read again."""
+        commit.cancel.set()
+        error = commit.wait()
+        if error is None:
+            # it commits only after the one before committed, and never once given up: the
+            # one before was reported failed as it committed (a wait that ran out just
+            # then). Both committed; the stores have neither: a restart restores them
+            raise RuntimeError(
+                "a transaction committed while the one before it was taken for failed"
+            )
+        kerr = error.args[0]
+        if kerr.fatal():
+            self._renew_producer(kerr, error, commit.slot, stuck=self._timed_out(kerr, commit))
+            return
+        self.observer.aborted()
+        failed = abort_transaction(
+            self._producers[commit.slot], bootstrap=self.settings.kafka_bootstrap
+        )
+        if failed is not None:
+            self._renew_producer(failed.kerr, failed.error, commit.slot, stuck=failed.stuck)
+
+    def _abort(
+        self,
+        error: KafkaException,
+        batch: Batch,
+        slot: int,
+        *,
+        also: list[Batch] | None = None,
+        commit: TransactionCommit[Batch] | None = None,
+    ) -> bool:
+        """The transaction of producer `slot` failed: abort it (or renew a fatally failed
+        producer) and read `batch` (and `also`, decided on top of it) again from their first
+        offsets; their fired timers are due again. `commit`: the transaction had reached its
+        commit, which may have gone through although we were told otherwise (a commit stuck
+        in librdkafka after a broker restart can be the coordinator's committed transaction;
+        the new producer's init_transactions then completes it): the group's committed
+        offsets say which, and a transaction that committed after all counts as committed
+        (step 5) — never decided again. Returns whether it committed."""
+        assert self._consumer is not None
+        kerr = error.args[0]
+        renewed = True
+        if kerr.fatal():
+            self._renew_producer(kerr, error, slot, stuck=self._timed_out(kerr, commit))
+            if kerr.code() not in FENCING:
+                self._renew_siblings(slot, commit)
+        else:
+            # Anything else is aborted and the batch decided again: abortable errors (our
+            # partitions moved), retriable ones (a broker restart times out send_offsets),
+            # and the _STATE error produce() raises once the transaction failed in the
+            # background (a broker restart: OUT_OF_ORDER_SEQUENCE_NUMBER).
+            # abort_transaction says if not.
+            log.warning("aborting transaction: %s", kerr)
+            self.observer.aborted()
+            failed = abort_transaction(
+                self._producers[slot], bootstrap=self.settings.kafka_bootstrap
+            )
+            if failed is not None:
+                self._renew_producer(failed.kerr, failed.error, slot, stuck=failed.stuck)
+            elif self._wedged(kerr, slot):
+                self._renew_producer(kerr, error, slot, stuck=True)
+            renewed = failed is not None
+        # an abort the coordinator took is certain; a producer renewed instead leaves it to
+        # the new producer's init_transactions, which completes a commit the coordinator
+        # had begun
+        if commit is not None and renewed and self._committed_after_all(batch):
+            log.warning(
+                "the transaction that failed (%s) committed after all: its decisions stand", kerr
+            )
+            self._committed(commit)
+            self.observer.stats.committed_after_all += 1
+            self._rewind(also or [])
+            return True
+        self._rewind([batch, *(also or [])])
+        return False
+
+    def _renew_siblings(self, slot: int, commit: TransactionCommit[Batch] | None) -> None:
+        """The producer of `slot` failed fatally, and not by a fence (a fence is about its
+        transactional id alone): a broker or coordinator fault. The other producers made
+        before its transaction began are renewed too, while they have no transaction in
+        flight: after a broker restart the producers connected before it wedge one after
+        the other — seen twice in the broker-restart fault test: slot 1 stuck in
+        send_offsets (once), failed with INVALID_TXN_STATE (once) and renewed, then slot 0's
+        next transaction stuck in send_offsets for the whole commit bound (librdkafka#5456),
+        the leases expiring meanwhile. A new producer costs one init_transactions."""
+        since = commit.begun_at if commit is not None else time.monotonic()
+        busy = {c.slot for c in (self._inflight, self._older) if c is not None}
+        for other in range(len(self._producers)):
+            if other == slot or other in busy or self._born.get(other, 0.0) > since:
+                continue
+            log.warning(
+                "producer %s was made before producer %s's failed transaction: renewed too",
+                other,
+                slot,
+            )
+            self._renewed_at[other] = time.monotonic()
+            self._producers[other] = self._transactional_producer(
+                other, patience_s=RENEW_PATIENCE_S
+            )
+
+    def _wedged(self, kerr: KafkaError, slot: int) -> bool:
+        """Whether the producer of `slot` timed out in `WEDGED_AFTER` transactions in a row:
+        after a broker restart librdkafka can keep its requests to the transaction
+        coordinator queued for good (`REQTMOUT … 1 out-queue`: each AddOffsetsToTxn times out
+        after transaction.timeout.ms, while the abort goes through), and only a new producer
+        connects again. Seen in the broker-restart fault test: one transaction in two failing
+        for 3 minutes, every lease expiring meanwhile."""
+        if kerr.code() != KafkaError._TIMED_OUT:
+            self._timeouts[slot] = 0
+            return False
+        self._timeouts[slot] = self._timeouts.get(slot, 0) + 1
+        if self._timeouts[slot] < WEDGED_AFTER:
+            return False
+        self._timeouts[slot] = 0
+        log.warning(
+            "producer %s timed out in %s transactions in a row: a new producer replaces it",
+            slot,
+            WEDGED_AFTER,
+        )
+        return True
+
+    def _timed_out(self, kerr: KafkaError, commit: TransactionCommit[Batch] | None) -> bool:
+        """Whether a fence is the coordinator's transaction timeout rather than another
+        instance with our transactional id: the transaction was open at least
+        transaction.timeout.ms (a commit slowed by a broker fault, or a transaction that
+        waited for the one before it). The coordinator then aborts it and bumps the epoch,
+        which fences the producer however recently it was renewed."""
+        if commit is None or kerr.code() not in FENCING:
+            return False
+        if commit.age() < self.settings.transaction_timeout_ms / 1000:
+            return False
+        log.warning(
+            "producer %s fenced after its transaction was open %.1f s (transaction timeout "
+            "%s ms): the coordinator aborted it",
+            commit.slot,
+            commit.age(),
+            self.settings.transaction_timeout_ms,
+        )
+        return True
+
+    def _committed_after_all(self, batch: Batch) -> bool:
+        """Whether the group's committed offsets (stable: the failed transaction was ended
+        by the new producer's init_transactions) include `batch`'s input offsets, on every
+        partition of it still ours (a transaction is atomic: they agree, or the single
+        writer is broken and the processor stops). Unknown (the coordinator does not answer
+        within the limit): the processor stops rather than decide the batch again or not
+        on a guess — a restart restores what was committed."""
+        ends = {tp: o for tp, o in batch.offsets.items() if tp[1] in self.partitions}
+        if not ends:
+            # fired timers only (decided again, their command ids dedupe them), or no
+            # partition of the batch is ours any more (its next owner reads it)
+            return False
+        s = self.settings
+        got = stable_offsets(
+            client_config(s),
+            s.processor_group,
+            list(ends),
+            OUTCOME_LIMIT_S,
+            bootstrap=s.kafka_bootstrap,
+        )
+        seen = {got.get(tp, -1) >= end for tp, end in ends.items()}
+        if len(seen) > 1:
+            raise SingleWriterViolation(
+                "a failed transaction's input offsets are committed on some of its "
+                f"partitions and not on others: {got} (its ends: {ends})"
+            )
+        return seen == {True}
+
+    def _rewind(self, batches: list[Batch]) -> None:
+        """Back to the first offset of the batches per partition: nothing of them happened.
+        Their timers were never sent: due again at once."""
+        assert self._consumer is not None
+        first: dict[tuple[str, int], int] = {}
+        for b in batches:
+            for tp, o in b.first.items():
+                first[tp] = min(o, first.get(tp, o))
+            for p, cmd in b.timers:
+                part = self.partitions.get(p)
+                if part is not None:
+                    part.timers.unfire(cmd, part.state(cmd.session_id))
+        for (t, p), o in first.items():
+            if p in self.partitions:
+                try:
+                    self._consumer.seek(TopicPartition(t, p, o))
+                except KafkaException as e:  # no longer ours: its next owner reads it
+                    log.warning("cannot rewind %s[%s] to %s: %s", t, p, o, e.args[0])
+
+    def _renew_producer(
+        self, kerr: KafkaError, error: KafkaException, slot: int, *, stuck: bool = False
+    ) -> None:
+        """Our producer of `slot` failed fatally. A broker restart that outlives
+        `transaction.timeout.ms` does that: the coordinator aborts the open transaction
+        itself and bumps the epoch, and our next EndTxn gets _FENCED or INVALID_TXN_STATE.
+        A new producer with the same transactional id carries on (its `init_transactions`
+        settles the old transaction). *Fenced* again soon after on the same slot: a second
+        live instance has our id, and this one stops. The window is per slot, because
+        broker kills can fence both slots' ids once each, one soon after the other (seen on
+        the 3-node cluster: a leader kill, then a coordinator kill). Other fatal errors
+        (INVALID_TXN_STATE when the coordinator moved again) renew again. `stuck`: the
+        producer did not fail but cannot finish aborting, or was fenced by the coordinator's
+        transaction timeout (`_timed_out`): no sign of a second instance."""
+        now = time.monotonic()
+        # only fencing says "another instance": a coordinator that moved twice within the
+        # window answers INVALID_TXN_STATE to the abort each time (seen on the 3-node
+        # cluster: a leader kill that took the coordinator, then a coordinator kill)
+        fenced = kerr.code() in FENCING
+        last = self._renewed_at.get(slot)
+        again = fenced and not stuck and last is not None and now - last < RENEW_WINDOW_S
+        if again:
+            raise KafkaUnavailable(
+                f"processor transaction failed fatally: {kerr}",
+                bootstrap=self.settings.kafka_bootstrap,
+            ) from error
+        log.warning(
+            "producer %s failed (%s); a new producer takes over its transactional id", slot, kerr
+        )
+        self._renewed_at[slot] = now
+        self._producers[slot] = self._transactional_producer(slot, patience_s=RENEW_PATIENCE_S)
+
+    def _renew_consumer(self, error: KafkaException) -> None:
+        """Our consumer failed fatally: as a static member it was fenced. librdkafka fences
+        itself that way when its session times out during a broker restart — it rejoins
+        under a new member id and the coordinator fences the old one (librdkafka#3437) —
+        and the consumer would never poll again. A new consumer with the same
+        group.instance.id takes the membership back. Fenced again soon after, with no
+        session timeout of its own just before, means a second live instance has our id,
+        and this one stops (`consumer_fence_is_foreign`)."""
+        now = time.monotonic()
+        last = self._consumer_renewed_at
+        if consumer_fence_is_foreign(now, last, self._group_log.session_timeout_at):
+            raise KafkaUnavailable(
+                f"processor consumer failed fatally: {error.args[0]}",
+                bootstrap=self.settings.kafka_bootstrap,
+            ) from error
+        log.warning("consumer failed (%s); a new consumer rejoins the group", error.args[0])
+        self._consumer_renewed_at = now
+        assert self._consumer is not None
+        owned = [TopicPartition(t, p) for t in self.classes for p in self.partitions]
+        self._on_revoke(self._consumer, owned)
+        with contextlib.suppress(KafkaException, SystemError, RuntimeError):
+            self._consumer.close()
+        self._consumer = self._group_consumer()

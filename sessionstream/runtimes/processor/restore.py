@@ -1,0 +1,265 @@
+"""A partition's sessions at assignment: its local store, brought up to the changelogs' end.
+
+State and offsets come from one transaction, so they agree. Each of the partition's two
+databases (states, dedup records) holds a checkpoint: the changelog's topic id and the
+offset up to which it reflects it. A checkpoint of this topic, not past its end, means only
+the changelog's tail is read (a restart costs the changes since the last checkpoint, not
+the number of sessions); anything else — no store, a topic created again, a store ahead of
+its log — empties that database and reads its changelog from the beginning, with a progress
+line. A state this version cannot read (written by an older one) is folded again from the
+events log, the source of truth.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import rocksdict
+from confluent_kafka import OFFSET_BEGINNING
+
+from sessionstream.adapters.kafka import log_bounds, read_records
+from sessionstream.adapters.topics import topic_ids
+from sessionstream.core.decider import DeciderConfig, evolve
+from sessionstream.core.state import SessionState
+from sessionstream.core.state_codec import decode_if_active, decode_state, encode_state, is_current
+from sessionstream.core.timers import next_due
+from sessionstream.runtimes.processor.partition import PartitionState
+from sessionstream.runtimes.processor.store import Checkpoint, Db, open_partition_store
+from sessionstream.schemas.codec import Codec
+from sessionstream.settings import Settings
+
+__all__ = ["RestoreReport", "restore"]
+
+log = logging.getLogger("sessionstream.processor")
+
+#: changelog records applied to a store per atomic batch (each with its checkpoint)
+_CHUNK = 10_000
+#: seconds between two progress lines of a long restore
+_PROGRESS_S = 5.0
+
+
+@dataclass
+class RestoreReport:
+    """What an assignment's restore read: per database, from where and how much."""
+
+    partitions: list[int] = field(default_factory=list)
+    #: (topic, partition) -> why its store was restored in full (absent: from a checkpoint)
+    full: dict[tuple[str, int], str] = field(default_factory=dict)
+    records: int = 0
+    rebuilt: int = 0
+    seconds: float = 0.0
+
+
+def restore(
+    settings: Settings,
+    partitions: list[int],
+    config: DeciderConfig,
+    codec: Codec,
+    *,
+    base: Path,
+    cache_sessions: int,
+    block_cache: rocksdict.Cache,
+) -> tuple[dict[int, PartitionState], RestoreReport]:
+    """The state of each of `partitions`, its store caught up with its changelogs."""
+    s = settings
+    t0 = time.monotonic()
+    report = RestoreReport(partitions=sorted(partitions))
+    parts: dict[int, PartitionState] = {}
+    if not partitions:
+        return parts, report
+    ids = topic_ids(s, [s.state_topic, s.dedup_topic])
+    per_partition = max(64, cache_sessions // len(partitions))
+    dedup_ttl_s = 2 * config.dedup_ttl_ms // 1000
+    try:
+        for p in partitions:
+            store, private = open_partition_store(
+                base,
+                p,
+                cache_sessions=per_partition,
+                dedup_ttl_s=dedup_ttl_s,
+                block_cache=block_cache,
+            )
+            parts[p] = PartitionState(
+                p,
+                store,
+                state_topic_id=ids[s.state_topic],
+                dedup_topic_id=ids[s.dedup_topic],
+                private=private,
+            )
+        bounds = log_bounds(s, [(t, p) for t in (s.state_topic, s.dedup_topic) for p in partitions])
+        start: dict[tuple[str, int], int] = {}
+        for p, part in parts.items():
+            for topic, db in (
+                (s.state_topic, part.store.state_db),
+                (s.dedup_topic, part.store.dedup_db),
+            ):
+                first, why = _start(db, ids[topic], bounds[(topic, p)])
+                start[(topic, p)] = first
+                if why is not None:
+                    report.full[(topic, p)] = why
+        if report.full:
+            log.info(
+                "restoring in full: %s",
+                ", ".join(f"{t}[{p}] ({why})" for (t, p), why in sorted(report.full.items())),
+            )
+        stale = _catch_up(s, parts, start, bounds, ids, report)
+        if stale:
+            report.rebuilt = _rebuild(settings, parts, stale, config, codec)
+        for part in parts.values():
+            part.load_timers()
+    except BaseException:
+        for part in parts.values():
+            part.close()
+        raise
+    report.seconds = time.monotonic() - t0
+    log.info(
+        "restored partitions %s: %s changelog records in %.2fs (%s from a checkpoint, %s in full)",
+        report.partitions,
+        report.records,
+        report.seconds,
+        2 * len(partitions) - len(report.full),
+        len(report.full),
+    )
+    return parts, report
+
+
+def _start(db: Db, topic_id: str, bounds: tuple[int, int]) -> tuple[int, str | None]:
+    """Where to read a database's changelog from, and why in full (None: the checkpoint)."""
+    low, high = bounds
+    cp = db.checkpoint()
+    why: str | None = None
+    if cp is None:
+        why = "no local store" if _empty(db) else "the store has no checkpoint"
+    elif cp.topic_id != topic_id:
+        why = "the topic was created again"
+    elif cp.offset > high:
+        why = f"the store is ahead of the log (checkpoint {cp.offset} > end {high})"
+    elif cp.offset < low:
+        why = f"the log was truncated past the checkpoint ({cp.offset} < {low})"
+    if why is None:
+        assert cp is not None
+        return cp.offset, None
+    if not _empty(db):
+        db.clear()
+    return OFFSET_BEGINNING, why
+
+
+def _empty(db: Db) -> bool:
+    return next(iter(db.prefix(b"")), None) is None
+
+
+def _catch_up(
+    s: Settings,
+    parts: dict[int, PartitionState],
+    start: dict[tuple[str, int], int],
+    bounds: dict[tuple[str, int], tuple[int, int]],
+    ids: dict[str, str],
+    report: RestoreReport,
+) -> set[tuple[int, str]]:
+    """Apply the changelogs from `start` to their ends, in atomic chunks that each carry
+    their checkpoint. Returns the (partition, session) whose state this version cannot read."""
+    stale: set[tuple[int, str]] = set()
+    states: dict[int, list[tuple[SessionState | None, str, bytes | None, int | None]]] = {}
+    dedup: dict[int, list[tuple[bytes, bytes | None]]] = {}
+    last: dict[tuple[str, int], int] = {}
+    pending = 0
+    next_line = time.monotonic() + _PROGRESS_S
+
+    def flush() -> None:
+        for p, rows in states.items():
+            off = last.get((s.state_topic, p))
+            cp = None if off is None else Checkpoint(ids[s.state_topic], off + 1)
+            parts[p].store.write_states(rows, cp)
+        for p, recs in dedup.items():
+            off = last.get((s.dedup_topic, p))
+            cp = None if off is None else Checkpoint(ids[s.dedup_topic], off + 1)
+            parts[p].store.write_dedup(recs, cp)
+        states.clear()
+        dedup.clear()
+
+    group = f"{s.processor_group}-restore"
+    topics = {s.state_topic: sorted(parts), s.dedup_topic: sorted(parts)}
+    for r in read_records(s, topics, start=start, timeout=600, group_id=group):
+        report.records += 1
+        pending += 1
+        last[(r.topic, r.partition)] = r.offset
+        if r.topic == s.dedup_topic:
+            dedup.setdefault(r.partition, []).append((r.key or b"", r.value))
+        else:
+            sid = (r.key or b"").decode()
+            stale.discard((r.partition, sid))
+            states.setdefault(r.partition, []).append(_state_row(r.partition, sid, r.value, stale))
+        if pending >= _CHUNK:
+            flush()
+            pending = 0
+            if time.monotonic() > next_line:
+                next_line = time.monotonic() + _PROGRESS_S
+                log.info("restoring: %s changelog records so far", report.records)
+    flush()
+    # an empty or fully read log: the checkpoint says so, so the next restart starts there
+    for p, part in parts.items():
+        for topic, db in (
+            (s.state_topic, part.store.state_db),
+            (s.dedup_topic, part.store.dedup_db),
+        ):
+            if (topic, p) not in last and db.checkpoint() is None:
+                db.write((), checkpoint=Checkpoint(ids[topic], bounds[(topic, p)][1]))
+    return stale
+
+
+def _state_row(
+    p: int, sid: str, value: bytes | None, stale: set[tuple[int, str]]
+) -> tuple[SessionState | None, str, bytes | None, int | None]:
+    """What the store keeps of one changelog record: current-format records as they are
+    (decoded only when their session has an active run, for its deadline); older readable
+    ones in the current format; unreadable ones marked for a rebuild from the events log."""
+    if value is None:
+        return None, sid, None, None
+    try:
+        if is_current(value):
+            state = decode_if_active(value)
+            return None, sid, value, None if state is None else next_due(state)
+        state = decode_state(value)
+    except ValueError as e:  # pydantic's ValidationError is one
+        stale.add((p, sid))
+        log.debug("state of %s unreadable (%s)", sid, e)
+        return None, sid, None, None
+    return state, sid, encode_state(state), next_due(state)
+
+
+def _rebuild(
+    settings: Settings,
+    parts: dict[int, PartitionState],
+    stale: set[tuple[int, str]],
+    config: DeciderConfig,
+    codec: Codec,
+) -> int:
+    """States the changelog holds in a form this version cannot read (an upgrade) are
+    folded again from the events log: same state, new form (in the store; the changelog
+    gets it with the session's next change)."""
+    s = settings
+    by_partition: dict[int, set[str]] = {}
+    for p, sid in stale:
+        by_partition.setdefault(p, set()).add(sid)
+    log.warning(
+        "%s session states in an older form; rebuilding them from %s (partitions %s)",
+        len(stale),
+        s.events_topic,
+        sorted(by_partition),
+    )
+    rebuilt: dict[tuple[int, str], SessionState] = {}
+    group = f"{s.processor_group}-restore"
+    for r in read_records(s, {s.events_topic: sorted(by_partition)}, timeout=600, group_id=group):
+        if r.value is None:
+            continue
+        e = codec.decode_event(r.value)
+        if e.session_id in by_partition[r.partition]:
+            before = rebuilt.get((r.partition, e.session_id)) or SessionState.initial(e.session_id)
+            rebuilt[(r.partition, e.session_id)] = evolve(before, e, config)
+    for (p, sid), state in rebuilt.items():
+        parts[p].store.write_states([(state, sid, encode_state(state), next_due(state))], None)
+    log.warning("rebuilt %s session states from the events log", len(rebuilt))
+    return len(rebuilt)

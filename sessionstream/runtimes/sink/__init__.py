@@ -1,0 +1,1 @@
+"""The PostgreSQL sink: migrations, batched idempotent writes, projection, replay, audit."""

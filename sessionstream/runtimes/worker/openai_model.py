@@ -1,0 +1,185 @@
+"""A `Model` that streams from any OpenAI-compatible chat-completions API (httpx).
+
+`complete` POSTs `{base_url}/chat/completions` with `"stream": true` and joins the
+`choices[0].delta.content` of the server-sent events up to `data: [DONE]`. When the run's
+signal is aborted the request's task is cancelled, which closes the response and its
+connection: the provider sees the client go away (and stops generating, and billing)
+within milliseconds, instead of finishing a reply nobody reads.
+
+Provider failures become `sessionstream.errors.ModelError` (an HTTP status, a stream that
+is not chat-completions) or `ModelUnavailable` (no connection, or silence past the
+timeout). The API key is sent as a bearer token and appears in no message or repr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+import httpx
+
+from sessionstream.errors import ConfigurationError, ModelError, ModelUnavailable
+from sessionstream.runtimes.worker._signal import AbortSignal, RunCancelled
+from sessionstream.settings import Settings
+
+__all__ = ["OpenAIChatModel"]
+
+
+class OpenAIChatModel:
+    """Chat completions, streamed; one instance per worker (it keeps a connection pool)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 30.0,
+        system: str | None = None,
+    ) -> None:
+        self.name = model
+        self.base_url = base_url.rstrip("/")
+        self.url = f"{self.base_url}/chat/completions"
+        self.timeout_s = timeout_s
+        self.system = system
+        self._api_key = api_key
+        self._client: httpx.AsyncClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> OpenAIChatModel:
+        """`model_base_url`, `model_name`, `model_api_key`, `model_timeout_s`."""
+        if not s.model_base_url:
+            raise ConfigurationError("SESSIONSTREAM_MODEL_BASE_URL is not set")
+        key = s.model_api_key.get_secret_value() if s.model_api_key is not None else None
+        return cls(s.model_base_url, s.model_name, api_key=key, timeout_s=s.model_timeout_s)
+
+    def __repr__(self) -> str:
+        return f"OpenAIChatModel({self.base_url!r}, {self.name!r})"
+
+    async def complete(self, prompt: str, *, signal: AbortSignal) -> str:
+        """The model's reply to `prompt`; RunCancelled as soon as `signal` is aborted."""
+        signal.raise_if_aborted()
+        stream = asyncio.ensure_future(self._stream(prompt))
+        aborted = asyncio.ensure_future(signal.wait())
+        try:
+            await asyncio.wait({stream, aborted}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            # also when our own task is cancelled: the request must not outlive the call
+            aborted.cancel()
+            if not stream.done():
+                stream.cancel()  # unwinds `async with client.stream(...)`: the socket closes
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await stream
+        if not stream.cancelled() and stream.exception() is None:
+            return stream.result()
+        if signal.aborted:
+            raise RunCancelled(signal.reason or "aborted")
+        return stream.result()  # raises the stream's error
+
+    async def aclose(self) -> None:
+        """Close the connection pool (the worker does at shutdown)."""
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    # -- HTTP ----------
+    def _http(self) -> httpx.AsyncClient:
+        # A client belongs to the loop it was first used in; a new loop gets its own.
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop:
+            headers = {"accept": "text/event-stream"}
+            if self._api_key:
+                headers["authorization"] = f"Bearer {self._api_key}"
+            self._client = httpx.AsyncClient(headers=headers, timeout=self.timeout_s)
+            self._loop = loop
+        return self._client
+
+    async def _stream(self, prompt: str) -> str:
+        messages = [{"role": "user", "content": prompt}]
+        if self.system:
+            messages.insert(0, {"role": "system", "content": self.system})
+        body = {"model": self.name, "messages": messages, "stream": True}
+        try:
+            async with self._http().stream("POST", self.url, json=body) as resp:
+                if resp.status_code >= 400:
+                    text = _error_text(await resp.aread())
+                    raise ModelError(
+                        f"model API answered {resp.status_code}: {text}",
+                        url=self.url,
+                        status=resp.status_code,
+                    )
+                if resp.headers.get("content-type", "").startswith("application/json"):
+                    # a server that ignores "stream": the whole completion in one body
+                    return _content(_json(await resp.aread(), self.url), self.url)
+                return await self._read_events(resp)
+        except httpx.TimeoutException as e:
+            raise ModelUnavailable(
+                f"model API silent for more than {self.timeout_s}s ({type(e).__name__})",
+                url=self.url,
+            ) from e
+        except httpx.TransportError as e:
+            raise ModelUnavailable(f"model API unreachable: {e!r}", url=self.url) from e
+        except httpx.HTTPError as e:
+            raise ModelError(f"model API request failed: {e!r}", url=self.url) from e
+
+    async def _read_events(self, resp: httpx.Response) -> str:
+        parts: list[str] = []
+        finished = False
+        async for line in resp.aiter_lines():
+            # SSE: `data: ...` carries a chunk; blank lines end events; `:` lines keep alive
+            if not line.startswith("data:") or finished:
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                finished = True  # read on to the end, so the connection can be reused
+                continue
+            chunk = _json(data.encode(), self.url)
+            if "error" in chunk:
+                raise ModelError(
+                    f"model API error mid-stream: {chunk['error']}", url=self.url, status=200
+                )
+            for choice in chunk.get("choices") or []:  # none in a usage-only chunk
+                if choice.get("index", 0) != 0:
+                    continue
+                content = (choice.get("delta") or {}).get("content")
+                if isinstance(content, str):
+                    parts.append(content)
+                if choice.get("finish_reason"):
+                    finished = True
+        if not finished:
+            raise ModelError("model API stream ended before [DONE]", url=self.url, status=200)
+        return "".join(parts)
+
+
+def _json(raw: bytes, url: str) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except ValueError as e:
+        raise ModelError(f"model API sent invalid JSON: {raw[:200]!r}", url=url, status=200) from e
+    if not isinstance(value, dict):
+        raise ModelError(
+            f"model API sent {type(value).__name__}, not an object", url=url, status=200
+        )
+    return value
+
+
+def _content(completion: dict[str, Any], url: str) -> str:
+    try:
+        return str(completion["choices"][0]["message"]["content"] or "")
+    except (KeyError, IndexError, TypeError) as e:
+        raise ModelError(
+            f"not a chat completion: {str(completion)[:200]}", url=url, status=200
+        ) from e
+
+
+def _error_text(raw: bytes) -> str:
+    """The provider's own message (OpenAI shape: {"error": {"message", "code"}}), short."""
+    try:
+        err = json.loads(raw)["error"]
+        text = f"{err.get('message')} ({err.get('code') or err.get('type')})"
+    except (ValueError, KeyError, TypeError, AttributeError):
+        text = raw.decode(errors="replace")
+    return text[:500]
