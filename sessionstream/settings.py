@@ -16,12 +16,12 @@ from __future__ import annotations
 import difflib
 import os
 from collections.abc import Mapping
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
 from dotenv import dotenv_values
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -29,15 +29,32 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from sessionstream.errors import ConfigurationError
+
 __all__ = [
+    "COMPONENTS",
     "ENV_PREFIX",
     "LIBRDKAFKA_DEBUG_CONTEXTS",
+    "PROCESS_COMPONENTS",
     "PRODUCER_MARK",
+    "AnalyticsSettings",
+    "DatabaseSettings",
+    "GatewaySettings",
+    "KafkaSettings",
+    "LimitSettings",
+    "MetricsSettings",
+    "ModelSettings",
+    "ProcessorSettings",
+    "RegistrySettings",
     "Settings",
+    "SinkSettings",
+    "TopicSettings",
+    "WorkerSettings",
     "check_instance_id",
     "get_settings",
     "read_credentials_file",
     "redact_conninfo",
+    "settings_for",
 ]
 
 ENV_PREFIX = "SESSIONSTREAM_"
@@ -128,8 +145,9 @@ LIBRDKAFKA_DEBUG_CONTEXTS = frozenset(
 )
 
 
-class Settings(BaseSettings):
-    """sessionstream's settings; field ``x`` is read from ``SESSIONSTREAM_X``."""
+class _Part(BaseSettings):
+    """What every component's settings share: the ``SESSIONSTREAM_`` prefix, frozen values,
+    passwords that never show, and the credentials file below the environment."""
 
     model_config = SettingsConfigDict(
         env_prefix="SESSIONSTREAM_",
@@ -140,6 +158,32 @@ class Settings(BaseSettings):
         # a validation error must not echo the input: it may hold a password
         hide_input_in_errors=True,
     )
+
+    credentials_file: Path | None = None
+    """A file of ``SESSIONSTREAM_X=value`` lines (a role's Kafka user and password, database
+    URL and password, ...) read below the environment; the secured stack writes one per role."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # the credentials file sits below the environment: an explicit variable still wins
+        return (
+            init_settings,
+            env_settings,
+            _CredentialsFileSource(settings_cls),
+            dotenv_settings,
+            file_secret_settings,
+        )
+
+
+class KafkaSettings(_Part):
+    """Kafka: how every process reaches the brokers."""
 
     kafka_bootstrap: str = "127.0.0.1:9092"
     """Kafka bootstrap servers, a comma-separated ``host:port`` list."""
@@ -162,9 +206,39 @@ class Settings(BaseSettings):
     kafka_password: SecretStr | None = None
     """SASL password."""
 
-    credentials_file: Path | None = None
-    """A file of ``SESSIONSTREAM_X=value`` lines (a role's Kafka user and password, database
-    URL and password, ...) read below the environment; the secured stack writes one per role."""
+    transaction_timeout_ms: int = Field(default=10_000, ge=1000)
+    """How long a dead processor's open transaction may block readers before the broker aborts
+    it (a restarted instance aborts it at once)."""
+
+    @field_validator("kafka_debug")
+    @classmethod
+    def _known_debug_contexts(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        contexts = [c.strip() for c in value.split(",") if c.strip()]
+        unknown = [c for c in contexts if c not in LIBRDKAFKA_DEBUG_CONTEXTS]
+        if unknown:
+            raise ValueError(
+                f"unknown librdkafka debug context(s) {', '.join(unknown)}; "
+                f"known: {', '.join(sorted(LIBRDKAFKA_DEBUG_CONTEXTS))}"
+            )
+        return ",".join(contexts)
+
+    @model_validator(mode="after")
+    def _sasl_needs_credentials(self) -> KafkaSettings:
+        if self.kafka_security_protocol.startswith("SASL") and not (
+            self.kafka_username and self.kafka_password
+        ):
+            raise ValueError(
+                f"kafka_security_protocol={self.kafka_security_protocol} needs kafka_username "
+                "and kafka_password (SESSIONSTREAM_KAFKA_USERNAME/_PASSWORD, or a "
+                "SESSIONSTREAM_CREDENTIALS_FILE)"
+            )
+        return self
+
+
+class DatabaseSettings(_Part):
+    """PostgreSQL: the sink's projection, the workers' actions, the gateway's keys and reads."""
 
     database_url: str = "postgresql://sessionstream:sessionstream@127.0.0.1:5432/sessionstream"
     """PostgreSQL connection URL as libpq reads it: ``postgresql://user:pw@host:port/db``.
@@ -175,6 +249,19 @@ class Settings(BaseSettings):
 
     database_schema: str | None = None
     """PostgreSQL schema of sessionstream's tables (default: the search path's, ``public``)."""
+
+    @property
+    def database_conninfo(self) -> str:
+        """What to hand psycopg: ``database_url`` with ``database_password`` applied."""
+        if self.database_password is None:
+            return self.database_url
+        from psycopg.conninfo import make_conninfo
+
+        return make_conninfo(self.database_url, password=self.database_password.get_secret_value())
+
+
+class RegistrySettings(_Part):
+    """The schema registry every record's schema id is resolved against."""
 
     schema_registry_url: str = "http://127.0.0.1:8081/apis/ccompat/v7"
     """The schema registry's Confluent-compatible API (Apicurio's ``/apis/ccompat/v7``, or a
@@ -188,6 +275,10 @@ class Settings(BaseSettings):
 
     schema_registry_password: SecretStr | None = None
     """Password for ``schema_registry_username``."""
+
+
+class TopicSettings(_Part):
+    """The topics, and how sessionstream creates them."""
 
     commands_topic: str = "session.commands"
     """Topic of producers' commands (``prompt``, ``steer``, ``follow_up``, ``send``,
@@ -228,6 +319,17 @@ class Settings(BaseSettings):
     letter, forwarded), in the transaction of its events; keyed ``{session_id}/{command_id}``
     on the command's partition (co-partitioned with the commands)."""
 
+    replication_factor: int = Field(default=1, ge=1)
+    """Replication factor of the topics sessionstream creates (1 on the local single broker)."""
+
+    partitions: int = Field(default=4, ge=1)
+    """Partition count of the commands and events topics (the two must be equal)."""
+
+
+class ProcessorSettings(_Part):
+    """The session processor (`sessionstream processor`): its group, store, transactions
+    and the bounds it enforces."""
+
     processor_group: str = "sessionstream-processor"
     """Consumer group of the session processors (also the prefix of their transactional ids)."""
 
@@ -266,23 +368,16 @@ class Settings(BaseSettings):
     a fixed amount of work (markers on every partition it wrote), so a linger trades latency
     for broker CPU under a steady trickle (bench/results/gateway.md: 20 ms at 500 POST/s)."""
 
-    transaction_timeout_ms: int = Field(default=10_000, ge=1000)
-    """How long a dead processor's open transaction may block readers before the broker aborts
-    it (a restarted instance aborts it at once)."""
+    @field_validator("processor_instance")
+    @classmethod
+    def _instance_id(cls, value: str | None) -> str | None:
+        # empty (`VAR=${X:-}` in compose and env files): the host name, as before
+        return None if value is None or not value.strip() else check_instance_id(value)
 
-    replication_factor: int = Field(default=1, ge=1)
-    """Replication factor of the topics sessionstream creates (1 on the local single broker)."""
 
-    partitions: int = Field(default=4, ge=1)
-    """Partition count of the commands and events topics (the two must be equal)."""
-
-    sink_stall_s: float = Field(default=60.0, ge=5.0)
-    """A sink whose consumer is out of the group's steady state this long (rejoining, or its
-    client silent) replaces its consumer: a new member joins and resumes from PostgreSQL's
-    offsets. Covers a consumer that never rejoins after a coordinator restart."""
-
-    metrics_port: int | None = None
-    """Port of the Prometheus ``/metrics`` endpoint of processor, sink and worker (off if unset)."""
+class LimitSettings(_Part):
+    """The protocol's bounds: the processor enforces them; workers and the gateway check
+    them before they send."""
 
     max_payload_bytes: int = Field(default=262144, ge=1024, le=768 * 1024)
     """Largest accepted command payload in bytes; a larger one is rejected with
@@ -293,8 +388,25 @@ class Settings(BaseSettings):
     """Longest lease the processor grants; a worker asking for more gets this much, and the
     grant says it was capped. A dead holder blocks a takeover at most this long."""
 
+
+class SinkSettings(_Part):
+    """The PostgreSQL sink (`sessionstream sink`)."""
+
+    sink_stall_s: float = Field(default=60.0, ge=5.0)
+    """A sink whose consumer is out of the group's steady state this long (rejoining, or its
+    client silent) replaces its consumer: a new member joins and resumes from PostgreSQL's
+    offsets. Covers a consumer that never rejoins after a coordinator restart."""
+
+
+class WorkerSettings(_Part):
+    """Run workers (`sessionstream worker`)."""
+
     worker_lease_ms: int = Field(default=30_000, ge=500)
     """Lease a worker asks for; it renews (heartbeats) every third of it."""
+
+
+class ModelSettings(_Part):
+    """The model the workers call (OpenAI-compatible)."""
 
     model_base_url: str | None = None
     """Base URL of an OpenAI-compatible chat-completions API, e.g. ``https://api.openai.com/v1``
@@ -310,64 +422,17 @@ class Settings(BaseSettings):
     model_timeout_s: float = Field(default=30.0, gt=0)
     """Longest the model API may stay silent: to connect, and between two streamed chunks."""
 
-    @property
-    def database_conninfo(self) -> str:
-        """What to hand psycopg: ``database_url`` with ``database_password`` applied."""
-        if self.database_password is None:
-            return self.database_url
-        from psycopg.conninfo import make_conninfo
 
-        return make_conninfo(self.database_url, password=self.database_password.get_secret_value())
+class MetricsSettings(_Part):
+    """Metrics of the long-running processes."""
 
-    @field_validator("processor_instance")
-    @classmethod
-    def _instance_id(cls, value: str | None) -> str | None:
-        # empty (`VAR=${X:-}` in compose and env files): the host name, as before
-        return None if value is None or not value.strip() else check_instance_id(value)
+    metrics_port: int | None = None
+    """Port of the Prometheus ``/metrics`` endpoint of processor, sink and worker (off if unset)."""
 
-    @field_validator("kafka_debug")
-    @classmethod
-    def _known_debug_contexts(cls, value: str | None) -> str | None:
-        if value is None or not value.strip():
-            return None
-        contexts = [c.strip() for c in value.split(",") if c.strip()]
-        unknown = [c for c in contexts if c not in LIBRDKAFKA_DEBUG_CONTEXTS]
-        if unknown:
-            raise ValueError(
-                f"unknown librdkafka debug context(s) {', '.join(unknown)}; "
-                f"known: {', '.join(sorted(LIBRDKAFKA_DEBUG_CONTEXTS))}"
-            )
-        return ",".join(contexts)
 
-    @model_validator(mode="after")
-    def _sasl_needs_credentials(self) -> Settings:
-        if self.kafka_security_protocol.startswith("SASL") and not (
-            self.kafka_username and self.kafka_password
-        ):
-            raise ValueError(
-                f"kafka_security_protocol={self.kafka_security_protocol} needs kafka_username "
-                "and kafka_password (SESSIONSTREAM_KAFKA_USERNAME/_PASSWORD, or a "
-                "SESSIONSTREAM_CREDENTIALS_FILE)"
-            )
-        return self
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # the credentials file sits below the environment: an explicit variable still wins
-        return (
-            init_settings,
-            env_settings,
-            _CredentialsFileSource(settings_cls),
-            dotenv_settings,
-            file_secret_settings,
-        )
+class AnalyticsSettings(_Part):
+    """Live analytics (`sessionstream analytics`) and the Kafka Connect sink
+    (`sessionstream connect`)."""
 
     analytics_app_id: str = "sessionstream-analytics"
     """faust app id of ``sessionstream analytics``: its consumer group and the prefix of the
@@ -390,6 +455,10 @@ class Settings(BaseSettings):
     connect_url: str = "http://127.0.0.1:8083"
     """REST address of the Kafka Connect worker ``sessionstream connect`` deploys the
     analytics sink to (``make connect`` starts one here)."""
+
+
+class GatewaySettings(_Part):
+    """The HTTP gateway and console (`sessionstream gateway`)."""
 
     gateway_host: str = "127.0.0.1"
     """Address ``sessionstream gateway`` (the HTTP API and the web console) listens on."""
@@ -484,16 +553,89 @@ class Settings(BaseSettings):
     """Where the gateway reads the live analytics (``sessionstream analytics``); default
     ``http://{analytics_host}:{analytics_port}``."""
 
+
+class Settings(
+    KafkaSettings,
+    DatabaseSettings,
+    RegistrySettings,
+    TopicSettings,
+    ProcessorSettings,
+    LimitSettings,
+    SinkSettings,
+    WorkerSettings,
+    ModelSettings,
+    MetricsSettings,
+    AnalyticsSettings,
+    GatewaySettings,
+):
+    """Every component's settings in one object; field ``x`` is read from ``SESSIONSTREAM_X``.
+    A long-running process builds only the components it reads (`settings_for`); the
+    commands and tools build them all (`get_settings`)."""
+
     @property
     def analytics_url(self) -> str:
         """``gateway_analytics_url`` or the analytics app's own address."""
         return self.gateway_analytics_url or f"http://{self.analytics_host}:{self.analytics_port}"
 
 
+#: the components, by the name errors and the README's table use
+COMPONENTS: dict[str, type[_Part]] = {
+    "kafka": KafkaSettings,
+    "database": DatabaseSettings,
+    "registry": RegistrySettings,
+    "topics": TopicSettings,
+    "processor": ProcessorSettings,
+    "limits": LimitSettings,
+    "sink": SinkSettings,
+    "worker": WorkerSettings,
+    "model": ModelSettings,
+    "metrics": MetricsSettings,
+    "analytics": AnalyticsSettings,
+    "gateway": GatewaySettings,
+}
+
+#: the components each long-running process reads (a unit test derives them from the code
+#: the process runs, so a process never runs on a default it was meant to be told)
+PROCESS_COMPONENTS: dict[str, tuple[str, ...]] = {
+    "processor": ("kafka", "registry", "topics", "processor", "limits", "metrics"),
+    # the sink's group is named after the processor's (`{processor_group}-sink`)
+    "sink": ("kafka", "registry", "topics", "database", "processor", "sink", "metrics"),
+    "worker": ("kafka", "registry", "topics", "database", "worker", "limits", "model", "metrics"),
+    # the gateway shares the sink's replay and the grants' names (module-level reads)
+    "gateway": (
+        "kafka",
+        "registry",
+        "topics",
+        "database",
+        "processor",
+        "sink",
+        "gateway",
+        "analytics",
+    ),
+    "analytics": ("kafka", "registry", "topics", "analytics"),
+}
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    """The process-wide settings, read from the environment on first use."""
+    """The process-wide settings, every component, read from the environment on first use."""
     return Settings()
+
+
+@cache
+def settings_for(process: str) -> Settings:
+    """The settings of a long-running process (a key of `PROCESS_COMPONENTS`): only the
+    components it reads are built from the environment, each on its own, so an error names
+    its component and a value meant for another process (a gateway port, a model key) can
+    neither stop it nor be read by it; the other fields keep their defaults."""
+    values: dict[str, Any] = {}
+    for name in PROCESS_COMPONENTS[process]:
+        try:
+            part = COMPONENTS[name]()
+        except ValidationError as e:
+            raise ConfigurationError(f"{process}: invalid {name} settings: {e}") from None
+        values.update((field, getattr(part, field)) for field in type(part).model_fields)
+    return Settings.model_construct(_fields_set=set(values), **values)
 
 
 #: ``SESSIONSTREAM_*`` variables read by the local stack, the tests and the benchmarks (not
@@ -552,17 +694,36 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
 
 
 def settings_table() -> str:
-    """The settings as a markdown table (variable, default, meaning), from the fields and
-    their docstrings: the README's configuration table is this (a test keeps it so)."""
-    rows = ["| variable | default | meaning |", "|---|---|---|"]
-    for name, field in Settings.model_fields.items():
-        default = field.get_default(call_default_factory=True)
-        if isinstance(default, SecretStr):
-            default = "(set)"
-        shown = "unset" if default is None or default == "" else f"`{default}`"
-        if name == "store_dir":
-            shown = "`$XDG_STATE_HOME/sessionstream/store`"
-        meaning = " ".join((field.description or "").split()).replace("``", "`")
-        meaning = meaning.replace("|", "\\|")
-        rows.append(f"| `SESSIONSTREAM_{name.upper()}` | {shown} | {meaning} |")
-    return "\n".join(rows)
+    """The settings as markdown tables (variable, default, meaning), one per component, from
+    the fields and their docstrings: the README's configuration section is this (a test
+    keeps it so)."""
+    out: list[str] = []
+    shared = ("credentials_file",)
+    groups = [("shared", _Part, shared)] + [
+        (name, part, tuple(f for f in part.model_fields if f not in shared))
+        for name, part in COMPONENTS.items()
+    ]
+    for name, part, fields in groups:
+        readers = [p for p, parts in PROCESS_COMPONENTS.items() if name in parts]
+        doc = " ".join((part.__doc__ or "").split()).replace("``", "`")
+        if name == "shared":
+            doc = "read by every component, below the environment."
+        read_by = f" Read by: {', '.join(readers)}." if readers and name != "shared" else ""
+        out += [f"**{name}** — {doc}{read_by}", ""]
+        out += ["| variable | default | meaning |", "|---|---|---|"]
+        for field_name in fields:
+            out.append(_row(field_name, Settings.model_fields[field_name]))
+        out.append("")
+    return "\n".join(out).rstrip("\n")
+
+
+def _row(name: str, field: FieldInfo) -> str:
+    default = field.get_default(call_default_factory=True)
+    if isinstance(default, SecretStr):
+        default = "(set)"
+    shown = "unset" if default is None or default == "" else f"`{default}`"
+    if name == "store_dir":
+        shown = "`$XDG_STATE_HOME/sessionstream/store`"
+    meaning = " ".join((field.description or "").split()).replace("``", "`")
+    meaning = meaning.replace("|", "\\|")
+    return f"| `SESSIONSTREAM_{name.upper()}` | {shown} | {meaning} |"

@@ -421,16 +421,13 @@ def attach_registry(
     return reg
 
 
-def reader_codec(settings: Settings | None = None, *, stop: threading.Event | None = None) -> Codec:
+def reader_codec(settings: Settings, *, stop: threading.Event | None = None) -> Codec:
     """A codec that reads records of any registry id (each schema fetched once, when first
     met) and of the single-object encoding; nothing is asked of the registry before
     then. What it would write is single-object: writers use `attach_registry`."""
-    from sessionstream.settings import get_settings
-
-    s = settings or get_settings()
-    if not s.schema_registry_url:
+    if not settings.schema_registry_url:
         return Codec()
-    return Codec(schemas=SchemaRegistry(s, stop=stop))
+    return Codec(schemas=SchemaRegistry(settings, stop=stop))
 
 
 def registry_codec(

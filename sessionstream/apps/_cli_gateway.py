@@ -9,7 +9,7 @@ import psycopg
 import typer
 
 from sessionstream.errors import SessionstreamError
-from sessionstream.settings import get_settings
+from sessionstream.settings import get_settings, settings_for
 
 __all__ = ["register"]
 
@@ -38,7 +38,7 @@ def gateway(
     from sessionstream.apps.gateway.server import run_gateway
 
     setup_logging(log_level)
-    settings = get_settings()
+    settings = settings_for("gateway")
     update: dict[str, object] = {}
     if host:
         update["gateway_host"] = host

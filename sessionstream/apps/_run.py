@@ -9,7 +9,7 @@ from types import FrameType
 
 from sessionstream.adapters._gc import settle_collector
 from sessionstream.errors import SessionstreamError, SingleWriterViolation
-from sessionstream.settings import get_settings
+from sessionstream.settings import settings_for
 
 __all__ = ["run_processor", "run_sink", "stop_on_signals"]
 
@@ -30,7 +30,7 @@ def stop_on_signals() -> threading.Event:
 
 
 def run_processor(instance: str | None) -> int:
-    settings = get_settings()
+    settings = settings_for("processor")
     from sessionstream.adapters.kafka.transactions import Stopping
     from sessionstream.runtimes.processor import TransactionalProcessor
 
@@ -65,7 +65,7 @@ def run_processor(instance: str | None) -> int:
 def run_sink(batch_size: int, linger_ms: int, mode: str) -> int:
     from sessionstream.runtimes.sink.sink import Sink
 
-    settings = get_settings()
+    settings = settings_for("sink")
     sink = Sink(settings, batch_size=batch_size, linger_ms=linger_ms, mode=mode)  # type: ignore[arg-type]
     stop = stop_on_signals()
     try:

@@ -31,18 +31,40 @@ def show_settings(
     markdown: Annotated[
         bool, typer.Option("--markdown", help="every setting as a markdown table (the README's)")
     ] = False,
+    process: Annotated[
+        str | None,
+        typer.Option(
+            help="only the components this process builds: processor, sink, worker, gateway "
+            "or analytics (it ignores the others' variables)"
+        ),
+    ] = None,
 ) -> None:
-    """Print the settings this process would run with (passwords masked), as JSON."""
+    """Print the settings a command would run with (passwords masked), as JSON: every
+    component, or those of one long-running process (--process)."""
     import json
 
-    from sessionstream.settings import get_settings, settings_table
+    from sessionstream.settings import (
+        COMPONENTS,
+        PROCESS_COMPONENTS,
+        get_settings,
+        settings_for,
+        settings_table,
+    )
 
     if markdown:
         typer.echo(settings_table())
         return
     from urllib.parse import urlsplit
 
-    shown = get_settings().model_dump(mode="json")
+    if process is None:
+        shown = get_settings().model_dump(mode="json")
+    elif process not in PROCESS_COMPONENTS:
+        _fail(f"unknown process {process!r}: one of {', '.join(PROCESS_COMPONENTS)}")
+    else:
+        fields = {"credentials_file"}
+        for name in PROCESS_COMPONENTS[process]:
+            fields |= set(COMPONENTS[name].model_fields)
+        shown = settings_for(process).model_dump(mode="json", include=fields)
     for name, value in shown.items():
         if name.endswith("_url") and isinstance(value, str) and urlsplit(value).password:
             parts = urlsplit(value)
@@ -78,11 +100,11 @@ MetricsPort = Annotated[
 ]
 
 
-def _serve_metrics(port: int | None) -> None:
+def _serve_metrics(port: int | None, process: str) -> None:
     from sessionstream.adapters import metrics
-    from sessionstream.settings import get_settings
+    from sessionstream.settings import settings_for
 
-    port = port or get_settings().metrics_port
+    port = port or settings_for(process).metrics_port
     try:
         metrics.serve(port)
     except OSError as e:
@@ -183,7 +205,7 @@ def processor(
     from sessionstream.apps._run import run_processor
 
     setup_logging(log_level, json_logs)
-    _serve_metrics(metrics_port)
+    _serve_metrics(metrics_port, "processor")
     code = run_processor(instance)
     raise typer.Exit(code=code)
 
@@ -202,7 +224,7 @@ def sink(
     from sessionstream.apps._run import run_sink
 
     setup_logging(log_level, json_logs)
-    _serve_metrics(metrics_port)
+    _serve_metrics(metrics_port, "sink")
     if mode not in ("copy", "executemany"):
         _fail(f"unknown mode {mode!r} (copy or executemany)")
     raise typer.Exit(code=run_sink(batch_size, linger_ms, mode))
@@ -268,11 +290,11 @@ def worker(
     propagate cancels (docs/workers.md)."""
     from sessionstream.adapters._logging import setup_logging
     from sessionstream.runtimes.worker._main import run_worker
-    from sessionstream.settings import get_settings
+    from sessionstream.settings import settings_for
 
     setup_logging(log_level, json_logs)
-    _serve_metrics(metrics_port)
-    settings = get_settings()
+    _serve_metrics(metrics_port, "worker")
+    settings = settings_for("worker")
     raise typer.Exit(code=run_worker(settings, agent, worker_id, lease_ms, capacity))
 
 
@@ -325,9 +347,9 @@ def analytics(
     """Live run, duration, cancel-latency and rejection stats over session.events (faust),
     as JSON."""
     from sessionstream.runtimes.analytics.app import run_analytics
-    from sessionstream.settings import get_settings
+    from sessionstream.settings import settings_for
 
-    settings = get_settings()
+    settings = settings_for("analytics")
     if port:
         settings = settings.model_copy(update={"analytics_port": port})
     raise typer.Exit(code=run_analytics(settings, log_level))

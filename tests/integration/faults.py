@@ -25,7 +25,7 @@ from sessionstream.adapters.registry import reader_codec
 from sessionstream.client import CommandHandle, SessionClient
 from sessionstream.core.log_check import state_table
 from sessionstream.schemas.events import RunStarted
-from sessionstream.settings import Settings
+from sessionstream.settings import Settings, get_settings
 from tests.integration.helpers import check_log, fold_log, wait_until
 from tests.integration.procs import (
     REPO,
@@ -228,7 +228,7 @@ class Verifier(threading.Thread):
         super().__init__(name="fault-verifier", daemon=True)
         self.s = s
         self.interval = interval
-        self.codec = reader_codec()
+        self.codec = reader_codec(get_settings())
         self.halt = threading.Event()
         self.state = VerifierState(violations=[])
 
@@ -352,7 +352,7 @@ def _assert_state_is_fold(s: Settings) -> None:
 
 
 def _assert_runs_and_emails(s: Settings, records: list[LogRecord]) -> dict[str, int]:
-    codec = reader_codec()
+    codec = reader_codec(get_settings())
     started: dict[str, str] = {}
     statuses: dict[str, str] = {}
     deadline: dict[str, int] = {}

@@ -12,6 +12,7 @@ from sessionstream.core import log_check
 from sessionstream.core.log_check import LogReport, Record
 from sessionstream.core.state import SessionState
 from sessionstream.schemas.codec import Codec
+from sessionstream.settings import get_settings
 
 T = TypeVar("T")
 
@@ -61,9 +62,9 @@ def _say(what: str | Callable[[], str]) -> str:
 
 def check_log(records: Iterable[Record], codec: Codec | None = None, limit: int = 50) -> LogReport:
     """`sessionstream.core.log_check.check_log` with a codec that reads registry-framed events."""
-    return log_check.check_log(records, codec or reader_codec(), limit)
+    return log_check.check_log(records, codec or reader_codec(get_settings()), limit)
 
 
 def fold_log(records: Iterable[Record], codec: Codec | None = None) -> dict[str, SessionState]:
     """`sessionstream.core.log_check.fold_log` with a codec that reads registry-framed events."""
-    return log_check.fold_log(records, codec or reader_codec())
+    return log_check.fold_log(records, codec or reader_codec(get_settings()))

@@ -9,7 +9,7 @@ from sessionstream.adapters.registry import reader_codec
 from sessionstream.runtimes.sink.projection import Projection
 from sessionstream.schemas.codec import Codec
 from sessionstream.schemas.events import Event
-from sessionstream.settings import Settings
+from sessionstream.settings import Settings, get_settings
 
 __all__ = ["assert_rows_equal_log", "count_rows", "db", "log_events"]
 
@@ -21,7 +21,7 @@ def db(s: Settings) -> psycopg.Connection[tuple[object, ...]]:
 
 def log_events(s: Settings) -> list[tuple[int, int, Event]]:
     """(partition, offset, event) of every committed event."""
-    codec = reader_codec()
+    codec = reader_codec(get_settings())
     return [
         (r.partition, r.offset, codec.decode_event(r.value or b""))
         for r in read_topic(s, s.events_topic, timeout=300)

@@ -36,7 +36,7 @@ from sessionstream.runtimes.worker.openai_model import OpenAIChatModel
 from sessionstream.runtimes.worker.sql_tool import run_query
 from sessionstream.schemas.commands import AbortPayload
 from sessionstream.schemas.events import Event, RunFinished
-from sessionstream.settings import Settings
+from sessionstream.settings import Settings, get_settings
 from tests.integration.conftest import WorldFactory
 from tests.integration.helpers import await_until, wait_until
 from tests.integration.procs import Proc, processor
@@ -256,7 +256,7 @@ def iso(request: pytest.FixtureRequest, worlds: WorldFactory) -> Settings:
 def _events(s: Settings, run_id: str) -> list[Event]:
     from sessionstream.adapters.kafka import read_topic
 
-    codec = reader_codec()
+    codec = reader_codec(get_settings())
     out = [codec.decode_event(r.value or b"") for r in read_topic(s, s.events_topic)]
     return [e for e in out if e.run_id == run_id]
 

@@ -30,7 +30,7 @@ from confluent_kafka.admin import AdminClient
 from sessionstream.adapters.registry import reader_codec
 from sessionstream.core.partitioning import partition_for
 from sessionstream.schemas.events import Event, RunStarted
-from sessionstream.settings import Settings
+from sessionstream.settings import Settings, get_settings
 from tests.analytics_world import COUNTED_TYPES, Expected, make_world
 from tests.integration.conftest import WorldFactory
 from tests.integration.helpers import wait_until
@@ -53,7 +53,7 @@ class Events:
 
     def __init__(self, s: Settings) -> None:
         self.s = s
-        self.codec = reader_codec()
+        self.codec = reader_codec(get_settings())
         self.last: dict[int, int] = {}
         self.p = Producer(
             {

@@ -41,7 +41,7 @@ from sessionstream.adapters.registry import reader_codec
 from sessionstream.core.partitioning import partition_for
 from sessionstream.errors import KafkaUnavailable
 from sessionstream.runtimes.processor.loop import transactional_ids
-from sessionstream.settings import Settings
+from sessionstream.settings import Settings, get_settings
 from tests.integration.faults import SOAK, Load, Pipeline, Verifier, assert_consistent
 from tests.integration.helpers import check_log, fold_log, wait_until
 from tests.integration.stack_profiles import (
@@ -364,7 +364,7 @@ def _explain_open_runs(pipe: Pipeline, most: int = 3) -> str:
     """For up to `most` sessions with a run still active: the tail of its events, the
     timers fired for it and its worker commands (offset, append time, outcome), and the
     process log lines that name it."""
-    s, codec = pipe.s, reader_codec()
+    s, codec = pipe.s, reader_codec(get_settings())
     events = read_topic(s, s.events_topic, timeout=30)
     folded = fold_log(events)
     stuck = [st for st in folded.values() if st.active is not None][:most]

@@ -24,7 +24,7 @@ from sessionstream.adapters.kafka import client_config, read_topic
 from sessionstream.adapters.registry import reader_codec
 from sessionstream.apps._procs import settings_env
 from sessionstream.client import SessionClient
-from sessionstream.settings import Settings
+from sessionstream.settings import Settings, get_settings
 from tests.integration.conftest import WorldFactory
 from tests.integration.helpers import wait_until
 from tests.integration.procs import REPO, Proc, processor, wait_processed
@@ -87,7 +87,7 @@ def _count(database_url: str, table: str) -> int:
 
 
 def _log_events(s: Settings) -> list[Any]:
-    codec = reader_codec()
+    codec = reader_codec(get_settings())
     return [codec.decode_event(r.value or b"") for r in read_topic(s, s.events_topic)]
 
 
@@ -253,6 +253,6 @@ def test_a_log_begun_before_the_registry_lands_from_where_the_framing_starts(
     )
     with psycopg.connect(database_url) as conn:
         got = conn.execute(f"select session_id, run_id, seq from {table}").fetchall()
-    codec = reader_codec()
+    codec = reader_codec(get_settings())
     want = [(e.session_id, e.run_id, e.seq) for e in (codec.decode_event(x.value) for x in framed)]
     assert sorted(got) == sorted(want)

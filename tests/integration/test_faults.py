@@ -25,7 +25,7 @@ from sessionstream.core.partitioning import partition_for
 from sessionstream.schemas.codec import DEFAULT_MAX_RECORD_BYTES, Codec
 from sessionstream.schemas.commands import Command
 from sessionstream.schemas.events import Event, StaleWriteRecorded
-from sessionstream.settings import Settings
+from sessionstream.settings import Settings, get_settings
 from tests.integration.conftest import WorldFactory
 from tests.integration.faults import (
     Load,
@@ -186,7 +186,7 @@ def test_bad_input_sweep_every_kind_gets_its_recorded_outcome(iso: Settings) -> 
 
 
 def _sweep(iso: Settings, proc: Proc) -> None:
-    codec = reader_codec()
+    codec = reader_codec(get_settings())
     sid = f"sweep-{uuid.uuid4().hex[:6]}"
     part = partition_for(sid.encode(), iso.partitions)
     # Step 1: dead letters — undecodable or misrouted records, sent raw
@@ -268,7 +268,7 @@ def _sweep(iso: Settings, proc: Proc) -> None:
 
 
 def _events(s: Settings) -> list[Event]:
-    codec = reader_codec()
+    codec = reader_codec(get_settings())
     return [codec.decode_event(r.value or b"") for r in read_topic(s, s.events_topic)]
 
 

@@ -23,7 +23,7 @@ from sessionstream.adapters.kafka import read_topic
 from sessionstream.adapters.registry import reader_codec
 from sessionstream.apps._procs import settings_env
 from sessionstream.core.partitioning import partition_for
-from sessionstream.settings import Settings
+from sessionstream.settings import Settings, get_settings
 from tests.integration.gateway_world import SSE, GatewayWorld, gateway_world
 from tests.integration.helpers import wait_until
 
@@ -312,7 +312,7 @@ def test_two_tenants_one_session_id_are_two_sessions_and_nothing_tells_them_apar
 def _session_offsets(s: Settings, local: str, tenant: str = "acme") -> list[tuple[int, str]]:
     sid = f"{tenant}:{local}"
     p = partition_for(sid.encode(), s.partitions)
-    codec = reader_codec()
+    codec = reader_codec(get_settings())
     out = []
     for rec in read_topic(s, s.events_topic, partitions=[p]):
         if rec.key and rec.key.startswith(f"{sid}/".encode()):

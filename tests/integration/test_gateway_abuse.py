@@ -19,7 +19,7 @@ import pytest
 from sessionstream.adapters.registry import reader_codec
 from sessionstream.core.partitioning import partition_for
 from sessionstream.schemas.events import Event
-from sessionstream.settings import Settings
+from sessionstream.settings import Settings, get_settings
 from tests.integration.abuse import (
     fill_session,
     first_event_s,
@@ -405,7 +405,7 @@ def test_a_session_named_with_a_slash_before_the_rules_does_not_leak_into_its_pr
         p.produce(
             s.events_topic,
             key=legacy.key.encode(),
-            value=reader_codec().encode_event(legacy),
+            value=reader_codec(get_settings()).encode_event(legacy),
             partition=part,
         )
         assert p.flush(30) == 0

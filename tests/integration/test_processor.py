@@ -23,7 +23,7 @@ from sessionstream.runtimes.processor import TransactionalProcessor
 from sessionstream.runtimes.processor.batch import Batch
 from sessionstream.schemas.commands import Command
 from sessionstream.schemas.events import Event
-from sessionstream.settings import Settings
+from sessionstream.settings import Settings, get_settings
 from tests.integration.helpers import check_log, fold_log, wait_until
 from tests.integration.procs import (
     TOPIC_FIELDS,
@@ -221,7 +221,7 @@ def test_poison_pills_go_to_the_dlq_and_the_stream_goes_on(
     iso: Settings, procs: list[Proc]
 ) -> None:
     procs.append(processor(iso))
-    codec = reader_codec()
+    codec = reader_codec(get_settings())
     sid = f"poison-{uuid.uuid4().hex[:6]}"
     part = partition_for(sid.encode(), iso.partitions)
     good = Command(
@@ -720,7 +720,7 @@ def test_collected_outcomes_hold_every_event_of_their_command_while_others_commi
         halt.set()
         bg.join(30)
     in_log: dict[str, list[tuple[str, int, str]]] = {}
-    codec = reader_codec()
+    codec = reader_codec(get_settings())
     for rec in read_topic(iso, iso.events_topic):
         e = codec.decode_event(rec.value or b"")
         if e.command_id in got:
@@ -933,7 +933,7 @@ def test_every_outcome_names_exactly_its_commands_events_in_big_batches(
         c.flush()
     procs.append(processor(iso))
     wait_processed(iso, procs=procs)
-    codec = reader_codec()
+    codec = reader_codec(get_settings())
     events = {
         (r.partition, r.offset): codec.decode_event(r.value or b"")
         for r in read_topic(iso, iso.events_topic)

@@ -29,14 +29,14 @@ from sessionstream.apps._procs import settings_env
 from sessionstream.client import Outcome, SessionClient
 from sessionstream.core.partitioning import partition_for
 from sessionstream.schemas.events import Event
-from sessionstream.settings import Settings
+from sessionstream.settings import Settings, get_settings
 from tests.integration.helpers import check_log, wait_until
 from tests.integration.procs import processor, sink, wait_sink_caught_up
 from tests.integration.worlds import isolated_world
 
 pytestmark = pytest.mark.integration
 
-CODEC = reader_codec()
+CODEC = reader_codec(get_settings())
 LEASE_MS = 2_000
 COMPACTION_LEASE_MS = 10_000
 

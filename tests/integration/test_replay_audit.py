@@ -30,7 +30,7 @@ from sessionstream.runtimes.sink.replay import (
     session_partition,
 )
 from sessionstream.runtimes.sink.sink import connect
-from sessionstream.settings import Settings
+from sessionstream.settings import Settings, get_settings
 from tests.integration.conftest import WorldFactory
 from tests.integration.procs import (
     Proc,
@@ -84,7 +84,7 @@ def world(
 
 def test_replay_by_run_id_equals_the_topic(world: tuple[Settings, str, str]) -> None:
     s, sid, run = world
-    codec = reader_codec()
+    codec = reader_codec(get_settings())
     topic = [codec.decode_event(r.value or b"") for r in read_topic(s, s.events_topic)]
     from_topic = sorted((e for e in topic if e.run_id == run), key=lambda e: e.seq)
     with connect(s) as conn:
@@ -150,7 +150,7 @@ def test_rebuild_skips_a_duplicated_event_as_the_sink_does_and_restores_every_in
     index a migrated one has, plus the offsets a sink would go on from."""
     s = worlds("rebuild-dup", partitions=2)
     ensure_topics(s)
-    codec = reader_codec()
+    codec = reader_codec(get_settings())
     client = SessionClient("tenant-d", s)
     events = []
     for i in range(3):
@@ -202,7 +202,7 @@ def test_a_second_active_run_in_the_log_stops_the_rebuild_and_leaves_nothing(
     alongside in its own process."""
     s = worlds("rebuild-2w", partitions=2)
     ensure_topics(s)
-    codec = reader_codec()
+    codec = reader_codec(get_settings())
     client = SessionClient("tenant-w", s)
     first = client.command("two-writers", "prompt", {"text": "one"})
     second = client.command("two-writers", "prompt", {"text": "two"})
@@ -261,7 +261,7 @@ def test_replay_by_offset_of_one_session_or_run_decodes_only_those(
     world: tuple[Settings, str, str],
 ) -> None:
     s, sid, run = world
-    codec = reader_codec()
+    codec = reader_codec(get_settings())
     records = read_topic(s, s.events_topic)
     part = next(r.partition for r in records if (r.key or b"").startswith(f"{sid}/".encode()))
     everything = [(o, e) for o, e in read_range(s, part, 0)]

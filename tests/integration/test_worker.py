@@ -17,13 +17,13 @@ from sessionstream.adapters.postgres.migrate import migrate
 from sessionstream.adapters.registry import reader_codec
 from sessionstream.client import SessionClient
 from sessionstream.schemas.events import Event, RunFinished
-from sessionstream.settings import Settings
+from sessionstream.settings import Settings, get_settings
 from tests.integration.helpers import check_log, wait_until
 from tests.integration.procs import Proc, processor
 
 pytestmark = pytest.mark.integration
 
-_codec = reader_codec()
+_codec = reader_codec(get_settings())
 
 
 @pytest.fixture

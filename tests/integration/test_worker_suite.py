@@ -28,7 +28,7 @@ from sessionstream.adapters.kafka import read_topic
 from sessionstream.adapters.registry import reader_codec
 from sessionstream.client import SessionClient
 from sessionstream.schemas.events import Event, LeaseGranted, RunFinished
-from sessionstream.settings import Settings
+from sessionstream.settings import Settings, get_settings
 from tests.integration import test_worker as _tw
 from tests.integration.faults import SOAK
 from tests.integration.helpers import check_log, wait_until
@@ -44,7 +44,7 @@ RUNS = 50
 LEASE_MS = 2000
 #: long enough for a fault and a takeover mid-run; the email is the run's last step
 TEXT = "steps=3 tool_ms=1500 email=end"
-CODEC = reader_codec()
+CODEC = reader_codec(get_settings())
 
 
 def _events(s: Settings) -> list[Event]:
