@@ -1,6 +1,6 @@
 """The README's Python example runs as a user runs it: a program of its own, configured by
 `SESSIONSTREAM_*` variables, against a real processor. (docs/workers.md's example runs in
-tests/unit/test_handler_contract.py.)"""
+tests/unit/runtimes/worker/test_handler_contract.py.)"""
 
 from __future__ import annotations
 

@@ -249,7 +249,7 @@ def test_a_fenced_producers_flush_reads_as_the_fence_through_unmasked(
     4 of 6 separate processes, and in fewer within one, as it depends on the order the
     fatal error and the reports are served). Through `unmasked` a flush of a fenced
     producer raises nothing or the fatal _FENCED KafkaException, never a SystemError
-    (`tests/unit/test_commit_slots.py` pins the conversion itself)."""
+    (`tests/unit/runtimes/processor/test_commit_slots.py` pins the conversion itself)."""
     topic = topic_factory(partitions=2)
     for attempt in range(5):
         error = _fenced_flush(kafka_bootstrap, topic, f"{topic}-fenced-{attempt}")

@@ -21,7 +21,7 @@ from sessionstream.schemas.commands import AbortPayload, Command
 from sessionstream.schemas.outcomes import CommandOutcome
 from sessionstream.settings import Settings
 from tests.unit._samples import event
-from tests.unit.test_codec_confluent import _registry
+from tests.unit.schemas.test_codec_confluent import _registry
 
 S = Settings()
 OUT, EV = S.outcomes_topic, S.events_topic

@@ -26,3 +26,19 @@ def test_no_issue_numbers_in_docs_or_packages() -> None:
         if ISSUE.search(line)
     ]
     assert not found, "\n".join(found)
+
+
+def test_every_file_the_docs_name_exists() -> None:
+    """A path a reader follows (`tests/...py`, `sessionstream/...py`, `stack/...sh`) is
+    there: a moved or deleted file is named by its new place, not left behind."""
+    files = [REPO / "README.md", *(REPO / "docs").rglob("*.md"), *(REPO / "bench").rglob("*.md")]
+    named = re.compile(
+        r"\b(?:tests|bench|sessionstream|stack|docs)/[\w./-]+\.(?:py|md|sh|sql|json)\b"
+    )
+    missing = sorted(
+        f"{f.relative_to(REPO)}: {path}"
+        for f in files
+        for path in set(named.findall(f.read_text()))
+        if not (REPO / path).exists() and not re.search(r"[A-Z]{4}|NAME", path)
+    )
+    assert not missing, missing

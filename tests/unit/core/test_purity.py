@@ -19,7 +19,7 @@ import pytest
 from sessionstream.schemas.events import RunStarted
 from tests.unit._harness import Harness, leased
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PURE = [
     "sessionstream/core/decider.py",
     "sessionstream/core/state.py",

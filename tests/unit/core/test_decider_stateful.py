@@ -43,7 +43,7 @@ from sessionstream.schemas.commands import (
 from sessionstream.schemas.events import ACTIVE_STATUSES, SESSION_LOG, CommandRejected, Event
 from tests.unit._harness import Dedup
 from tests.unit._model import Bounds, LogModel
-from tests.unit.test_command_classes import SPEC as CLASSES
+from tests.unit.core.test_command_classes import SPEC as CLASSES
 
 SID = "s-prop"
 TENANT = "acme"

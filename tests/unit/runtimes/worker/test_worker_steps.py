@@ -14,7 +14,7 @@ from sessionstream.runtimes.worker._signal import AbortSignal
 from sessionstream.runtimes.worker.context import RunContext
 from sessionstream.runtimes.worker.model import Model
 from sessionstream.schemas.commands import Command
-from tests.unit.test_execution import SPEC, Host, event, until
+from tests.unit.runtimes.worker.test_execution import SPEC, Host, event, until
 
 
 class CountingModel(Model):

@@ -2,7 +2,7 @@
 
 A golden file is JSON lines: `{"note": ...}` for the reader, `{"command": ...}` (camelCase,
 as a producer sends it) followed by one `{"event": ...}` line per event it must give.
-`REGEN_GOLDEN=1 pytest tests/unit/test_golden.py` rewrites the event lines from the commands;
+`REGEN_GOLDEN=1 pytest tests/unit/core/test_golden.py` rewrites the event lines from the commands;
 review the diff by hand before committing it (tests/golden/README.md).
 """
 
@@ -22,7 +22,7 @@ from sessionstream.schemas.codec import Codec
 from sessionstream.schemas.events import Event
 from tests.unit._harness import Dedup, check_log
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 FILES = sorted(GOLDEN.glob("*.jsonl"))
 REGEN = os.environ.get("REGEN_GOLDEN") == "1"
 CODEC = Codec()

@@ -14,7 +14,7 @@ from sessionstream.runtimes.analytics import shares, stats
 from sessionstream.runtimes.analytics.facts import Rejection, RunFacts
 from sessionstream.runtimes.analytics.fold import Folder
 from tests.analytics_world import make_world
-from tests.unit.test_analytics_fold import ALL, PARTITIONS, START, _log
+from tests.unit.runtimes.analytics.test_analytics_fold import ALL, PARTITIONS, START, _log
 
 KINDS: list[shares.Kind] = ["runs", "finished", "active", "rejections"]
 

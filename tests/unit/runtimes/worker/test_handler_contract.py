@@ -26,9 +26,9 @@ from sessionstream.runtimes.worker._main import load_handler, run_worker
 from sessionstream.runtimes.worker.context import RunContext
 from sessionstream.runtimes.worker.executor import ActionRun, ActionTarget
 from sessionstream.settings import Settings
-from tests.unit.test_execution import SPEC, Host, event, grant, until
+from tests.unit.runtimes.worker.test_execution import SPEC, Host, event, grant, until
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[4]
 
 
 # handlers as an author might write them (load_handler finds them by module:name)

@@ -12,7 +12,7 @@ from sessionstream.adapters.connect import connector_config, registry_v2_url
 from sessionstream.errors import ConfigurationError
 from sessionstream.settings import Settings
 
-SHIPPED = Path(__file__).resolve().parents[2] / "stack" / "connect" / "analytics-events.json"
+SHIPPED = Path(__file__).resolve().parents[3] / "stack" / "connect" / "analytics-events.json"
 
 
 @pytest.fixture(autouse=True)
