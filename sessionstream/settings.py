@@ -601,17 +601,9 @@ PROCESS_COMPONENTS: dict[str, tuple[str, ...]] = {
     # the sink's group is named after the processor's (`{processor_group}-sink`)
     "sink": ("kafka", "registry", "topics", "database", "processor", "sink", "metrics"),
     "worker": ("kafka", "registry", "topics", "database", "worker", "limits", "model", "metrics"),
-    # the gateway shares the sink's replay and the grants' names (module-level reads)
-    "gateway": (
-        "kafka",
-        "registry",
-        "topics",
-        "database",
-        "processor",
-        "sink",
-        "gateway",
-        "analytics",
-    ),
+    # the gateway names the access grants' groups (`processor_group`) and reads the live
+    # analytics at their address
+    "gateway": ("kafka", "registry", "topics", "database", "processor", "gateway", "analytics"),
     "analytics": ("kafka", "registry", "topics", "analytics"),
 }
 

@@ -32,7 +32,7 @@ def _fail(message: str) -> NoReturn:
 
 @contextmanager
 def _db() -> Iterator[Any]:
-    from sessionstream.runtimes.sink.sink import connect
+    from sessionstream.adapters.postgres import connect
 
     try:
         conn = connect(get_settings())

@@ -48,7 +48,7 @@ def gateway(
 
 
 def _connect() -> psycopg.Connection[tuple[object, ...]]:
-    from sessionstream.runtimes.sink.sink import connect
+    from sessionstream.adapters.postgres import connect
 
     try:
         return connect(get_settings())

@@ -62,10 +62,11 @@ def _run_seen(session: str, *, latest: bool) -> str | None:
     run that has ended is refused `run_not_active` rather than landing on a newer one."""
     import psycopg
 
-    s = get_settings()
-    options = f"-c search_path={s.database_schema}" if s.database_schema else ""
+    from sessionstream.adapters.postgres import connect
+    from sessionstream.errors import DatabaseUnavailable
+
     try:
-        with psycopg.connect(s.database_conninfo, connect_timeout=5, options=options) as conn:
+        with connect(get_settings()) as conn:
             row = conn.execute(
                 "select active_run_id from agent_sessions where session_id = %s", (session,)
             ).fetchone()
@@ -79,7 +80,7 @@ def _run_seen(session: str, *, latest: bool) -> str | None:
                 (session,),
             ).fetchone()
             return None if row is None else str(row[0])
-    except psycopg.Error as e:
+    except (psycopg.Error, DatabaseUnavailable) as e:
         typer.echo(
             f"error: cannot look up the active run of {session!r} in PostgreSQL ({e}); "
             "name it with --run RUN_ID, or send it session-scoped with --any",

@@ -237,10 +237,10 @@ app.add_typer(db_app, name="db")
 @db_app.command("migrate")
 def db_migrate() -> None:
     """Apply the versioned migrations that are missing (idempotent)."""
-    import psycopg
     from rich.progress import Progress
 
     from sessionstream.adapters.postgres.migrate import migrate, migrations
+    from sessionstream.errors import DatabaseUnavailable
     from sessionstream.settings import get_settings
 
     try:
@@ -256,11 +256,8 @@ def db_migrate() -> None:
                 schema=get_settings().database_schema,
                 progress=applied,
             )
-    except psycopg.OperationalError as e:
-        _fail(
-            f"cannot reach PostgreSQL: {str(e).strip()}\n  (SESSIONSTREAM_DATABASE_URL;"
-            " start the local stack with `make up`)"
-        )
+    except DatabaseUnavailable as e:
+        _fail(f"cannot reach PostgreSQL: {e}")
     typer.echo("database up to date" if not done else f"{len(done)} migration(s) applied")
 
 

@@ -218,7 +218,7 @@ def _front_door(s: Settings, log_dir: Path) -> tuple[Settings, dict[str, Service
 def _console_url(s: Settings) -> tuple[str, str]:
     """A key for tenant `acme` (the demo's sessions), in the console's URL's fragment:
     the console keeps it in the browser and drops it from the address bar."""
-    from sessionstream.runtimes.sink.sink import connect
+    from sessionstream.adapters.postgres import connect
 
     with connect(s) as conn:
         key, rec = create_key(conn, "acme", "demo", name="make demo")
@@ -227,8 +227,8 @@ def _console_url(s: Settings) -> tuple[str, str]:
 
 
 def _revoke(s: Settings, key_id: str) -> None:
+    from sessionstream.adapters.postgres import connect
     from sessionstream.apps.gateway.keys import revoke_key
-    from sessionstream.runtimes.sink.sink import connect
 
     with connect(s) as conn:
         revoke_key(conn, key_id)
@@ -365,9 +365,9 @@ def _scene_timeout(ui: SessionClient, watch: Watch, tag: str) -> list[tuple[str,
 
 
 def _finale(s: Settings, runs: list[tuple[str, str]], services: dict[str, Service]) -> int:
+    from sessionstream.adapters.postgres import connect
     from sessionstream.runtimes.sink.audit import run_audit
     from sessionstream.runtimes.sink.replay import events_of_run
-    from sessionstream.runtimes.sink.sink import connect
 
     _scene(7, "Replayed from PostgreSQL")
     with connect(s) as conn:

@@ -13,6 +13,7 @@ import pytest
 from confluent_kafka import Consumer, Producer
 
 from sessionstream.adapters.kafka import client_config, partitions_of, read_topic, reader_config
+from sessionstream.adapters.postgres import connect
 from sessionstream.adapters.postgres.migrate import migrate
 from sessionstream.adapters.registry import reader_codec
 from sessionstream.adapters.topics import ensure_topics
@@ -29,7 +30,6 @@ from sessionstream.runtimes.sink.replay import (
     rebuild,
     session_partition,
 )
-from sessionstream.runtimes.sink.sink import connect
 from sessionstream.settings import Settings, get_settings
 from tests.integration.conftest import WorldFactory
 from tests.integration.procs import (

@@ -84,6 +84,9 @@ def test_a_process_reads_only_the_components_it_builds(
         )
     outside = {c: sorted(w) for c, w in read.items() if c not in PROCESS_COMPONENTS[process]}
     assert not outside, f"the {process} reads settings it does not build: {outside}"
+    # and builds nothing it does not read (the metrics port is read by its CLI command)
+    unread = set(PROCESS_COMPONENTS[process]) - set(read) - {"metrics"}
+    assert not unread, f"the {process} builds components it never reads: {sorted(unread)}"
 
 
 def test_every_field_is_in_exactly_one_component() -> None:

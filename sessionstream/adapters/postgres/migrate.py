@@ -14,6 +14,8 @@ from importlib import resources
 
 import psycopg
 
+from sessionstream.adapters.postgres.datastore import connect_kwargs, translated
+
 __all__ = ["Migration", "applied_versions", "migrate", "migrations"]
 
 _LOCK = 0x5E5510  # pg_advisory_xact_lock key of sessionstream's migrations
@@ -61,9 +63,17 @@ def applied_versions(conn: psycopg.Connection) -> set[int]:
 def migrate(
     conninfo: str, *, schema: str | None = None, progress: Callable[[Migration], None] | None = None
 ) -> list[Migration]:
-    """Apply what is missing; returns what was applied (empty when up to date)."""
+    """Apply what is missing; returns what was applied (empty when up to date). A database
+    that cannot be reached (or is lost meanwhile) is `DatabaseUnavailable`."""
+    with translated(conninfo):
+        return _migrate(conninfo, schema, progress)
+
+
+def _migrate(
+    conninfo: str, schema: str | None, progress: Callable[[Migration], None] | None
+) -> list[Migration]:
     done: list[Migration] = []
-    with psycopg.connect(conninfo, autocommit=True) as conn:
+    with psycopg.connect(conninfo, autocommit=True, **connect_kwargs(None)) as conn:
         if schema:
             # two processes creating the same schema at once race inside PostgreSQL
             # (`if not exists` is checked before the insert): the lock serializes them

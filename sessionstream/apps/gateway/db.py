@@ -10,11 +10,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import psycopg
-from psycopg_pool import ConnectionPool, PoolTimeout
-
-from sessionstream.errors import DatabaseUnavailable
-from sessionstream.settings import Settings, redact_conninfo
+from sessionstream.adapters.postgres import pool, translated
+from sessionstream.settings import Settings
 
 __all__ = ["Database"]
 
@@ -29,19 +26,8 @@ class Database:
     check and query waited behind them."""
 
     def __init__(self, settings: Settings, *, max_size: int = 8) -> None:
-        schema = settings.database_schema
-        kwargs: dict[str, Any] = {"connect_timeout": 5}
-        if schema:
-            kwargs["options"] = f"-c search_path={schema}"
-        self._url = redact_conninfo(settings.database_conninfo)
-        self.pool = ConnectionPool(
-            settings.database_conninfo,
-            min_size=1,
-            max_size=max_size,
-            kwargs=kwargs,
-            open=False,
-            timeout=10,
-        )
+        self._conninfo = settings.database_conninfo
+        self.pool = pool(settings, max_size=max_size)
         self._threads = ThreadPoolExecutor(max_size, thread_name_prefix="gateway-db")
 
     def open(self) -> None:
@@ -52,11 +38,8 @@ class Database:
         self.pool.close()
 
     def _call(self, fn: Callable[..., T], *args: Any) -> T:
-        try:
-            with self.pool.connection() as conn:
-                return fn(conn, *args)
-        except (psycopg.OperationalError, PoolTimeout) as e:
-            raise DatabaseUnavailable(str(e).strip(), url=self._url) from e
+        with translated(self._conninfo), self.pool.connection() as conn:
+            return fn(conn, *args)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()

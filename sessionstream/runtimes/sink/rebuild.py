@@ -35,11 +35,11 @@ from sessionstream.adapters.kafka import (
     read_messages,
     reader_config,
 )
+from sessionstream.adapters.postgres import connect
 from sessionstream.adapters.postgres.migrate import migrate
 from sessionstream.adapters.registry import reader_codec
 from sessionstream.errors import SessionstreamError, SingleWriterViolation
 from sessionstream.runtimes.sink.projection import Projection
-from sessionstream.runtimes.sink.sink import connect
 from sessionstream.runtimes.sink.writer import EVENT_COLS, RUN_COLS, RUN_TIMES, ts
 from sessionstream.settings import Settings
 
@@ -229,7 +229,7 @@ def _require_projection(settings: Settings, live: str) -> None:
 def _drop_schema(settings: Settings, schema: str) -> None:
     """Drop the rebuild's schema on a connection of its own (the loaders' are gone, the
     main one may be in a failed transaction)."""
-    with psycopg.connect(settings.database_conninfo, autocommit=True) as conn:
+    with connect(settings, autocommit=True) as conn:
         conn.execute(f'drop schema if exists "{schema}" cascade')
 
 

@@ -27,37 +27,18 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message,
 
 from sessionstream.adapters import metrics
 from sessionstream.adapters.kafka import data_messages, group_consumer_config
+from sessionstream.adapters.postgres import Reconnecting
 from sessionstream.adapters.postgres.migrate import migrate
 from sessionstream.adapters.registry import SchemaRegistry
-from sessionstream.errors import DatabaseUnavailable, IncompatibleEvent
+from sessionstream.errors import IncompatibleEvent
 from sessionstream.runtimes.sink.writer import PendingEvent, WriteMode, write_batch
 from sessionstream.schemas.codec import Codec
 from sessionstream.schemas.errors import DecodeError
 from sessionstream.settings import Settings
 
-__all__ = ["Sink", "SinkStats", "connect"]
+__all__ = ["Sink", "SinkStats"]
 
 log = logging.getLogger("sessionstream.sink")
-
-
-def connect(
-    settings: Settings, schema: str | None = None
-) -> psycopg.Connection[tuple[object, ...]]:
-    """A connection with the sink's search path; errors name the URL (without password)."""
-    schema = schema or settings.database_schema
-    options = f"-c search_path={schema}" if schema else ""
-    try:
-        return psycopg.connect(settings.database_conninfo, options=options, connect_timeout=5)
-    except psycopg.OperationalError as e:
-        raise DatabaseUnavailable(str(e).strip(), url=_safe(settings.database_url)) from e
-
-
-def _safe(url: str) -> str:
-    if "@" in url and "://" in url:
-        scheme, rest = url.split("://", 1)
-        creds, host = rest.rsplit("@", 1)
-        return f"{scheme}://{creds.split(':', 1)[0]}:***@{host}"
-    return url
 
 
 @dataclass
@@ -90,13 +71,14 @@ class Sink:
         self.mode: WriteMode = mode
         self.schema = schema or settings.database_schema
         self.group = group or f"{settings.processor_group}-sink"
-        self.max_backoff_s = max_backoff_s
         #: reads events of any registry id; told to stop waiting for the registry by run()
         self.registry = SchemaRegistry(settings) if settings.schema_registry_url else None
         self.codec = Codec(schemas=self.registry)
         self.stats = SinkStats()
         self.ready = threading.Event()
-        self._conn: psycopg.Connection[tuple[object, ...]] | None = None
+        self._db = Reconnecting(
+            settings, self.schema, max_backoff_s=max_backoff_s, on_retry=self._retried
+        )
         self._consumer: Consumer | None = None
         self.stall_s = settings.sink_stall_s
         self._watch_new_consumer()
@@ -105,33 +87,13 @@ class Sink:
         self._wrote_at = 0.0
 
     # -- database ---------------------------------------------------------------------------
-    def _db(self) -> psycopg.Connection[tuple[object, ...]]:
-        if self._conn is None or self._conn.closed:
-            self._conn = connect(self.settings, self.schema)
-        return self._conn
+    def _retried(self, what: str, reason: str, delay: float) -> None:
+        self.stats.retries += 1
+        log.warning("%s: database unavailable (%s); retrying in %.1fs", what, reason, delay)
 
     def _retrying(self, what: str, fn, stop: threading.Event | None = None):  # type: ignore[no-untyped-def]
         """Run `fn(conn)`; on a lost database, reconnect with exponential backoff."""
-        delay = 0.2
-        while True:
-            try:
-                return fn(self._db())
-            except (psycopg.OperationalError, DatabaseUnavailable) as e:
-                self.stats.retries += 1
-                log.warning(
-                    "%s: database unavailable (%s); retrying in %.1fs",
-                    what,
-                    str(e).strip().splitlines()[0],
-                    delay,
-                )
-                if self._conn is not None:
-                    self._conn.close()
-                self._conn = None
-                if stop is not None and stop.wait(delay):
-                    raise
-                if stop is None:
-                    time.sleep(delay)
-                delay = min(delay * 2, self.max_backoff_s)
+        return self._db.run(what, fn, stop)
 
     def stored_offsets(self, conn: psycopg.Connection[tuple[object, ...]]) -> dict[int, int]:
         rows = conn.execute(
@@ -313,9 +275,7 @@ class Sink:
         if self._consumer is not None:
             _close_quietly(self._consumer)
             self._consumer = None
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        self._db.close()
 
 
 def _close_quietly(consumer: Consumer) -> None:

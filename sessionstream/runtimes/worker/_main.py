@@ -100,9 +100,8 @@ def _migrated(settings: Settings, wait_s: float = 60.0) -> bool:
     still starting is waited for, as the sink does."""
     import time
 
-    import psycopg
-
     from sessionstream.adapters.postgres.migrate import migrate
+    from sessionstream.errors import DatabaseUnavailable
 
     deadline = time.monotonic() + wait_s
     delay = 0.2
@@ -110,10 +109,11 @@ def _migrated(settings: Settings, wait_s: float = 60.0) -> bool:
         try:
             migrate(settings.database_conninfo, schema=settings.database_schema)
             return True
-        except psycopg.OperationalError as e:
+        except DatabaseUnavailable as e:
             if time.monotonic() > deadline:
-                log.error("database unavailable: %s (SESSIONSTREAM_DATABASE_URL)", e)
+                log.error("%s", e)
                 return False
-            log.warning("database unavailable (%s); retrying in %.1fs", str(e).strip(), delay)
+            reason = str(e).strip().splitlines()[0]
+            log.warning("database unavailable (%s); retrying in %.1fs", reason, delay)
             time.sleep(delay)
             delay = min(delay * 2, 5.0)

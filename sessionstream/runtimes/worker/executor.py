@@ -30,9 +30,8 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
-from sessionstream.errors import DatabaseUnavailable
+from sessionstream.adapters.postgres import async_pool
 from sessionstream.runtimes.worker._signal import RunFenced
-from sessionstream.settings import redact_conninfo
 
 __all__ = ["ActionExecutor", "ActionFn", "ActionRun", "ActionTarget"]
 
@@ -100,21 +99,9 @@ class ActionExecutor:
         return make_conninfo(self.database_url, options=f"-c search_path={self.schema}")
 
     async def open(self) -> None:
-        # the same schema as the sink's tables (SESSIONSTREAM_DATABASE_SCHEMA)
-        kwargs = {"options": f"-c search_path={self.schema}"} if self.schema else {}
-        self._pool = AsyncConnectionPool(
-            self.database_url,
-            min_size=1,
-            max_size=4,
-            open=False,
-            kwargs=kwargs,
-            # a connection broken by a database restart is replaced, not handed to an action
-            check=AsyncConnectionPool.check_connection,
-        )
-        try:
-            await self._pool.open(wait=True, timeout=15)
-        except psycopg.Error as e:
-            raise DatabaseUnavailable(str(e), url=redact_conninfo(self.database_url)) from e
+        # the same schema as the sink's tables (SESSIONSTREAM_DATABASE_SCHEMA); a connection
+        # broken by a database restart is replaced, not handed to an action
+        self._pool = await async_pool(self.database_url, self.schema, max_size=4)
 
     async def close(self) -> None:
         if self._pool is not None:
