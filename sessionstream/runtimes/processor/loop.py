@@ -26,19 +26,17 @@ on top of N) begins on the other producer once every record of N is acknowledged
 N's EndTxn and markers are under way, and commits only after N committed; if N does not
 commit, N+1 aborts and both are read again. The logs and the offset commits keep a single
 producer's order (N's records, then N+1's), so a `read_committed` reader sees N once N's
-markers land. (One producer beginning right after its own commit gets AddPartitionsToTxn
-refused CONCURRENT_TRANSACTIONS until the markers are written, retried after a fixed 20 ms:
-`docs/decisions/0005-processor-profile.md`.)
+markers land. (Why two: one producer's next AddPartitionsToTxn is refused until its
+markers are written, docs/decisions/0005-processor-profile.md.)
 
-The Kafka side of a transaction — the producer's set-up, the commit on a thread of its
-own, the abort, what librdkafka's errors mean — is the adapter's
-(`sessionstream/adapters/kafka/transactions.py`); what to do about failures is `failures.py`'s.
+The Kafka side of a transaction (set-up, the commit on a thread of its own, the abort, what
+librdkafka's errors mean) is `sessionstream/adapters/kafka/transactions.py`'s; what to do
+about failures is `failures.py`'s.
 
-Restore (`restore.py`): on assignment, the committed offsets first (stable: a predecessor's
-pending transaction is resolved), then each partition's store (`store.py`) reads the state
-and dedup changelogs from its checkpoint to their ends. A committed transaction's states
-and dedup records go to the store with the changelog offsets they reach: the store is
-never ahead of the committed log.
+Restore (`restore.py`): on assignment, the committed offsets (stable), then each
+partition's store (`store.py`) reads the state and dedup changelogs from its checkpoint to
+their ends. A committed transaction's states and dedup records go to the store with the
+changelog offsets they reach: the store is never ahead of the committed log.
 """
 
 from __future__ import annotations
@@ -112,10 +110,9 @@ PRODUCERS = 2
 #: how long init_transactions may get retriable answers at start (a broker started just
 #: before, still loading its transaction coordinator; a wrong address has failed by then)
 START_PATIENCE_S = 300.0
-#: the group's max.poll.interval.ms: the main thread waits up to both commit limits for a
-#: stuck commit (a dead coordinator) without polling; at the old 60 s, equal to them, such a
-#: wait also made the processor leave its group and restore (56 s to decide again, 3-node
-#: soak), so the interval outlasts them with room for a batch's decisions
+#: the group's max.poll.interval.ms: outlasts both commit limits, which the main thread may
+#: wait for a stuck commit without polling (at 60 s, equal to them, such a wait also made
+#: the processor leave its group: 56 s to decide again, 3-node soak)
 MAX_POLL_INTERVAL_MS = int((SEND_OFFSETS_LIMIT_S + COMMIT_LIMIT_S) * 1000) + 30_000
 #: a poll that brings fewer records than this while a transaction commits is light load:
 #: the records that arrived while its records were acknowledged join the same batch. A

@@ -1,42 +1,17 @@
-"""Runtime configuration, read from ``SESSIONSTREAM_*`` environment variables.
-
-The defaults point at the local stack that ``make up`` starts (Kafka on 127.0.0.1:9092,
-PostgreSQL on 127.0.0.1:5432). Nothing else in the code knows those addresses: a user with
-their own Kafka or PostgreSQL sets ``SESSIONSTREAM_KAFKA_BOOTSTRAP`` /
-``SESSIONSTREAM_DATABASE_URL`` and everything follows.
-
-Credentials come from the same variables, or from a *credentials file* named by
-``SESSIONSTREAM_CREDENTIALS_FILE``: ``SESSIONSTREAM_X=value`` lines (what the secured local
-stack writes, one file per role). Precedence: arguments, then the environment, then the
-file, then the defaults. Passwords are ``SecretStr``: they never show in a repr or a log.
-"""
+"""The settings of each component, one model each; field ``x`` is read from
+``SESSIONSTREAM_X``."""
 
 from __future__ import annotations
 
-import difflib
 import os
-from collections.abc import Mapping
-from functools import cache, lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from dotenv import dotenv_values
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
-from pydantic.fields import FieldInfo
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-)
+from pydantic import Field, SecretStr, field_validator, model_validator
 
-from sessionstream.errors import ConfigurationError
+from sessionstream.settings._base import LIBRDKAFKA_DEBUG_CONTEXTS, Part, check_instance_id
 
 __all__ = [
-    "COMPONENTS",
-    "ENV_PREFIX",
-    "LIBRDKAFKA_DEBUG_CONTEXTS",
-    "PROCESS_COMPONENTS",
-    "PRODUCER_MARK",
     "AnalyticsSettings",
     "DatabaseSettings",
     "GatewaySettings",
@@ -46,143 +21,13 @@ __all__ = [
     "ModelSettings",
     "ProcessorSettings",
     "RegistrySettings",
-    "Settings",
     "SinkSettings",
     "TopicSettings",
     "WorkerSettings",
-    "check_instance_id",
-    "get_settings",
-    "read_credentials_file",
-    "redact_conninfo",
-    "settings_for",
 ]
 
-ENV_PREFIX = "SESSIONSTREAM_"
 
-
-#: separates a processor instance id from its second producer's number (`{group}-{instance}#1`)
-PRODUCER_MARK = "#"
-
-
-def check_instance_id(instance: str) -> str:
-    """A processor instance id, or ValueError. Not empty, and without ``#``: an instance's
-    second transactional id is ``{group}-{instance}#1``, which must not be another
-    instance's first (host names, the default, never contain one)."""
-    if not instance or PRODUCER_MARK in instance:
-        raise ValueError(
-            f"processor instance id {instance!r} must be non-empty and must not contain '#'"
-        )
-    return instance
-
-
-def read_credentials_file(path: Path | str) -> dict[str, str]:
-    """The settings a credentials file sets, by field name (``SESSIONSTREAM_X`` -> ``x``).
-
-    Lines without the prefix are ignored (a file may also serve ``set -a; . file``)."""
-    p = Path(path)
-    if not p.is_file():
-        # the message names the file, never its content
-        raise FileNotFoundError(f"credentials file {p} does not exist")
-    out: dict[str, str] = {}
-    for key, value in dotenv_values(p).items():
-        if key.startswith(ENV_PREFIX) and value is not None:
-            out[key[len(ENV_PREFIX) :].lower()] = value
-    return out
-
-
-def redact_conninfo(conninfo: str) -> str:
-    """``user@host:port/dbname`` of a libpq URL or ``key=value`` string: no password."""
-    from psycopg import ProgrammingError
-    from psycopg.conninfo import conninfo_to_dict
-
-    try:
-        d = conninfo_to_dict(conninfo)
-    except ProgrammingError:
-        return "<unparsable conninfo>"
-    user = f"{d['user']}@" if d.get("user") else ""
-    return f"{user}{d.get('host', '')}:{d.get('port', 5432)}/{d.get('dbname', '')}"
-
-
-class _CredentialsFileSource(PydanticBaseSettingsSource):
-    """Values from the file named by ``credentials_file`` (set by an argument or the env)."""
-
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        raise NotImplementedError  # __call__ reads the whole file at once
-
-    def __call__(self) -> dict[str, Any]:
-        path = self.current_state.get("credentials_file")
-        if not path:
-            return {}
-        fields = self.settings_cls.model_fields
-        return {k: v for k, v in read_credentials_file(path).items() if k in fields}
-
-
-#: librdkafka's ``debug`` contexts (CONFIGURATION.md, 2.x)
-LIBRDKAFKA_DEBUG_CONTEXTS = frozenset(
-    [
-        "generic",
-        "broker",
-        "topic",
-        "metadata",
-        "feature",
-        "queue",
-        "msg",
-        "protocol",
-        "cgrp",
-        "security",
-        "fetch",
-        "interceptor",
-        "plugin",
-        "consumer",
-        "admin",
-        "eos",
-        "mock",
-        "assignor",
-        "conf",
-        "telemetry",
-        "all",
-    ]
-)
-
-
-class _Part(BaseSettings):
-    """What every component's settings share: the ``SESSIONSTREAM_`` prefix, frozen values,
-    passwords that never show, and the credentials file below the environment."""
-
-    model_config = SettingsConfigDict(
-        env_prefix="SESSIONSTREAM_",
-        frozen=True,
-        extra="ignore",
-        # The docstrings below become the fields' descriptions (shown by --help later).
-        use_attribute_docstrings=True,
-        # a validation error must not echo the input: it may hold a password
-        hide_input_in_errors=True,
-    )
-
-    credentials_file: Path | None = None
-    """A file of ``SESSIONSTREAM_X=value`` lines (a role's Kafka user and password, database
-    URL and password, ...) read below the environment; the secured stack writes one per role."""
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # the credentials file sits below the environment: an explicit variable still wins
-        return (
-            init_settings,
-            env_settings,
-            _CredentialsFileSource(settings_cls),
-            dotenv_settings,
-            file_secret_settings,
-        )
-
-
-class KafkaSettings(_Part):
+class KafkaSettings(Part):
     """Kafka: how every process reaches the brokers."""
 
     kafka_bootstrap: str = "127.0.0.1:9092"
@@ -237,7 +82,7 @@ class KafkaSettings(_Part):
         return self
 
 
-class DatabaseSettings(_Part):
+class DatabaseSettings(Part):
     """PostgreSQL: the sink's projection, the workers' actions, the gateway's keys and reads."""
 
     database_url: str = "postgresql://sessionstream:sessionstream@127.0.0.1:5432/sessionstream"
@@ -260,7 +105,7 @@ class DatabaseSettings(_Part):
         return make_conninfo(self.database_url, password=self.database_password.get_secret_value())
 
 
-class RegistrySettings(_Part):
+class RegistrySettings(Part):
     """The schema registry every record's schema id is resolved against."""
 
     schema_registry_url: str = "http://127.0.0.1:8081/apis/ccompat/v7"
@@ -277,7 +122,7 @@ class RegistrySettings(_Part):
     """Password for ``schema_registry_username``."""
 
 
-class TopicSettings(_Part):
+class TopicSettings(Part):
     """The topics, and how sessionstream creates them."""
 
     commands_topic: str = "session.commands"
@@ -326,7 +171,7 @@ class TopicSettings(_Part):
     """Partition count of the commands and events topics (the two must be equal)."""
 
 
-class ProcessorSettings(_Part):
+class ProcessorSettings(Part):
     """The session processor (`sessionstream processor`): its group, store, transactions
     and the bounds it enforces."""
 
@@ -375,7 +220,7 @@ class ProcessorSettings(_Part):
         return None if value is None or not value.strip() else check_instance_id(value)
 
 
-class LimitSettings(_Part):
+class LimitSettings(Part):
     """The protocol's bounds: the processor enforces them; workers and the gateway check
     them before they send."""
 
@@ -389,7 +234,7 @@ class LimitSettings(_Part):
     grant says it was capped. A dead holder blocks a takeover at most this long."""
 
 
-class SinkSettings(_Part):
+class SinkSettings(Part):
     """The PostgreSQL sink (`sessionstream sink`)."""
 
     sink_stall_s: float = Field(default=60.0, ge=5.0)
@@ -398,14 +243,14 @@ class SinkSettings(_Part):
     offsets. Covers a consumer that never rejoins after a coordinator restart."""
 
 
-class WorkerSettings(_Part):
+class WorkerSettings(Part):
     """Run workers (`sessionstream worker`)."""
 
     worker_lease_ms: int = Field(default=30_000, ge=500)
     """Lease a worker asks for; it renews (heartbeats) every third of it."""
 
 
-class ModelSettings(_Part):
+class ModelSettings(Part):
     """The model the workers call (OpenAI-compatible)."""
 
     model_base_url: str | None = None
@@ -423,14 +268,14 @@ class ModelSettings(_Part):
     """Longest the model API may stay silent: to connect, and between two streamed chunks."""
 
 
-class MetricsSettings(_Part):
+class MetricsSettings(Part):
     """Metrics of the long-running processes."""
 
     metrics_port: int | None = None
     """Port of the Prometheus ``/metrics`` endpoint of processor, sink and worker (off if unset)."""
 
 
-class AnalyticsSettings(_Part):
+class AnalyticsSettings(Part):
     """Live analytics (`sessionstream analytics`) and the Kafka Connect sink
     (`sessionstream connect`)."""
 
@@ -457,7 +302,7 @@ class AnalyticsSettings(_Part):
     analytics sink to (``make connect`` starts one here)."""
 
 
-class GatewaySettings(_Part):
+class GatewaySettings(Part):
     """The HTTP gateway and console (`sessionstream gateway`)."""
 
     gateway_host: str = "127.0.0.1"
@@ -553,169 +398,3 @@ class GatewaySettings(_Part):
     """Where the gateway reads the live analytics (``sessionstream analytics``); default
     ``http://{analytics_host}:{analytics_port}``."""
 
-
-class Settings(
-    KafkaSettings,
-    DatabaseSettings,
-    RegistrySettings,
-    TopicSettings,
-    ProcessorSettings,
-    LimitSettings,
-    SinkSettings,
-    WorkerSettings,
-    ModelSettings,
-    MetricsSettings,
-    AnalyticsSettings,
-    GatewaySettings,
-):
-    """Every component's settings in one object; field ``x`` is read from ``SESSIONSTREAM_X``.
-    A long-running process builds only the components it reads (`settings_for`); the
-    commands and tools build them all (`get_settings`)."""
-
-    @property
-    def analytics_url(self) -> str:
-        """``gateway_analytics_url`` or the analytics app's own address."""
-        return self.gateway_analytics_url or f"http://{self.analytics_host}:{self.analytics_port}"
-
-
-#: the components, by the name errors and the README's table use
-COMPONENTS: dict[str, type[_Part]] = {
-    "kafka": KafkaSettings,
-    "database": DatabaseSettings,
-    "registry": RegistrySettings,
-    "topics": TopicSettings,
-    "processor": ProcessorSettings,
-    "limits": LimitSettings,
-    "sink": SinkSettings,
-    "worker": WorkerSettings,
-    "model": ModelSettings,
-    "metrics": MetricsSettings,
-    "analytics": AnalyticsSettings,
-    "gateway": GatewaySettings,
-}
-
-#: the components each long-running process reads (a unit test derives them from the code
-#: the process runs, so a process never runs on a default it was meant to be told)
-PROCESS_COMPONENTS: dict[str, tuple[str, ...]] = {
-    "processor": ("kafka", "registry", "topics", "processor", "limits", "metrics"),
-    # the sink's group is named after the processor's (`{processor_group}-sink`)
-    "sink": ("kafka", "registry", "topics", "database", "processor", "sink", "metrics"),
-    "worker": ("kafka", "registry", "topics", "database", "worker", "limits", "model", "metrics"),
-    # the gateway names the access grants' groups (`processor_group`) and reads the live
-    # analytics at their address
-    "gateway": ("kafka", "registry", "topics", "database", "processor", "gateway", "analytics"),
-    "analytics": ("kafka", "registry", "topics", "analytics"),
-}
-
-
-@lru_cache(maxsize=1)
-def get_settings() -> Settings:
-    """The process-wide settings, every component, read from the environment on first use."""
-    return Settings()
-
-
-@cache
-def settings_for(process: str) -> Settings:
-    """The settings of a long-running process (a key of `PROCESS_COMPONENTS`): only the
-    components it reads are built from the environment, each on its own, so an error names
-    its component and a value meant for another process (a gateway port, a model key) can
-    neither stop it nor be read by it; the other fields keep their defaults."""
-    values: dict[str, Any] = {}
-    for name in PROCESS_COMPONENTS[process]:
-        try:
-            part = COMPONENTS[name]()
-        except ValidationError as e:
-            raise ConfigurationError(f"{process}: invalid {name} settings: {e}") from None
-        values.update((field, getattr(part, field)) for field in type(part).model_fields)
-    return Settings.model_construct(_fields_set=set(values), **values)
-
-
-#: ``SESSIONSTREAM_*`` variables read by the local stack, the tests and the benchmarks (not
-#: by the processes): known, so they are not warned about
-TOOLING_VARIABLES: frozenset[str] = frozenset(
-    f"SESSIONSTREAM_{name}"
-    for name in [
-        "STATE_DIR",
-        "PG_DIR",
-        "KAFKA_LIBS",
-        "KAFKA_HEAP",
-        "KAFKA_FORMAT_ARGS",
-        "STACK_TIMEOUT",
-        "STACK_SECURE",
-        "KAFKA_BROKERS",
-        "SECURE_STATE_DIR",
-        "SECURE_DATABASE",
-        "SECURE_KAFKA_PORT",
-        "SECURE_CONTROLLER_PORT",
-        "SECURE_REGISTRY_PORT",
-        "CLUSTER_STATE_DIR",
-        "CLUSTER_KAFKA_PORT",
-        "CLUSTER_CONTROLLER_PORT",
-        "CLUSTER_SETTLE_S",
-        "CLUSTER_RATE",
-        "REGISTRY_HOME",
-        "REGISTRY_HEAP",
-        "MAVEN_CENTRAL",
-        "CONNECT_LIBS",
-        "CONNECT_HEAP",
-        "FLINK_HOME",
-        "FLINK_VENV",
-        "FLINK_JARS",
-        "SOAK",
-        "HOLD_ON_FAILURE",
-    ]
-)
-
-
-def setting_variables() -> frozenset[str]:
-    """The environment variable of every setting (``SESSIONSTREAM_<FIELD>``)."""
-    return frozenset(f"SESSIONSTREAM_{name.upper()}" for name in Settings.model_fields)
-
-
-def unknown_variables(environ: Mapping[str, str]) -> list[str]:
-    """One line per ``SESSIONSTREAM_*`` variable in `environ` that no setting and no tool
-    reads (a typo, or a setting that does not exist): it would be ignored in silence."""
-    known = setting_variables() | TOOLING_VARIABLES
-    lines = []
-    for name in sorted(environ):
-        if name.startswith("SESSIONSTREAM_") and name not in known:
-            close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            lines.append(f"{name} is not a sessionstream setting and is ignored{hint}")
-    return lines
-
-
-def settings_table() -> str:
-    """The settings as markdown tables (variable, default, meaning), one per component, from
-    the fields and their docstrings: the README's configuration section is this (a test
-    keeps it so)."""
-    out: list[str] = []
-    shared = ("credentials_file",)
-    groups = [("shared", _Part, shared)] + [
-        (name, part, tuple(f for f in part.model_fields if f not in shared))
-        for name, part in COMPONENTS.items()
-    ]
-    for name, part, fields in groups:
-        readers = [p for p, parts in PROCESS_COMPONENTS.items() if name in parts]
-        doc = " ".join((part.__doc__ or "").split()).replace("``", "`")
-        if name == "shared":
-            doc = "read by every component, below the environment."
-        read_by = f" Read by: {', '.join(readers)}." if readers and name != "shared" else ""
-        out += [f"**{name}** — {doc}{read_by}", ""]
-        out += ["| variable | default | meaning |", "|---|---|---|"]
-        for field_name in fields:
-            out.append(_row(field_name, Settings.model_fields[field_name]))
-        out.append("")
-    return "\n".join(out).rstrip("\n")
-
-
-def _row(name: str, field: FieldInfo) -> str:
-    default = field.get_default(call_default_factory=True)
-    if isinstance(default, SecretStr):
-        default = "(set)"
-    shown = "unset" if default is None or default == "" else f"`{default}`"
-    if name == "store_dir":
-        shown = "`$XDG_STATE_HOME/sessionstream/store`"
-    meaning = " ".join((field.description or "").split()).replace("``", "`")
-    meaning = meaning.replace("|", "\\|")
-    return f"| `SESSIONSTREAM_{name.upper()}` | {shown} | {meaning} |"
