@@ -234,6 +234,26 @@ def _row(name: str, field: FieldInfo) -> str:
     shown = "unset" if default is None or default == "" else f"`{default}`"
     if name == "store_dir":
         shown = "`$XDG_STATE_HOME/sessionstream/store`"
+    bounds = _bounds(field)
+    if bounds:
+        shown = f"{shown} ({bounds})"
     meaning = " ".join((field.description or "").split()).replace("``", "`")
     meaning = meaning.replace("|", "\\|")
     return f"| `SESSIONSTREAM_{name.upper()}` | {shown} | {meaning} |"
+
+
+def _bounds(field: FieldInfo) -> str:
+    """A field's allowed range as the table shows it: `≥ 1`, `> 0`, `1 … 100000`."""
+    low = high = ""
+    for m in field.metadata:
+        for attr, sign in (("ge", "≥"), ("gt", ">")):
+            if getattr(m, attr, None) is not None:
+                low, low_sign = str(getattr(m, attr)), sign
+        for attr in ("le", "lt"):
+            if getattr(m, attr, None) is not None:
+                high = str(getattr(m, attr))
+    if low and high:
+        return f"{low} … {high}"
+    if low:
+        return f"{low_sign} {low}"
+    return f"≤ {high}" if high else ""
