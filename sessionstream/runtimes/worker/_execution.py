@@ -249,6 +249,7 @@ class Execution:
                 return
         ctx = RunContext(
             session_id=s.session_id,
+            tenant_id=s.tenant_id,
             run_id=s.run_id,
             generation=self.generation,
             worker_id=self.w.worker_id,
@@ -291,6 +292,9 @@ class Execution:
     async def _rounds(self, ctx: RunContext) -> None:
         while not self.done.is_set():
             self.steps.begin_round()
+            # the follow-ups this round is called for: its completion consumes them, taken
+            # or not (else a handler that never takes follow-ups is called for them forever)
+            called_for = [f.command_id for f in ctx._follow_ups] if ctx.round else []
             self._handler = asyncio.create_task(self._call_handler(ctx))
             try:
                 returned = await self._handler
@@ -321,6 +325,8 @@ class Execution:
             except ResultRefused as e:
                 self._fail(f"the result cannot be recorded: {e}")
                 return
+            ctx._follow_ups = [f for f in ctx._follow_ups if f.command_id not in called_for]
+            ctx.consumed_follow_ups += [c for c in called_for if c not in ctx.consumed_follow_ups]
             complete = {
                 "result": result,
                 "consumedFollowUps": list(ctx.consumed_follow_ups),

@@ -165,8 +165,11 @@ class RunContext:
         io: RunIO,
         executor: ActionExecutor | None,
         steps: StepBook | None = None,
+        tenant_id: str = "",
     ) -> None:
         self.session_id = session_id
+        #: the tenant the session belongs to (`tenant:own-id` session ids name it too)
+        self.tenant_id = tenant_id
         self.run_id = run_id
         self.generation = generation
         self.worker_id = worker_id
