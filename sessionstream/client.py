@@ -49,10 +49,10 @@ from sessionstream._outcomes import (
     outcome_of,
 )
 from sessionstream.adapters.kafka import (
-    client_config,
-    command_producer_config,
+    new_admin,
+    new_command_producer,
+    new_reader,
     produce,
-    reader_config,
     take,
     unavailable,
 )
@@ -119,7 +119,7 @@ class SessionClient:
         #: caller brought a codec of its own)
         self._registry_pending = codec is None
         self._clock = clock
-        self._producer_conf = command_producer_config(self.settings, **(producer_overrides or {}))
+        self._producer_overrides = producer_overrides
         self._producer: Producer | None = None
         #: one read_committed consumer on the outcomes and events partitions of the
         #: sessions this client tracks
@@ -142,7 +142,9 @@ class SessionClient:
     def producer(self) -> Producer:
         if self._producer is None:
             self._ensure_registry()
-            self._producer = Producer(self._producer_conf)
+            self._producer = new_command_producer(
+                self.settings, **(self._producer_overrides or {})
+            )
         return self._producer
 
     def _ensure_registry(self) -> None:
@@ -356,14 +358,12 @@ class SessionClient:
 
     # -- outcomes ---------------------------------------------------------------------------
     def _consumer(self) -> Consumer:
-        return Consumer(
-            reader_config(
+        return new_reader(
                 self.settings,
                 group_id=f"sessionstream-client-{uuid.uuid4()}",
                 eof=True,
                 fetch_wait_ms=self._fetch_wait_ms,
             )
-        )
 
     def _partition_count(self) -> int:
         if self._partitions is None:
@@ -529,7 +529,7 @@ class SessionClient:
         request; one read each when that fails."""
         try:
             if self._admin is None:
-                self._admin = AdminClient(client_config(self.settings))
+                self._admin = new_admin(self.settings)
             latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
             got = self._admin.list_offsets(
                 {TopicPartition(t, p): latest for t in topics for p in partitions},

@@ -266,9 +266,9 @@ def tail(
     as_json: AsJson = False,
 ) -> None:
     """Print SESSION's events as they are committed (Ctrl-C to stop)."""
-    from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
+    from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, TopicPartition
 
-    from sessionstream.adapters.kafka import reader_config
+    from sessionstream.adapters.kafka import new_reader
     from sessionstream.client import SessionClient
     from sessionstream.core.partitioning import partition_for
 
@@ -279,9 +279,7 @@ def tail(
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(code=2) from e
     p = partition_for(session.encode(), n)
-    consumer = Consumer(
-        reader_config(s, group_id=f"sessionstream-tail-{uuid.uuid4()}", fetch_wait_ms=50)
-    )
+    consumer = new_reader(s, group_id=f"sessionstream-tail-{uuid.uuid4()}", fetch_wait_ms=50)
     consumer.assign(
         [TopicPartition(s.events_topic, p, OFFSET_BEGINNING if from_start else OFFSET_END)]
     )

@@ -71,9 +71,8 @@ def delete_world(worlds: list[Settings], *, schemas: bool = True) -> list[str]:
     """Best effort: delete the worlds' topics, processor groups, registry subjects and
     (with `schemas`) their PostgreSQL schemas. Returns what could not be deleted."""
     import psycopg
-    from confluent_kafka.admin import AdminClient
 
-    from sessionstream.adapters.kafka import client_config
+    from sessionstream.adapters.kafka import new_admin
 
     if not worlds:
         return []
@@ -86,7 +85,7 @@ def delete_world(worlds: list[Settings], *, schemas: bool = True) -> list[str]:
     if len(places) > 1:
         return [f for same in places.values() for f in delete_world(same, schemas=schemas)]
     failed: list[str] = []
-    admin = AdminClient(client_config(worlds[0]))
+    admin = new_admin(worlds[0])
     topics = [t for s in worlds for t in world_topics(s)]
     for name, fut in admin.delete_topics(topics, operation_timeout=30).items():
         try:

@@ -14,11 +14,15 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import psycopg
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka.admin import NewTopic
 from psycopg.types.json import Jsonb
 
-from sessionstream.adapters.kafka import client_config, command_producer_config, reader_config
+from sessionstream.adapters.kafka import (
+    new_admin,
+    new_command_producer,
+    new_reader,
+)
 from sessionstream.errors import SessionstreamError
 from sessionstream.settings import Settings
 
@@ -67,7 +71,7 @@ def run_smoke(settings: Settings, echo: Callable[[str], Any] = print) -> None:
 def _kafka_round_trip(
     settings: Settings, topic: str, smoke_id: uuid.UUID, echo: Callable[[str], Any]
 ) -> dict[str, Any]:
-    admin = AdminClient(client_config(settings))
+    admin = new_admin(settings)
     # Step 1: a throwaway topic, so the smoke never touches real data.
     admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(
         timeout=_TIMEOUT_S
@@ -77,7 +81,7 @@ def _kafka_round_trip(
         # Step 2: produce one keyed record and wait for the broker's acknowledgement.
         value = json.dumps({"smoke_id": str(smoke_id), "sent_at_unix": time.time()}).encode()
         delivered: list[Message] = []
-        producer = Producer(command_producer_config(settings))
+        producer = new_command_producer(settings)
         key = str(smoke_id).encode()
         producer.produce(topic, value=value, key=key, on_delivery=_collect(delivered))
         if producer.flush(_TIMEOUT_S) != 0 or not delivered:
@@ -89,7 +93,7 @@ def _kafka_round_trip(
         echo(f"kafka: produced {len(value)} bytes to {topic}[{partition}] at offset {offset}")
 
         # Step 3: read it back from exactly that offset.
-        consumer = Consumer(reader_config(settings, group_id=f"{topic}-reader"))
+        consumer = new_reader(settings, group_id=f"{topic}-reader")
         try:
             consumer.assign([TopicPartition(topic, partition, offset)])
             got = _poll_one(consumer)

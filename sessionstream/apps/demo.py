@@ -15,11 +15,11 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from confluent_kafka import OFFSET_END, Consumer, TopicPartition
+from confluent_kafka import OFFSET_END, TopicPartition
 from rich.console import Console
 from rich.table import Table
 
-from sessionstream.adapters.kafka import reader_config
+from sessionstream.adapters.kafka import new_reader
 from sessionstream.adapters.postgres.migrate import migrate
 from sessionstream.adapters.registry import reader_codec
 from sessionstream.adapters.topics import check_topics, ensure_topics
@@ -50,7 +50,7 @@ class Watch:
 
     def _run(self) -> None:
         s = self.settings
-        c = Consumer(reader_config(s, group_id=f"demo-watch-{uuid.uuid4()}", fetch_wait_ms=20))
+        c = new_reader(s, group_id=f"demo-watch-{uuid.uuid4()}", fetch_wait_ms=20)
         parts = c.list_topics(s.events_topic, timeout=10).topics[s.events_topic].partitions
         c.assign([TopicPartition(s.events_topic, p, OFFSET_END) for p in parts])
         codec = reader_codec(s, stop=self.stop)

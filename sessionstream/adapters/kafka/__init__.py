@@ -1,6 +1,13 @@
 """The Kafka adapter: every client sessionstream creates is configured, read and produced
 through here, and driver errors become sessionstream's own (`sessionstream.errors`)."""
 
+from sessionstream.adapters.kafka.clients import (
+    new_admin,
+    new_command_producer,
+    new_group_consumer,
+    new_reader,
+    new_transactional_producer,
+)
 from sessionstream.adapters.kafka.config import (
     KAFKA_LOG,
     aiokafka_config,
@@ -43,6 +50,11 @@ __all__ = [
     "group_consumer_config",
     "kafka_cause",
     "log_bounds",
+    "new_admin",
+    "new_command_producer",
+    "new_group_consumer",
+    "new_reader",
+    "new_transactional_producer",
     "partitions_of",
     "produce",
     "read_messages",

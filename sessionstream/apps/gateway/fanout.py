@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, Message, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka.admin import OffsetSpec
 
 from sessionstream.adapters.access import CLIENT_GROUP_PREFIX
-from sessionstream.adapters.kafka import client_config, reader_config, take
+from sessionstream.adapters.kafka import new_admin, new_reader, take
 from sessionstream.adapters.registry import reader_codec
 from sessionstream.core.partitioning import partition_for
 from sessionstream.errors import KafkaUnavailable
@@ -262,8 +262,7 @@ class EventFanout:
     def _page_consumer(self) -> Consumer:
         consumer: Consumer | None = getattr(self._local, "consumer", None)
         if consumer is None:
-            consumer = Consumer(
-                reader_config(
+            consumer = new_reader(
                     self.settings,
                     group_id=f"{CLIENT_GROUP_PREFIX}sse-{uuid.uuid4()}",
                     eof=True,
@@ -271,7 +270,6 @@ class EventFanout:
                     # what one page may prefetch, not librdkafka's 64 MB a consumer
                     **_PAGE_FETCH,
                 )
-            )
             self._local.consumer = consumer
             with self._lock:
                 self._page_consumers.append(consumer)
@@ -280,7 +278,7 @@ class EventFanout:
     # -- the consumer thread ----------------------------------------------------------------
     def _ends(self) -> dict[int, int]:
         """Where each events partition ends for a read_committed reader (its LSO)."""
-        admin = AdminClient(client_config(self.settings))
+        admin = new_admin(self.settings)
         topic = self.settings.events_topic
         meta = admin.list_topics(topic, timeout=10).topics[topic]
         if meta.error is not None:
@@ -293,13 +291,11 @@ class EventFanout:
     def _run(self) -> None:
         try:
             ends = self._ends()
-            consumer = Consumer(
-                reader_config(
+            consumer = new_reader(
                     self.settings,
                     group_id=f"{CLIENT_GROUP_PREFIX}sse-{uuid.uuid4()}",
                     fetch_wait_ms=5,
                 )
-            )
             topic = self.settings.events_topic
             consumer.assign([TopicPartition(topic, p, o) for p, o in ends.items()])
             self.partitions = len(ends)

@@ -63,8 +63,8 @@ from confluent_kafka import (
 from sessionstream.adapters import metrics
 from sessionstream.adapters.kafka import (
     data_messages,
-    group_consumer_config,
-    transactional_producer_config,
+    new_group_consumer,
+    new_transactional_producer,
     unmasked,
 )
 from sessionstream.adapters.kafka.transactions import (
@@ -227,8 +227,7 @@ class TransactionalProcessor(Recovery):
     def _group_consumer(self) -> Consumer:
         """Our member of the processor group, subscribed to the three input topics."""
         s = self.settings
-        consumer = Consumer(
-            group_consumer_config(
+        consumer = new_group_consumer(
                 s,
                 s.processor_group,
                 **{
@@ -242,7 +241,6 @@ class TransactionalProcessor(Recovery):
                     "logger": self._group_log,
                 },
             )
-        )
         consumer.subscribe(
             list(self.classes),
             on_assign=self._on_assign,
@@ -257,10 +255,12 @@ class TransactionalProcessor(Recovery):
         Retriable answers are asked again until `patience_s` has passed."""
         s = self.settings
         tid = transactional_ids(s.processor_group, self.instance_id)[slot]
-        conf = transactional_producer_config(s, tid)
         self._born[slot] = time.monotonic()
         return init_transactions(
-            lambda: Producer(conf), patience_s, bootstrap=s.kafka_bootstrap, stop=self._stop
+            lambda: new_transactional_producer(s, tid),
+            patience_s,
+            bootstrap=s.kafka_bootstrap,
+            stop=self._stop,
         )
 
     # -- rebalance --------------------------------------------------------------------------

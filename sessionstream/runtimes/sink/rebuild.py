@@ -25,15 +25,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer
 from psycopg.copy import QueuedLibpqWriter
 
 from sessionstream.adapters.kafka import (
     METADATA_WAIT_S,
     log_bounds,
+    new_reader,
     partitions_of,
     read_messages,
-    reader_config,
 )
 from sessionstream.adapters.postgres import connect
 from sessionstream.adapters.postgres.migrate import migrate
@@ -166,7 +165,7 @@ def rebuild(
     _require_projection(settings, live)
     # the log's shape first: a broker that does not answer leaves no schema behind
     topic = settings.events_topic
-    consumer = Consumer(reader_config(settings))
+    consumer = new_reader(settings)
     try:
         partitions = partitions_of(
             consumer, topic, timeout=METADATA_WAIT_S, bootstrap=settings.kafka_bootstrap

@@ -12,13 +12,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
 from sessionstream.adapters.kafka import (
     METADATA_WAIT_S,
+    new_reader,
     partitions_of,
     read_messages,
-    reader_config,
 )
 from sessionstream.adapters.registry import reader_codec
 from sessionstream.core.partitioning import partition_for
@@ -163,7 +163,7 @@ def offsets_for_time(
     `LogAppendTime` (the broker stamps each record as it appends it), so the answer is exact;
     on a topic of an earlier version (`CreateTime`) it is the processor's clock instead."""
     topic = settings.events_topic
-    consumer = Consumer(reader_config(settings))
+    consumer = new_reader(settings)
     try:
         parts = partitions if partitions is not None else _partitions(settings)
         asked = [TopicPartition(topic, p, ts_ms) for p in parts]
@@ -206,7 +206,7 @@ def parse_time(text: str) -> int:
 def _partitions(settings: Settings) -> list[int]:
     """The events topic's partitions (`KafkaUnavailable` after `METADATA_WAIT_S` when the
     topic is missing)."""
-    consumer = Consumer(reader_config(settings))
+    consumer = new_reader(settings)
     try:
         return partitions_of(
             consumer,

@@ -26,7 +26,7 @@ import psycopg
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 
 from sessionstream.adapters import metrics
-from sessionstream.adapters.kafka import data_messages, group_consumer_config
+from sessionstream.adapters.kafka import data_messages, new_group_consumer
 from sessionstream.adapters.postgres import Reconnecting
 from sessionstream.adapters.postgres.migrate import migrate
 from sessionstream.adapters.registry import SchemaRegistry
@@ -114,8 +114,7 @@ class Sink:
     def _subscribe(self) -> None:
         # offsets live in PostgreSQL with the rows: the group only assigns partitions
         self._watch_new_consumer()
-        self._consumer = Consumer(
-            group_consumer_config(
+        self._consumer = new_group_consumer(
                 self.settings,
                 self.group,
                 **{
@@ -124,7 +123,6 @@ class Sink:
                     "stats_cb": self._on_stats,
                 },
             )
-        )
         self._consumer.subscribe([self.settings.events_topic], on_assign=self._on_assign)
 
     def _watch_new_consumer(self) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from pydantic import ValidationError
 
-from sessionstream.adapters.kafka import end_offset, read_records, reader_config
+from sessionstream.adapters.kafka import end_offset, new_reader, read_records
 from sessionstream.schemas.codec import Codec
 from sessionstream.schemas.discovery import OpenRun, WorkerPresence
 from sessionstream.schemas.errors import DecodeError
@@ -65,9 +65,7 @@ def _key_text(key: bytes, topic: str) -> str | None:
 
 def _reader(settings: Settings, **extra: Any) -> Consumer:
     """An assign-only consumer (its group id is never joined nor committed)."""
-    return Consumer(
-        reader_config(settings, group_id=f"sessionstream-worker-{uuid.uuid4()}", **extra)
-    )
+    return new_reader(settings, group_id=f"sessionstream-worker-{uuid.uuid4()}", **extra)
 
 
 class _Thread:

@@ -29,7 +29,12 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from sessionstream.adapters import metrics
-from sessionstream.adapters.kafka import command_producer_config, produce, unavailable, unmasked
+from sessionstream.adapters.kafka import (
+    new_command_producer,
+    produce,
+    unavailable,
+    unmasked,
+)
 from sessionstream.adapters.registry import attach_registry
 from sessionstream.adapters.topics import command_topic
 from sessionstream.errors import SessionstreamError
@@ -148,7 +153,7 @@ class Worker:
                 topics=(self.settings.worker_commands_topic,),
             )
         )
-        self._producer = Producer(command_producer_config(self.settings, **{"linger.ms": 0}))
+        self._producer = new_command_producer(self.settings, **{"linger.ms": 0})
         self.control = ControlFeed(self.settings, loop, self._on_control_event, self.codec)
         self.open_runs = OpenRunsFeed(self.settings, loop, self._on_open_run)
         self.presence = PresenceFeed(self.settings, loop, self._on_presence)
