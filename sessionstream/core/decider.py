@@ -83,6 +83,7 @@ from sessionstream.schemas.events import (
     LeaseRenewed,
     Progress,
     RejectionReason,
+    RoundCompleted,
     RunFinished,
     RunQueued,
     RunStarted,
@@ -344,7 +345,8 @@ def evolve(
         update["finished"] = (*state.finished, done)[-config.finished_window :]
         return evolved(state, **update)
     # model.*, tool.*, subtask.*, step.delivered, action.decision_replayed,
-    # run.input_delivered, run.follow_up_delivered, run.cancel_acknowledged,
+    # run.input_delivered, run.round_completed, run.follow_up_delivered,
+    # run.cancel_acknowledged,
     # run.stale_write_recorded: appended to the run, seq advances
     update["active"] = evolved(run, **r)
     return evolved(state, **update)
@@ -1240,7 +1242,9 @@ def _complete(em: _Emitter, cmd: Command, run: RunState) -> None:
     assert active is not None
     missed = [i for i in active.inputs if i.kind == "follow_up"]
     if missed:
-        # follow-ups arrive before the run would finish: the run goes on to take them
+        # follow-ups arrive before the run would finish: the run goes on to take them, and
+        # this round's result is kept on the log
+        em.on_run("run.round_completed", make(RoundCompleted, result=p.result))
         for i in missed:
             em.on_run(
                 "run.follow_up_delivered",

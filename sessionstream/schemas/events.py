@@ -50,6 +50,7 @@ __all__ = [
     "LeaseRenewed",
     "Progress",
     "RejectionReason",
+    "RoundCompleted",
     "RunFinished",
     "RunQueued",
     "RunStarted",
@@ -181,6 +182,14 @@ class FollowUpQueued(Payload):
     source_command_id: str
     actor: str | None = None
     on_run_end: Literal["drop", "queue"] = "drop"
+
+
+class RoundCompleted(Payload):
+    """A round of the run ended with this result while follow-ups were pending: the run goes
+    on to take them (`run.follow_up_delivered` follow). The last round's result is
+    `run.finished`'s; each earlier one is kept here."""
+
+    result: str | None = None
 
 
 class FollowUpDelivered(Payload):
@@ -359,6 +368,7 @@ EventType = Literal[
     "run.lease_expired",
     "run.steered",
     "run.follow_up_queued",
+    "run.round_completed",
     "run.follow_up_delivered",
     "run.input_delivered",
     "run.input_consumed",
@@ -397,6 +407,7 @@ EVENT_PAYLOADS: Final[dict[str, type[Payload]]] = {
     "run.lease_expired": LeaseExpired,
     "run.steered": Steered,
     "run.follow_up_queued": FollowUpQueued,
+    "run.round_completed": RoundCompleted,
     "run.follow_up_delivered": FollowUpDelivered,
     "run.input_delivered": InputDelivered,
     "run.input_consumed": InputConsumed,

@@ -147,9 +147,25 @@ class LogModel:
 
     # -- per command ----------------------------------------------------------------------------
     def feed(self, events: list[Event]) -> None:
+        self.rounds(events)
         for e in events:
             self.event(e)
         self.between_commands()
+
+    @staticmethod
+    def rounds(events: list[Event]) -> None:
+        """A completion that leaves follow-ups pending keeps its round's result
+        (`run.round_completed`) and delivers them right after; the run does not end."""
+        types = [e.type for e in events]
+        if "run.round_completed" not in types and "run.follow_up_delivered" not in types:
+            return
+        assert types.count("run.round_completed") == 1, f"one round result per completion: {types}"
+        i = types.index("run.round_completed")
+        delivered = types[i + 1 :]
+        assert delivered and set(delivered) == {"run.follow_up_delivered"}, (
+            f"a round's result, then only its deliveries: {types}"
+        )
+        assert "run.finished" not in types, "a run that goes on does not finish"
 
     def between_commands(self) -> None:
         run = self.active
@@ -297,6 +313,8 @@ class LogModel:
             src = run.to_deliver.pop(0)
             assert p["source_command_id"] == src, "inputs handed over out of arrival order"
             assert (p["kind"], p["text"]) == run.pending[src]
+        elif t == "run.round_completed":
+            assert run.status == "running", f"a round completed while {run.status}"
         elif t == "run.follow_up_delivered":
             src = p["source_command_id"]
             assert run.pending.get(src, ("", ""))[0] == "follow_up", "delivered unknown follow-up"

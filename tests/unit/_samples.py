@@ -30,6 +30,7 @@ from sessionstream.schemas.events import (
     LeaseReleased,
     LeaseRenewed,
     Progress,
+    RoundCompleted,
     RunFinished,
     RunQueued,
     RunStarted,
@@ -159,6 +160,7 @@ _PAYLOADS: dict[type[Payload], Payload] = {
         text="f", source_command_id="c-3", actor="user:bo", on_run_end="queue"
     ),
     FollowUpDelivered: FollowUpDelivered(text="f", source_command_id="c-3"),
+    RoundCompleted: RoundCompleted(result="round 1"),
     InputDelivered: InputDelivered(source_command_id="c-3", kind="follow_up", text="f"),
     InputConsumed: InputConsumed(source_command_id="c-4", kind="steer"),
     InputDropped: InputDropped(

@@ -156,6 +156,9 @@ async def test_steers_reach_the_handler_and_follow_ups_get_a_round_each() -> Non
     assert seen[0] == (0, ["left"])
     assert [r for r, _ in seen] == [0, 1]
     assert done.result == "round 1"
+    # the earlier round's answer is kept on the log too
+    rounds = [e.payload.result for e in done.events if e.type == "run.round_completed"]
+    assert rounds == ["round 0"]
 
 
 async def test_the_log_is_the_decider_s_and_folds_to_the_harness_state() -> None:

@@ -113,9 +113,13 @@ def test_complete_delivers_follow_up_then_queue_continues() -> None:
     h.prompt("P1", policy="enqueue")
     f1 = h.follow_up("F1")[0].command_id
     h.prompt("P2", policy="enqueue")
-    assert tokens(h.work("run.complete")) == ["run.follow_up_delivered"]
+    first = h.work("run.complete", {"result": "round 0"})
+    assert tokens(first) == ["run.round_completed", "run.follow_up_delivered"]
     # still not consumed: the run goes on again, the follow-up is not silently lost
-    assert tokens(h.work("run.complete")) == ["run.follow_up_delivered"]
+    again = h.work("run.complete", {"result": "round 1"})
+    assert tokens(again) == ["run.round_completed", "run.follow_up_delivered"]
+    # every round's answer is on the log, not only the last one's
+    assert [first[0].payload.result, again[0].payload.result] == ["round 0", "round 1"]
     assert tokens(h.work("run.complete", {"consumed_follow_ups": [f1]})) == [
         "run.input_consumed",
         "run.finished:completed",

@@ -336,7 +336,7 @@ CASES: list[tuple[str, Callable[[Harness], None], Act, list[str], str | None, De
      lambda h: (h.abort(), h.work("cancel.ack"))[1],
      ["run.cancel_acknowledged", "run.input_dropped", f"{FIN}:cancelled"], None, DEFAULT_CONFIG),
     ("complete-delivers-follow_up-not-finish", with_follow_up, lambda h: h.work("run.complete"),
-     ["run.follow_up_delivered"], "running", DEFAULT_CONFIG),
+     ["run.round_completed", "run.follow_up_delivered"], "running", DEFAULT_CONFIG),
     ("complete-consumed-follow_up-finishes", with_follow_up,
      complete_consuming_all,
      ["run.input_consumed", f"{FIN}:completed"], None, DEFAULT_CONFIG),

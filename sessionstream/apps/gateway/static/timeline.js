@@ -19,6 +19,7 @@ const Timeline = (() => {
   const MARKS = {
     "run.steered": ["steer", "#1d6fd6"],
     "run.follow_up_queued": ["follow-up", "#16a085"],
+    "run.round_completed": ["round completed", "#16a085"],
     "run.follow_up_delivered": ["follow-up delivered", "#16a085"],
     "run.input_delivered": ["input delivered", "#16a085"],
     "run.input_consumed": ["input consumed", "#16a085"],
