@@ -411,7 +411,7 @@ class AgentHarness:
         o = open_run(self.state)
         if o is None or o.run_id in self._executions:
             return
-        spec = RunSpec(o.session_id, o.tenant_id, o.run_id, 0, o.prompt, o.context_ref)
+        spec = RunSpec(o.session_id, o.tenant_id, o.run_id, 0, o.prompt, o.context_ref, o.actor)
         ex = Execution(self._worker, spec)
         self._executions[o.run_id] = (ex, asyncio.get_running_loop().create_task(ex.main()))
 

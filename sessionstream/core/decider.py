@@ -245,6 +245,7 @@ def evolve(
             prompt=p.prompt,
             context_ref=p.context_ref,
             source_command_id=p.source_command_id,
+            actor=p.actor,
         )
         update["runs_started"] = state.runs_started + 1
         update["queue"] = tuple(

@@ -41,5 +41,6 @@ def open_run(state: SessionState | None) -> OpenRun | None:
         context_ref=run.context_ref,
         checkpoint_ref=run.checkpoint_ref,
         previous_holder=run.last_holder,
+        actor=run.actor,
         opened_at=state.clock,
     )

@@ -136,6 +136,8 @@ class RunState(_State, frozen=True, kw_only=True):
     steps: tuple[StepRecord, ...] = ()
     #: calls started and not finished, in start order (at most `max_open_calls`)
     open_calls: tuple[OpenCall, ...] = ()
+    #: who asked for the run (the starting command's actor), handed to every holder
+    actor: str | None = None
 
     def step(self, step_id: str) -> StepRecord | None:
         for st in self.steps:

@@ -4,12 +4,12 @@ The state table (`session.state` and the processor's local store) holds one reco
 session, written on every batch that changes the session. The record is MessagePack
 (msgspec) of the state's fields **by position**, behind a one-byte format tag:
 
-    0x02 | msgpack [session_id, tenant_id, active, queue, log_seq, runs_started, clock,
-                    finished]
+    0x03 | msgpack [session_id, tenant_id, active, queue, log_seq, runs_started, clock,
+                    finished, last_checkpoint]
 
-(0x01, still read, is the same without the fields durable steps added: the active run's
-`checkpoint_ref`, `steps` and `open_calls`, and the session's `last_checkpoint` at the
-end.)
+(Still read: 0x02, the same without the active run's `actor` at its end; 0x01, also without
+the fields durable steps added: the active run's `checkpoint_ref`, `steps` and
+`open_calls`, and the session's `last_checkpoint`.)
 
 Field names are not written; statuses and kinds are small integers (their index in the
 `Literal` they come from); run ids that are canonical UUIDs (every run id the decider makes)
@@ -44,6 +44,7 @@ from sessionstream.schemas.events import InputKind, RunStatus, TerminalStatus
 __all__ = [
     "FORMAT_V1",
     "FORMAT_V2",
+    "FORMAT_V3",
     "STATE_FIELDS",
     "decode_if_active",
     "decode_state",
@@ -54,8 +55,10 @@ __all__ = [
 FORMAT_V1: Final = 0x01
 #: v1 + the active run's checkpoint pointer and recorded steps
 FORMAT_V2: Final = 0x02
-_TAG: Final = bytes([FORMAT_V2])
-_READABLE: Final = frozenset({bytes([FORMAT_V1]), _TAG})
+#: v2 + the active run's actor
+FORMAT_V3: Final = 0x03
+_TAG: Final = bytes([FORMAT_V3])
+_READABLE: Final = frozenset({bytes([FORMAT_V1]), bytes([FORMAT_V2]), _TAG})
 
 #: the fields each tuple holds, in order: what a unit test holds the models to
 STATE_FIELDS: Final[dict[type, tuple[str, ...]]] = {
@@ -90,6 +93,7 @@ STATE_FIELDS: Final[dict[type, tuple[str, ...]]] = {
         "checkpoint_ref",
         "steps",
         "open_calls",
+        "actor",
     ),
     OpenCall: ("kind", "name", "call_id"),
     StepRecord: (
@@ -205,6 +209,7 @@ def encode_state(state: SessionState) -> bytes:
                 for st in a.steps
             ],
             [(_CALL_KIND_I[c.kind], c.name, c.call_id) for c in a.open_calls],
+            a.actor,
         )
     return _TAG + _encoder.encode(
         (
@@ -347,4 +352,6 @@ def _run(a: list[Any]) -> RunState:
             OpenCall(kind=_CALL_KIND[c[0]], name=c[1], call_id=c[2])
             for c in (a[18] if len(a) > 18 else ())
         ),
+        # a v1 or v2 record's run ends before it: no actor
+        actor=a[19] if len(a) > 19 else None,
     )

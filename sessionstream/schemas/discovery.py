@@ -15,7 +15,7 @@ acquires; the next ones wait a step each and acquire only if the run is still op
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from sessionstream.schemas._base import WireModel
 
@@ -23,7 +23,11 @@ __all__ = ["OpenRun", "WorkerPresence"]
 
 
 class OpenRun(WireModel):
-    """A run that needs a holder."""
+    """A run that needs a holder. A field a later version adds is ignored, not refused: a
+    worker older than the processor still takes the run (the processor is often upgraded
+    first)."""
+
+    model_config = ConfigDict(extra="ignore")
 
     session_id: str
     tenant_id: str
@@ -37,6 +41,8 @@ class OpenRun(WireModel):
     checkpoint_ref: str | None = None
     #: the holder that lost the lease, if any (not ranked: it is probably dead)
     previous_holder: str | None = None
+    #: who asked for the run (the starting command's actor)
+    actor: str | None = None
     #: the decider's clock when it opened (epoch ms)
     opened_at: int
 

@@ -163,13 +163,14 @@ async def test_steers_reach_the_handler_and_follow_ups_get_a_round_each() -> Non
 
 async def test_the_log_is_the_decider_s_and_folds_to_the_harness_state() -> None:
     async def agent(ctx: RunContext) -> str:
-        return ctx.tenant_id
+        return f"{ctx.tenant_id}/{ctx.actor}"
 
-    async with AgentHarness(agent, tenant_id="acme", session_id="acme:s-9") as h:
+    async with AgentHarness(agent, tenant_id="acme", session_id="acme:s-9", actor="user:ann") as h:
         first = await h.run("one")
         busy = await h.prompt("two")
         second = await h.finished(await h.run_of(busy))
-        assert first.result == "acme" and second.result == "acme"
+        # the run's tenant and who asked for it reach the handler
+        assert first.result == "acme/user:ann" and second.result == "acme/user:ann"
         assert fold(h.log, h.session_id) == h.state
 
 

@@ -105,6 +105,7 @@ class RunSpec:
     partition: int
     prompt: str
     context_ref: str | None
+    actor: str | None = None
 
 
 class Execution:
@@ -250,6 +251,7 @@ class Execution:
         ctx = RunContext(
             session_id=s.session_id,
             tenant_id=s.tenant_id,
+            actor=s.actor,
             run_id=s.run_id,
             generation=self.generation,
             worker_id=self.w.worker_id,

@@ -166,10 +166,14 @@ class RunContext:
         executor: ActionExecutor | None,
         steps: StepBook | None = None,
         tenant_id: str = "",
+        actor: str | None = None,
     ) -> None:
         self.session_id = session_id
         #: the tenant the session belongs to (`tenant:own-id` session ids name it too)
         self.tenant_id = tenant_id
+        #: who asked for the run (the starting command's actor: an API key's actor at the
+        #: gateway, `SessionClient(actor=...)`); None when the command named none
+        self.actor = actor
         self.run_id = run_id
         self.generation = generation
         self.worker_id = worker_id

@@ -378,7 +378,9 @@ class Worker:
 
     def _start(self, o: _Open) -> None:
         r = o.run
-        spec = RunSpec(r.session_id, r.tenant_id, r.run_id, o.partition, r.prompt, r.context_ref)
+        spec = RunSpec(
+            r.session_id, r.tenant_id, r.run_id, o.partition, r.prompt, r.context_ref, r.actor
+        )
         ex = Execution(self, spec)
         self.executions[spec.run_id] = ex
         task = asyncio.create_task(ex.main())

@@ -23,6 +23,7 @@ from sessionstream.core.state import (
 )
 from sessionstream.core.state_codec import (
     FORMAT_V1,
+    FORMAT_V2,
     STATE_FIELDS,
     decode_if_active,
     decode_state,
@@ -79,6 +80,7 @@ def _full() -> SessionState:
                 OpenCall(kind="tool", name="search", call_id="tool:search-2"),
                 OpenCall(kind="subtask", call_id="s1"),
             ),
+            actor="user:ann",
         ),
         queue=(
             QueueEntry(
@@ -157,7 +159,7 @@ def _full_before_steps() -> SessionState:
     assert full.active is not None
     return evolved(
         full,
-        active=evolved(full.active, checkpoint_ref=None, steps=(), open_calls=()),
+        active=evolved(full.active, checkpoint_ref=None, steps=(), open_calls=(), actor=None),
         last_checkpoint=None,
     )
 
@@ -165,6 +167,17 @@ def _full_before_steps() -> SessionState:
 def test_the_json_of_earlier_versions_is_still_read() -> None:
     assert decode_state(OLD_JSON.encode()) == _full_before_steps()
     assert decode_state(state_to_json(_full())) == _full()
+
+
+def test_a_format_2_record_is_still_read() -> None:
+    """Format 2 is format 3 without the active run's actor."""
+    v3 = msgspec.msgpack.decode(encode_state(_full())[1:])
+    v3[2] = v3[2][:19]
+    v2 = bytes([FORMAT_V2]) + msgspec.msgpack.encode(v3)
+    assert not is_current(v2)
+    full = _full()
+    assert full.active is not None
+    assert decode_state(v2) == evolved(full, active=evolved(full.active, actor=None))
 
 
 def test_a_format_1_record_is_still_read() -> None:

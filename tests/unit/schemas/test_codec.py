@@ -306,3 +306,16 @@ def test_largest_wire_ints_still_encode_after_the_decider_adds_to_them() -> None
     state = evolve(SessionState.initial("s"), started)
     for e in [started, *decide(state, acquire).events]:
         assert CODEC.decode_event(CODEC.encode_event(e)) == e
+
+
+def test_an_open_runs_record_of_a_later_version_is_still_taken() -> None:
+    """A worker older than the processor reads an open-runs record with a field it does not
+    know: it takes the run (a refused record would leave the run without a holder)."""
+    from sessionstream.schemas.discovery import OpenRun
+
+    later = (
+        '{"sessionId": "s", "tenantId": "t", "runId": "r", "generation": 1, "status": "running",'
+        ' "prompt": "p", "openedAt": 1, "actor": "user:ann", "aFieldOfLater": {"x": 1}}'
+    )
+    run = OpenRun.model_validate_json(later)
+    assert (run.run_id, run.actor) == ("r", "user:ann")
