@@ -167,7 +167,8 @@ class ModelServer:
             return await _error(writer, int(fail), f"failure {fail} asked for", "asked_for")
         served = Served(len(self.served) + 1, prompt, time.time())
         self.served.append(served)
-        return await self._stream(served, model, words, reader, writer)
+        usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        return await self._stream(served, model, words, reader, writer, usage=usage)
 
     async def _stream(
         self,
@@ -176,6 +177,8 @@ class ModelServer:
         words: dict[str, str],
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
+        *,
+        usage: bool = False,
     ) -> bool:
         tokens = re.findall(r"\S+\s*", reply_text(served.prompt))
         total_ms = words.get("model_ms", "")
@@ -212,7 +215,16 @@ class ModelServer:
                 writer.write(_sse("{not json") if fail == "bad_json" else chunk({"content": token}))
                 await writer.drain()
                 served.chunks_sent += 1
-            writer.write(chunk({}, "stop") + _sse("[DONE]") + b"0\r\n\r\n")
+            end = chunk({}, "stop")
+            if usage:  # OpenAI's stream_options.include_usage: one more chunk, no choices
+                counts = {
+                    "prompt_tokens": len(served.prompt.split()),
+                    "completion_tokens": len(tokens),
+                    "total_tokens": len(served.prompt.split()) + len(tokens),
+                }
+                last = {"id": f"chatcmpl-{served.number}", "object": "chat.completion.chunk"}
+                end += _sse(json.dumps({**last, "model": model, "choices": [], "usage": counts}))
+            writer.write(end + _sse("[DONE]") + b"0\r\n\r\n")
             await writer.drain()
             served.completed = time.time()
             log.info("request %d: %d chunks, complete", served.number, served.chunks_sent)

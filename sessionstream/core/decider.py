@@ -1106,7 +1106,18 @@ def _progress(em: _Emitter, cmd: Command, run: RunState) -> None:
     em.on_run(
         p.kind,
         make(
-            Progress, worker_id=cmd.worker_id or "", name=p.name, call_id=p.call_id, detail=p.detail
+            Progress,
+            worker_id=cmd.worker_id or "",
+            name=p.name,
+            call_id=p.call_id,
+            detail=p.detail,
+            model=p.model,
+            input_tokens=p.input_tokens,
+            output_tokens=p.output_tokens,
+            first_token_ms=p.first_token_ms,
+            duration_ms=p.duration_ms,
+            finish_reason=p.finish_reason,
+            cost_usd=p.cost_usd,
         ),
     )
 

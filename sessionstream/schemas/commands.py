@@ -156,6 +156,33 @@ class RunProgressPayload(Payload):
     name: str | None = None
     call_id: str | None = None
     detail: str | None = None
+    #: `model.request.finished` only, each when the worker knows it: the model that
+    #: answered, tokens in and out, time to the first token and to the end, why it
+    #: stopped, and its cost in US dollars when prices are configured
+    model: str | None = Field(default=None, max_length=MAX_ID_CHARS)
+    input_tokens: int | None = Field(default=None, ge=0)
+    output_tokens: int | None = Field(default=None, ge=0)
+    first_token_ms: int | None = Field(default=None, ge=0)
+    duration_ms: int | None = Field(default=None, ge=0)
+    finish_reason: str | None = Field(default=None, max_length=64)
+    cost_usd: float | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _usage_ends_a_model_request(self) -> RunProgressPayload:
+        usage = (
+            self.model,
+            self.input_tokens,
+            self.output_tokens,
+            self.first_token_ms,
+            self.duration_ms,
+            self.finish_reason,
+            self.cost_usd,
+        )
+        if self.kind != "model.request.finished" and any(u is not None for u in usage):
+            raise ValueError(
+                f"model usage is reported with model.request.finished, not {self.kind}"
+            )
+        return self
 
 
 class ActionRequestPayload(Payload):

@@ -232,12 +232,20 @@ class InputRequeued(Payload):
 
 
 class Progress(Payload):
-    """model.request.* / tool.* / subtask.* as reported by the lease holder."""
+    """model.request.* / tool.* / subtask.* as reported by the lease holder; a
+    `model.request.finished` carries the request's usage."""
 
     worker_id: str
     name: str | None = None
     call_id: str | None = None
     detail: str | None = None
+    model: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    first_token_ms: int | None = None
+    duration_ms: int | None = None
+    finish_reason: str | None = None
+    cost_usd: float | None = None
 
 
 class StepRecorded(Payload):

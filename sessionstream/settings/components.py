@@ -11,6 +11,21 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 
 from sessionstream.settings._base import LIBRDKAFKA_DEBUG_CONTEXTS, Part, check_instance_id
 
+
+def parse_prices(value: str) -> tuple[float, float]:
+    """``INPUT/OUTPUT`` US dollars per million tokens, or ValueError saying the form."""
+    try:
+        low, high = (float(x) for x in value.split("/"))
+    except ValueError:
+        raise ValueError(
+            f"model prices {value!r}: write INPUT/OUTPUT dollars per million tokens, "
+            "e.g. 0.15/0.60"
+        ) from None
+    if low < 0 or high < 0:
+        raise ValueError(f"model prices {value!r} must not be negative")
+    return low, high
+
+
 __all__ = [
     "AnalyticsSettings",
     "DatabaseSettings",
@@ -24,6 +39,7 @@ __all__ = [
     "SinkSettings",
     "TopicSettings",
     "WorkerSettings",
+    "parse_prices",
 ]
 
 
@@ -266,6 +282,18 @@ class ModelSettings(Part):
 
     model_timeout_s: float = Field(default=30.0, gt=0)
     """Longest the model API may stay silent: to connect, and between two streamed chunks."""
+
+    model_prices: str | None = None
+    """The model's prices in US dollars per million tokens, ``INPUT/OUTPUT`` (e.g.
+    ``0.15/0.60``): each ``model.request.finished`` then records its cost. Unset: no cost."""
+
+    @field_validator("model_prices")
+    @classmethod
+    def _prices(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        parse_prices(value)
+        return value.strip()
 
 
 class MetricsSettings(Part):

@@ -407,6 +407,14 @@ def test_session_state_and_runs_replayed_from_postgres(world: GatewayWorld) -> N
         world.wait_sink(f"acme:{sid}", "run.finished")
         run = c.get(f"/v1/runs/{run_id}").json()
         assert run["status"] == "cancelled" and run["sessionId"] == sid
+        # no worker ran it: no model request, and the usage says so
+        assert run["usage"] == {
+            "modelRequests": 0,
+            "inputTokens": 0,
+            "outputTokens": 0,
+            "costUsd": None,
+            "modelMs": 0,
+        }
         events = c.get(f"/v1/runs/{run_id}/events").json()["events"]
         assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
         assert [e["type"] for e in events][:1] == ["run.started"]

@@ -206,3 +206,50 @@ async def test_a_wait_that_is_not_met_says_what_did_not_come() -> None:
     async with AgentHarness(agent, timeout_s=0.2) as h:
         with pytest.raises(HarnessError, match=r"3 x run\.finished"):
             await h.until_event("run.finished", 3)
+
+
+async def test_a_model_request_records_what_the_model_reported() -> None:
+    """`model.request.finished` carries the model, tokens in and out, time to the first
+    token, duration, finish reason and cost of the block's requests (docs/protocol.md)."""
+    from sessionstream.agent import Completion
+
+    class Reporting:
+        name = "reporting"
+
+        async def complete(self, prompt: str, *, signal: AbortSignal) -> str:
+            return Completion(
+                f"re: {prompt}",
+                model="m-2024",
+                input_tokens=7,
+                output_tokens=3,
+                first_token_ms=12,
+                finish_reason="stop",
+                cost_usd=0.5,
+            )
+
+    async def agent(ctx: RunContext) -> str:
+        async with ctx.model(step="a") as m:
+            first = await m.complete("one")
+            second = await m.complete("two")  # one block, two requests: summed
+        return first + second
+
+    async with AgentHarness(agent, model=Reporting()) as h:
+        done = await h.run("go")
+    finished = [e.payload for e in done.events if e.type == "model.request.finished"]
+    assert len(finished) == 1
+    p = finished[0]
+    assert (p.model, p.input_tokens, p.output_tokens, p.cost_usd) == ("m-2024", 14, 6, 1.0)
+    assert (p.first_token_ms, p.finish_reason) == (12, "stop")
+    assert p.duration_ms is not None and p.duration_ms >= 0
+
+
+def test_usage_is_refused_on_anything_but_a_finished_model_request() -> None:
+    import pydantic
+
+    from sessionstream.schemas.commands import RunProgressPayload
+
+    RunProgressPayload(kind="model.request.finished", input_tokens=1)
+    with pytest.raises(pydantic.ValidationError, match=r"model\.request\.finished, not tool"):
+        RunProgressPayload(kind="tool.finished", input_tokens=1)
+    with pytest.raises(pydantic.ValidationError):
+        RunProgressPayload(kind="model.request.finished", output_tokens=-1)

@@ -176,7 +176,23 @@ def run_view(conn: psycopg.Connection[Any], run_id: str, tenant_id: str) -> dict
     conn.rollback()
     if row is None or row[2] != tenant_id:
         return None
-    return _run(row)
+    run = _run(row)
+    usage = conn.execute(
+        "select model_requests, input_tokens, output_tokens, cost_usd, model_ms"
+        " from run_model_usage where run_id = %s",
+        (run_id,),
+    ).fetchone()
+    conn.rollback()
+    requests, tokens_in, tokens_out, cost, model_ms = usage or (0, 0, 0, None, 0)
+    # what the run's model requests reported (`model.request.finished`), summed
+    run["usage"] = {
+        "modelRequests": int(requests),
+        "inputTokens": int(tokens_in),
+        "outputTokens": int(tokens_out),
+        "costUsd": None if cost is None else float(cost),
+        "modelMs": int(model_ms),
+    }
+    return run
 
 
 def run_events(

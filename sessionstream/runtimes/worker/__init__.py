@@ -17,7 +17,7 @@ from sessionstream.runtimes.worker.context import (
     RunContext,
 )
 from sessionstream.runtimes.worker.executor import ActionExecutor, ActionFn, ActionRun
-from sessionstream.runtimes.worker.model import FakeModel, Model
+from sessionstream.runtimes.worker.model import Completion, FakeModel, Model
 from sessionstream.runtimes.worker.openai_model import OpenAIChatModel
 from sessionstream.runtimes.worker.runtime import Worker, default_worker_id
 from sessionstream.runtimes.worker.sql_tool import run_query
@@ -29,6 +29,7 @@ __all__ = [
     "ActionFn",
     "ActionRun",
     "CancelReport",
+    "Completion",
     "FakeModel",
     "FollowUp",
     "Handler",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -19,7 +20,7 @@ from sessionstream.errors import SessionstreamError
 from sessionstream.runtimes.worker._signal import AbortSignal, RunCancelled, RunFenced
 from sessionstream.runtimes.worker._steps import StepBook
 from sessionstream.runtimes.worker.executor import ActionExecutor, ActionFn, ActionTarget
-from sessionstream.runtimes.worker.model import Model
+from sessionstream.runtimes.worker.model import Completion, Model
 
 __all__ = [
     "ActionDenied",
@@ -108,6 +109,9 @@ class ModelCall:
         self._calls = 0
         #: (step id, prompt, reply) of each answered call, recorded when the block ends
         self.answered: list[tuple[str, str, str]] = []
+        #: what the block's model calls reported (camelCase, as `model.request.finished`
+        #: carries it): tokens and cost summed, the first call's time to its first token
+        self.usage: dict[str, Any] = {}
 
     def _next_step(self) -> str | None:
         self._calls += 1
@@ -129,6 +133,27 @@ class ModelCall:
         return reply
 
     async def _call(self, prompt: str) -> str:
+        t0 = time.monotonic()
+        reply = await self._race(prompt)
+        u = self.usage
+        u["durationMs"] = u.get("durationMs", 0) + int((time.monotonic() - t0) * 1000)
+        if isinstance(reply, Completion):
+            for key, value in (
+                ("inputTokens", reply.input_tokens),
+                ("outputTokens", reply.output_tokens),
+                ("costUsd", reply.cost_usd),
+            ):
+                if value is not None:
+                    u[key] = u.get(key, 0) + value
+            if reply.first_token_ms is not None:
+                u.setdefault("firstTokenMs", reply.first_token_ms)
+            if reply.model is not None:
+                u["model"] = reply.model[:200]
+            if reply.finish_reason is not None:
+                u["finishReason"] = reply.finish_reason[:64]
+        return reply
+
+    async def _race(self, prompt: str) -> str:
         task = asyncio.ensure_future(self.model.complete(prompt, signal=self.signal))
         # a request given up on (our caller cancelled) ends on its own: its error is
         # observed here, not reported by asyncio as "never retrieved"
@@ -237,9 +262,16 @@ class RunContext:
         if self.abort_reason is not None:
             raise RunCancelled(self.abort_reason)
 
-    def _progress(self, kind: str, name: str | None, call_id: str, detail: str | None) -> None:
+    def _progress(
+        self,
+        kind: str,
+        name: str | None,
+        call_id: str,
+        detail: str | None,
+        usage: dict[str, Any] | None = None,
+    ) -> None:
         payload = {"kind": kind, "name": name, "callId": call_id, "detail": detail}
-        self._io.send("run.progress", payload)
+        self._io.send("run.progress", {**payload, **(usage or {})})
 
     @contextlib.asynccontextmanager
     async def model(
@@ -274,7 +306,9 @@ class RunContext:
         finally:
             self._models.pop(key, None)
             if started:
-                self._progress("model.request.finished", m.name, started[0], outcome)
+                self._progress(
+                    "model.request.finished", m.name, started[0], outcome, usage=call.usage
+                )
         if not signal.aborted:
             for sid, prompt, reply in call.answered:
                 await self.steps.record(sid, "model", m.name, prompt, reply)

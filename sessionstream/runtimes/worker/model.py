@@ -12,7 +12,37 @@ from typing import Protocol, runtime_checkable
 
 from sessionstream.runtimes.worker._signal import AbortSignal
 
-__all__ = ["FakeModel", "Model"]
+__all__ = ["Completion", "FakeModel", "Model"]
+
+
+class Completion(str):
+    """A model's reply (the text itself: a `str`) with what the provider said about the
+    request: the model that answered, tokens in and out, the time to the first token, why
+    it stopped, its cost. A `Model` may return one instead of a plain `str`; the worker
+    records these on `model.request.finished`."""
+
+    model: str | None
+    input_tokens: int | None
+    output_tokens: int | None
+    first_token_ms: int | None
+    finish_reason: str | None
+    cost_usd: float | None
+
+    def __new__(
+        cls,
+        text: str,
+        *,
+        model: str | None = None,
+        input_tokens: int | None = None,
+        output_tokens: int | None = None,
+        first_token_ms: int | None = None,
+        finish_reason: str | None = None,
+        cost_usd: float | None = None,
+    ) -> Completion:
+        self = super().__new__(cls, text)
+        self.model, self.first_token_ms, self.finish_reason = model, first_token_ms, finish_reason
+        self.input_tokens, self.output_tokens, self.cost_usd = input_tokens, output_tokens, cost_usd
+        return self
 
 
 @runtime_checkable

@@ -16,13 +16,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from typing import Any
 
 import httpx
 
 from sessionstream.errors import ConfigurationError, ModelError, ModelUnavailable
 from sessionstream.runtimes.worker._signal import AbortSignal, RunCancelled
+from sessionstream.runtimes.worker.model import Completion
 from sessionstream.settings import Settings
+from sessionstream.settings.components import parse_prices
 
 __all__ = ["OpenAIChatModel"]
 
@@ -38,8 +41,11 @@ class OpenAIChatModel:
         api_key: str | None = None,
         timeout_s: float = 30.0,
         system: str | None = None,
+        prices: tuple[float, float] | None = None,
     ) -> None:
         self.name = model
+        #: US dollars per million input / output tokens (a reply's cost is recorded)
+        self.prices = prices
         self.base_url = base_url.rstrip("/")
         self.url = f"{self.base_url}/chat/completions"
         self.timeout_s = timeout_s
@@ -54,7 +60,10 @@ class OpenAIChatModel:
         if not s.model_base_url:
             raise ConfigurationError("SESSIONSTREAM_MODEL_BASE_URL is not set")
         key = s.model_api_key.get_secret_value() if s.model_api_key is not None else None
-        return cls(s.model_base_url, s.model_name, api_key=key, timeout_s=s.model_timeout_s)
+        prices = parse_prices(s.model_prices) if s.model_prices else None
+        return cls(
+            s.model_base_url, s.model_name, api_key=key, timeout_s=s.model_timeout_s, prices=prices
+        )
 
     def __repr__(self) -> str:
         return f"OpenAIChatModel({self.base_url!r}, {self.name!r})"
@@ -101,7 +110,14 @@ class OpenAIChatModel:
         messages = [{"role": "user", "content": prompt}]
         if self.system:
             messages.insert(0, {"role": "system", "content": self.system})
-        body = {"model": self.name, "messages": messages, "stream": True}
+        body = {
+            "model": self.name,
+            "messages": messages,
+            "stream": True,
+            # the last chunk then carries the request's token counts
+            "stream_options": {"include_usage": True},
+        }
+        sent = time.monotonic()
         try:
             async with self._http().stream("POST", self.url, json=body) as resp:
                 if resp.status_code >= 400:
@@ -113,8 +129,15 @@ class OpenAIChatModel:
                     )
                 if resp.headers.get("content-type", "").startswith("application/json"):
                     # a server that ignores "stream": the whole completion in one body
-                    return _content(_json(await resp.aread(), self.url), self.url)
-                return await self._read_events(resp)
+                    whole = _json(await resp.aread(), self.url)
+                    return self._completion(
+                        _content(whole, self.url),
+                        whole.get("usage"),
+                        whole.get("model"),
+                        None,
+                        sent,
+                    )
+                return await self._read_events(resp, sent)
         except httpx.TimeoutException as e:
             raise ModelUnavailable(
                 f"model API silent for more than {self.timeout_s}s ({type(e).__name__})",
@@ -125,9 +148,39 @@ class OpenAIChatModel:
         except httpx.HTTPError as e:
             raise ModelError(f"model API request failed: {e!r}", url=self.url) from e
 
-    async def _read_events(self, resp: httpx.Response) -> str:
+    def _completion(
+        self,
+        text: str,
+        usage: Any,
+        model: Any,
+        finish_reason: str | None,
+        sent: float,
+        first: float | None = None,
+    ) -> Completion:
+        usage = usage if isinstance(usage, dict) else {}
+        tokens_in, tokens_out = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        tokens_in = tokens_in if isinstance(tokens_in, int) and tokens_in >= 0 else None
+        tokens_out = tokens_out if isinstance(tokens_out, int) and tokens_out >= 0 else None
+        cost = None
+        if self.prices is not None and tokens_in is not None and tokens_out is not None:
+            cost = (tokens_in * self.prices[0] + tokens_out * self.prices[1]) / 1_000_000
+        return Completion(
+            text,
+            model=model if isinstance(model, str) else self.name,
+            input_tokens=tokens_in,
+            output_tokens=tokens_out,
+            first_token_ms=None if first is None else int((first - sent) * 1000),
+            finish_reason=finish_reason,
+            cost_usd=cost,
+        )
+
+    async def _read_events(self, resp: httpx.Response, sent: float) -> str:
         parts: list[str] = []
         finished = False
+        first: float | None = None
+        usage: Any = None
+        model: Any = None
+        reason: str | None = None
         async for line in resp.aiter_lines():
             # SSE: `data: ...` carries a chunk; blank lines end events; `:` lines keep alive
             if not line.startswith("data:") or finished:
@@ -141,17 +194,22 @@ class OpenAIChatModel:
                 raise ModelError(
                     f"model API error mid-stream: {chunk['error']}", url=self.url, status=200
                 )
+            usage = chunk.get("usage") or usage
+            model = chunk.get("model") or model
             for choice in chunk.get("choices") or []:  # none in a usage-only chunk
                 if choice.get("index", 0) != 0:
                     continue
                 content = (choice.get("delta") or {}).get("content")
                 if isinstance(content, str):
+                    if content and first is None:
+                        first = time.monotonic()
                     parts.append(content)
                 if choice.get("finish_reason"):
-                    finished = True
-        if not finished:
+                    reason = str(choice["finish_reason"])
+                    # the usage chunk comes after the finishing one: read on to [DONE]
+        if not finished and reason is None:
             raise ModelError("model API stream ended before [DONE]", url=self.url, status=200)
-        return "".join(parts)
+        return self._completion("".join(parts), usage, model, reason, sent, first)
 
 
 def _json(raw: bytes, url: str) -> dict[str, Any]:

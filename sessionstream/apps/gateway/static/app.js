@@ -152,6 +152,21 @@
     if (!quiet) draw();
   }
 
+  // what the run's model requests reported (model.request.finished), summed
+  function usage(evs) {
+    let n = 0, tin = 0, tout = 0, cost = null;
+    for (const e of evs) {
+      if (e.type !== "model.request.finished") continue;
+      n += 1;
+      tin += e.payload.inputTokens || 0;
+      tout += e.payload.outputTokens || 0;
+      if (e.payload.costUsd != null) cost = (cost || 0) + e.payload.costUsd;
+    }
+    if (!n) return "";
+    const dollars = cost == null ? "" : ` · $${cost.toFixed(4)}`;
+    return ` · ${n} model request${n === 1 ? "" : "s"}, ${tin} tokens in / ${tout} out${dollars}`;
+  }
+
   function runEvents(runId) {
     return [...S.events.values()].filter((e) => e.runId === runId);
   }
@@ -167,7 +182,7 @@
     $("generation").textContent = m.generation ? "generation " + m.generation : "";
     $("queue").textContent = S.queue ? `${S.queue} queued` : "";
     $("legend").textContent = S.current
-      ? `run ${S.current} · ${Timeline.fmt(m.end - m.start)}` : "no run yet: send a task";
+      ? `run ${S.current} · ${Timeline.fmt(m.end - m.start)}${usage(evs)}` : "no run yet: send a task";
     const picker = $("run-picker");
     picker.textContent = "";
     for (const id of S.runs) {
