@@ -24,7 +24,7 @@ from hdrh.histogram import HdrHistogram  # type: ignore[import-untyped]
 
 from sessionstream.adapters.kafka import client_config, read_topic, take
 from sessionstream.adapters.registry import reader_codec
-from sessionstream.apps._procs import Service, cpu_seconds, delete_world
+from sessionstream.apps._procs import Service, cpu_seconds
 from sessionstream.client import CommandHandle, SessionClient
 from sessionstream.core.log_check import check_log, fold_log, state_table
 from sessionstream.schemas.commands import (
@@ -36,6 +36,7 @@ from sessionstream.schemas.commands import (
     SteerPayload,
 )
 from sessionstream.settings import Settings
+from stack.worlds import delete_world
 
 REPO = Path(__file__).resolve().parents[1]
 TICKS = os.sysconf("SC_CLK_TCK")

@@ -44,10 +44,11 @@ from sessionstream.adapters.kafka import reader_config, take
 from sessionstream.adapters.postgres.migrate import migrate
 from sessionstream.adapters.registry import reader_codec
 from sessionstream.apps._model_server import free_port
-from sessionstream.apps._procs import Service, delete_world
+from sessionstream.apps._procs import Service
 from sessionstream.apps.gateway.keys import create_key
 from sessionstream.core.partitioning import partition_for
 from sessionstream.settings import Settings
+from stack.worlds import delete_world
 from tests.integration.worlds import isolated_settings
 
 #: partitions of the benchmark's topics

@@ -32,13 +32,14 @@ from sessionstream.adapters.kafka import read_topic
 from sessionstream.adapters.postgres.migrate import migrate
 from sessionstream.adapters.registry import reader_codec
 from sessionstream.apps._model_server import free_port
-from sessionstream.apps._procs import Service, delete_world
+from sessionstream.apps._procs import Service
 from sessionstream.apps.gateway.keys import create_key
 from sessionstream.client import CommandHandle, Outcome, SessionClient
 from sessionstream.core.log_check import check_log
 from sessionstream.errors import SessionstreamError
 from sessionstream.schemas.commands import AbortPayload, Command, PromptPayload
 from sessionstream.settings import Settings
+from stack.worlds import delete_world
 from tests.integration.worlds import isolated_settings
 
 PARTITIONS = 4

@@ -15,9 +15,9 @@ import httpx
 import psycopg
 
 from sessionstream.adapters.postgres.migrate import migrate
-from sessionstream.apps._procs import delete_groups
 from sessionstream.apps.gateway.keys import create_key
 from sessionstream.settings import Settings
+from stack.worlds import delete_groups
 from tests.integration.helpers import wait_until
 from tests.integration.procs import Proc
 from tests.integration.worlds import isolated_world

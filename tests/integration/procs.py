@@ -9,8 +9,9 @@ from pathlib import Path
 from confluent_kafka import Consumer, TopicPartition
 
 from sessionstream.adapters.kafka import read_topic
-from sessionstream.apps._procs import TOPIC_FIELDS, Service
+from sessionstream.apps._procs import Service
 from sessionstream.settings import Settings
+from stack.worlds import TOPIC_FIELDS
 from tests.integration.helpers import wait_until
 
 REPO = Path(__file__).resolve().parents[2]

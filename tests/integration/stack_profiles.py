@@ -21,8 +21,8 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from sessionstream.adapters.kafka.config import client_config
-from sessionstream.apps._procs import delete_world
 from sessionstream.settings import Settings, read_credentials_file
+from stack.worlds import delete_world
 from tests.integration.worlds import ISOLATED
 
 REPO = Path(__file__).resolve().parents[2]

@@ -177,7 +177,7 @@ def test_a_group_a_stopped_static_member_holds_is_deleted_once_its_session_ends(
     for long enough, it goes; asked once, it is reported, not lost silently."""
     import uuid
 
-    from sessionstream.apps._procs import delete_groups
+    from stack.worlds import delete_groups
 
     topic = topic_factory(partitions=1)
     group = f"it-static-{uuid.uuid4().hex[:8]}"

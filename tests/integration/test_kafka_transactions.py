@@ -16,7 +16,7 @@ from aiokafka.structs import TopicPartition as AioTopicPartition
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from sessionstream.apps._procs import delete_groups
+from stack.worlds import delete_groups
 from tests.integration.conftest import TopicFactory
 from tests.integration.helpers import await_until, wait_until
 

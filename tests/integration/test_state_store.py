@@ -14,11 +14,11 @@ from confluent_kafka.admin import AdminClient
 
 from sessionstream.adapters.kafka import client_config, read_topic
 from sessionstream.adapters.topics import ensure_topics
-from sessionstream.apps._procs import world_topics
 from sessionstream.client import SessionClient
 from sessionstream.core.log_check import state_table
 from sessionstream.errors import SessionstreamError
 from sessionstream.settings import Settings
+from stack.worlds import world_topics
 from tests.integration.helpers import check_log, fold_log, wait_until
 from tests.integration.procs import Proc, processor, wait_processed
 

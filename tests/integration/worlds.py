@@ -15,8 +15,8 @@ from pathlib import Path
 
 import psycopg
 
-from sessionstream.apps._procs import TOPIC_FIELDS, delete_world
 from sessionstream.settings import Settings
+from stack.worlds import TOPIC_FIELDS, delete_world
 
 __all__ = ["ISOLATED", "isolated_settings", "isolated_world", "remove_isolated"]
 
