@@ -103,10 +103,19 @@ class ModelError(SessionstreamError):
     """A model provider failed a request: an HTTP error status, or a reply that is not a
     chat-completions stream. `status` is the HTTP status (None when no answer came)."""
 
-    def __init__(self, message: str, *, url: str, status: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        url: str,
+        status: int | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
         super().__init__(f"{message}\n  model endpoint: {url} (SESSIONSTREAM_MODEL_BASE_URL)")
         self.url = url
         self.status = status
+        #: how long the provider asked to wait before asking again (its Retry-After)
+        self.retry_after_s = retry_after_s
 
     @property
     def retryable(self) -> bool:

@@ -8,7 +8,9 @@ soon an aborted `OpenAIChatModel` tears its HTTP stream down.
 
 Words in the last user message steer it, like the reference agent's prompt words:
 `model_ms=N` spreads the reply over N ms (default `token_ms` per word);
-`model_fail=<status>` answers that HTTP status with an OpenAI-style error body;
+`model_fail=<status>` answers that HTTP status with an OpenAI-style error body (only to
+the first N requests of the prompt with `model_fail_first=N`; with a `Retry-After: S`
+header with `retry_after=S`);
 `model_fail=bad_json` streams a chunk that is not JSON; `model_fail=stall` sends the
 headers and the first chunk, then nothing.
 
@@ -92,6 +94,8 @@ class ModelServer:
         self.token_ms = token_ms
         self._api_key = api_key
         self.served: list[Served] = []
+        #: requests seen per prompt (`model_fail_first`)
+        self._asked: dict[str, int] = {}
         self._server: asyncio.Server | None = None
         self._connections: dict[asyncio.StreamWriter, asyncio.Task[Any]] = {}
         self._closing = False
@@ -163,8 +167,15 @@ class ModelServer:
             return await _error(writer, 400, "this server only streams", "stream_required")
         words = dict(w.split("=", 1) for w in prompt.split() if "=" in w)
         fail = words.get("model_fail")
-        if fail is not None and fail.isdigit():
-            return await _error(writer, int(fail), f"failure {fail} asked for", "asked_for")
+        # `model_fail_first=N`: only this prompt's first N requests fail (a retry succeeds)
+        asked = self._asked[prompt] = self._asked.get(prompt, 0) + 1
+        first = words.get("model_fail_first", "")
+        if fail is not None and fail.isdigit() and (not first.isdigit() or asked <= int(first)):
+            wait = words.get("retry_after")
+            extra = f"retry-after: {wait}\r\n" if wait is not None else ""
+            return await _error(
+                writer, int(fail), f"failure {fail} asked for", "asked_for", headers=extra
+            )
         served = Served(len(self.served) + 1, prompt, time.time())
         self.served.append(served)
         usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -268,7 +279,9 @@ async def _read_request(reader: asyncio.StreamReader) -> _Request | None:
     return _Request(method, path, headers, body, keep)
 
 
-async def _error(writer: asyncio.StreamWriter, status: int, message: str, code: str) -> bool:
+async def _error(
+    writer: asyncio.StreamWriter, status: int, message: str, code: str, *, headers: str = ""
+) -> bool:
     body = json.dumps(
         {"error": {"message": message, "type": "invalid_request_error", "code": code}}
     ).encode()
@@ -278,7 +291,7 @@ async def _error(writer: asyncio.StreamWriter, status: int, message: str, code: 
         reason = "Error"
     writer.write(
         f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\n\r\n".encode()
+        f"content-length: {len(body)}\r\n{headers}\r\n".encode()
         + body
     )
     await writer.drain()

@@ -283,6 +283,11 @@ class ModelSettings(Part):
     model_timeout_s: float = Field(default=30.0, gt=0)
     """Longest the model API may stay silent: to connect, and between two streamed chunks."""
 
+    model_retries: int = Field(default=2, ge=0, le=10)
+    """Times a model request that failed retryably before its reply began (no answer, 408,
+    409, 429, 5xx) is asked again, after the provider's ``Retry-After`` (at most 30 s) or a
+    doubling back-off from 0.5 s; a run's cancel ends the wait."""
+
     model_prices: str | None = None
     """The model's prices in US dollars per million tokens, ``INPUT/OUTPUT`` (e.g.
     ``0.15/0.60``): each ``model.request.finished`` then records its cost. Unset: no cost."""

@@ -165,7 +165,7 @@ async def test_provider_errors_are_model_errors(server: ModelServer) -> None:
         assert KEY not in repr(right)
         await right.aclose()
 
-    m = OpenAIChatModel(server.url, "m", timeout_s=0.5)
+    m = OpenAIChatModel(server.url, "m", timeout_s=0.5, retries=0)  # each error as it is
     with pytest.raises(ModelError) as err:
         await m.complete("model_fail=503", signal=AbortSignal())
     assert err.value.status == 503 and err.value.retryable
@@ -177,7 +177,7 @@ async def test_provider_errors_are_model_errors(server: ModelServer) -> None:
     assert silent.value.retryable
     await m.aclose()
 
-    nobody = OpenAIChatModel(f"http://127.0.0.1:{free_port()}/v1", "m")
+    nobody = OpenAIChatModel(f"http://127.0.0.1:{free_port()}/v1", "m", retries=0)
     with pytest.raises(ModelUnavailable, match="unreachable"):
         await nobody.complete("hello", signal=AbortSignal())
     await nobody.aclose()

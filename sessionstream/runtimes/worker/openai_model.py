@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
 import json
+import logging
 import time
 from typing import Any
 
@@ -28,6 +30,8 @@ from sessionstream.settings import Settings
 from sessionstream.settings.components import parse_prices
 
 __all__ = ["OpenAIChatModel"]
+
+log = logging.getLogger("sessionstream.worker")
 
 
 class OpenAIChatModel:
@@ -42,10 +46,17 @@ class OpenAIChatModel:
         timeout_s: float = 30.0,
         system: str | None = None,
         prices: tuple[float, float] | None = None,
+        retries: int = 2,
+        max_retry_wait_s: float = 30.0,
     ) -> None:
         self.name = model
         #: US dollars per million input / output tokens (a reply's cost is recorded)
         self.prices = prices
+        #: a retryable failure before the reply began (no answer, 408, 409, 429, 5xx) is
+        #: asked again this many times, after the provider's Retry-After (at most
+        #: `max_retry_wait_s`) or a doubling back-off from 0.5 s
+        self.retries = retries
+        self.max_retry_wait_s = max_retry_wait_s
         self.base_url = base_url.rstrip("/")
         self.url = f"{self.base_url}/chat/completions"
         self.timeout_s = timeout_s
@@ -62,14 +73,42 @@ class OpenAIChatModel:
         key = s.model_api_key.get_secret_value() if s.model_api_key is not None else None
         prices = parse_prices(s.model_prices) if s.model_prices else None
         return cls(
-            s.model_base_url, s.model_name, api_key=key, timeout_s=s.model_timeout_s, prices=prices
+            s.model_base_url,
+            s.model_name,
+            api_key=key,
+            timeout_s=s.model_timeout_s,
+            prices=prices,
+            retries=s.model_retries,
         )
 
     def __repr__(self) -> str:
         return f"OpenAIChatModel({self.base_url!r}, {self.name!r})"
 
     async def complete(self, prompt: str, *, signal: AbortSignal) -> str:
-        """The model's reply to `prompt`; RunCancelled as soon as `signal` is aborted."""
+        """The model's reply to `prompt`; RunCancelled as soon as `signal` is aborted (also
+        while it waits to ask again)."""
+        attempt = 0
+        while True:
+            try:
+                return await self._attempt(prompt, signal)
+            except ModelError as e:
+                if not e.retryable or attempt >= self.retries:
+                    raise
+                wait = e.retry_after_s if e.retry_after_s is not None else 0.5 * 2**attempt
+                wait = min(wait, self.max_retry_wait_s)
+                attempt += 1
+                log.warning(
+                    "model %s: %s; asking again in %.1f s (%d of %d)",
+                    self.name,
+                    str(e).splitlines()[0],
+                    wait,
+                    attempt,
+                    self.retries,
+                )
+                if not await signal.sleep(wait):
+                    raise RunCancelled(signal.reason or "aborted") from e
+
+    async def _attempt(self, prompt: str, signal: AbortSignal) -> str:
         signal.raise_if_aborted()
         stream = asyncio.ensure_future(self._stream(prompt))
         aborted = asyncio.ensure_future(signal.wait())
@@ -126,6 +165,7 @@ class OpenAIChatModel:
                         f"model API answered {resp.status_code}: {text}",
                         url=self.url,
                         status=resp.status_code,
+                        retry_after_s=_retry_after(resp.headers.get("retry-after")),
                     )
                 if resp.headers.get("content-type", "").startswith("application/json"):
                     # a server that ignores "stream": the whole completion in one body
@@ -210,6 +250,20 @@ class OpenAIChatModel:
         if not finished and reason is None:
             raise ModelError("model API stream ended before [DONE]", url=self.url, status=200)
         return self._completion("".join(parts), usage, model, reason, sent, first)
+
+
+def _retry_after(value: str | None) -> float | None:
+    """A Retry-After header's wait in seconds: delta-seconds or an HTTP date (RFC 9110)."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
 
 
 def _json(raw: bytes, url: str) -> dict[str, Any]:
