@@ -345,8 +345,11 @@ def test_follow_ups_and_steers_survive_a_takeover(world: Settings, client: Sessi
     given = {payload(e)["source_command_id"]: payload(e)["kind"] for e in grant.events[1:]}
     assert given == {f.command_id: "follow_up", st.command_id: "steer"}
     assert grant.events[0].generation == expired.generation
-    # completing without the follow-up is not a completion: it is delivered again
-    assert types(w2.send("run.complete", {"result": "r"})) == ["run.follow_up_delivered"]
+    # completing without the follow-up is not a completion: the round's result is kept and
+    # the follow-up delivered again
+    again = w2.send("run.complete", {"result": "r"})
+    assert types(again) == ["run.round_completed", "run.follow_up_delivered"]
+    assert payload(again.events[0])["result"] == "r"
     done = w2.send(
         "run.complete",
         {"result": "r", "consumedFollowUps": [f.command_id], "consumedSteers": [st.command_id]},
