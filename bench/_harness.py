@@ -243,7 +243,7 @@ class EventTail(threading.Thread):
 
     def __init__(self, s: Settings) -> None:
         super().__init__(daemon=True)
-        self.codec = reader_codec()
+        self.codec = reader_codec(s)
         self.first_seen: dict[str, float] = {}
         self.events = 0
         self.halt = threading.Event()
@@ -310,10 +310,10 @@ def verify_log(s: Settings, ids_by_phase: dict[str, list[str]]) -> dict[str, Any
     """`check_log` over the whole events log, plus: every command sent has an outcome, the
     state table equals the fold of the log, no dead letters. Events and rejections per phase."""
     events = read_topic(s, s.events_topic, timeout=180)
-    report = check_log(events, reader_codec())
+    report = check_log(events, reader_codec(s))
     sent = {c for ids in ids_by_phase.values() for c in ids}
     missing = sent - set(report.outcomes)
-    state_ok = state_table(read_topic(s, s.state_topic)) == fold_log(events, reader_codec())
+    state_ok = state_table(read_topic(s, s.state_topic)) == fold_log(events, reader_codec(s))
     dlq = len(read_topic(s, s.dlq_topic))
     phases = {}
     for phase, ids in ids_by_phase.items():

@@ -26,6 +26,7 @@ from sessionstream.adapters.registry import reader_codec
 from sessionstream.core.decider import DEFAULT_CONFIG, apply, decide
 from sessionstream.core.state import SessionState
 from sessionstream.schemas.commands import Command
+from sessionstream.settings import get_settings
 
 W = True  # a worker command: it needs the run id and generation the decider handed out
 
@@ -106,7 +107,7 @@ def build(n_commands: int, n_sessions: int) -> list[Command]:
 
 def run(commands: list[Command]) -> tuple[float, int, int]:
     """Timed: decide + evolve + encode. Returns (seconds, events, encoded bytes)."""
-    codec = reader_codec()
+    codec = reader_codec(get_settings())
     config = DEFAULT_CONFIG
     states: dict[str, SessionState] = {}
     n_events = n_bytes = 0
@@ -123,7 +124,7 @@ def run(commands: list[Command]) -> tuple[float, int, int]:
 
 def run_apply(commands: list[Command]) -> float:
     """Timed: apply + encode, as the processor does it. Returns seconds."""
-    codec = reader_codec()
+    codec = reader_codec(get_settings())
     states: dict[str, SessionState] = {}
     t0 = time.perf_counter()
     for cmd in commands:

@@ -85,7 +85,7 @@ class DirectTail(threading.Thread):
         parts = c.list_topics(topic, timeout=10).topics[topic].partitions
         ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts}
         c.assign([TopicPartition(topic, p, o) for p, o in ends.items()])
-        codec = reader_codec()
+        codec = reader_codec(self.s)
         self.ready.set()
         while not self.stop.is_set():
             for msg in take(c, 500, 0.05):

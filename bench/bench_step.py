@@ -55,7 +55,7 @@ from sessionstream.runtimes.processor.partition import PartitionState
 from sessionstream.runtimes.processor.store import PartitionStore
 from sessionstream.schemas.codec import Codec
 from sessionstream.schemas.commands import Command, command_class
-from sessionstream.settings import Settings
+from sessionstream.settings import Settings, get_settings
 
 PARTITIONS = 4
 
@@ -137,7 +137,7 @@ def records(s: Settings, codec: Codec, commands: list[Command]) -> list[Record]:
 
 
 def measure(s: Settings, recs: list[Record], batch_size: int) -> dict[str, Any]:
-    codec = reader_codec()
+    codec = reader_codec(get_settings())
     root = Path(tempfile.mkdtemp(prefix="bench-step-"))
     cache = rocksdict.Cache(64 << 20)
     parts = {
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     s = Settings()
-    codec = reader_codec()
+    codec = reader_codec(get_settings())
     out: dict[str, Any] = {
         "python": sys.version.split()[0],
         "batch": args.batch,

@@ -46,7 +46,7 @@ class Tail:
     """Every event of the topic, with the wall time this script first saw it."""
 
     def __init__(self, s: Settings) -> None:
-        self.codec = reader_codec()
+        self.codec = reader_codec(s)
         self.c = Consumer(
             {
                 "bootstrap.servers": s.kafka_bootstrap,
@@ -141,7 +141,7 @@ def bench_cancels(s: Settings, n: int, lease_ms: int) -> tuple[list[float], list
 
 def _acquires(s: Settings, run_ids: set[str]) -> dict[str, int]:
     """lease.acquire commands sent per run (read back from the worker-commands topic)."""
-    codec = reader_codec()
+    codec = reader_codec(s)
     out = dict.fromkeys(run_ids, 0)
     for r in read_topic(s, s.worker_commands_topic):
         try:

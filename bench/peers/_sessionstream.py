@@ -118,7 +118,8 @@ class _World:
 
     def check(self) -> dict[str, Any]:
         """The protocol checker over the whole events log of the run."""
-        report = check_log(read_topic(self.s, self.s.events_topic, timeout=180), reader_codec())
+        events = read_topic(self.s, self.s.events_topic, timeout=180)
+        report = check_log(events, reader_codec(self.s))
         return {
             "ok": report.ok,
             "events": report.events,
