@@ -189,7 +189,11 @@ def passthrough_latency(
                 producer.begin_transaction()
                 for m in batch:
                     p = m.partition()
-                    assert p is not None and m.error() is None
+                    if m.error() is not None:  # e.g. the new topic not yet known
+                        if m.error().fatal():
+                            raise KafkaException(m.error())
+                        continue
+                    assert p is not None
                     producer.produce(t_out, key=m.key(), value=m.value(), partition=p)
                     offsets[p] = (m.offset() or 0) + 1
                 t0 = now()
