@@ -1,4 +1,4 @@
-"""`SessionClient`: the producer side of the protocol, on confluent-kafka.
+"""`SessionClient`: the producer side of the protocol, on the Kafka adapter's clients.
 
 Commands are keyed by session id and placed with `murmur2_random` — the partitioner Java and
 aiokafka use — so every producer puts a session on the same partition and the session has
@@ -31,16 +31,6 @@ import uuid
 from collections import OrderedDict
 from typing import Any, Final, Literal
 
-from confluent_kafka import (
-    Consumer,
-    IsolationLevel,
-    KafkaError,
-    KafkaException,
-    Producer,
-    TopicPartition,
-)
-from confluent_kafka.admin import AdminClient, OffsetSpec
-
 from sessionstream._outcomes import (
     CommandHandle,
     Outcome,
@@ -49,17 +39,23 @@ from sessionstream._outcomes import (
     outcome_of,
 )
 from sessionstream.adapters.kafka import (
+    Admin,
+    CommandProducer,
+    Message,
+    Reader,
+    TopicPartition,
     new_admin,
     new_command_producer,
     new_reader,
     produce,
+    record_failure,
     take,
     unavailable,
 )
 from sessionstream.adapters.registry import attach_registry
 from sessionstream.adapters.topics import command_topic
 from sessionstream.core.partitioning import partition_for
-from sessionstream.errors import CommandTimeout, KafkaUnavailable, SessionstreamError
+from sessionstream.errors import CommandTimeout, KafkaFailed, KafkaUnavailable, SessionstreamError
 from sessionstream.schemas.codec import Codec
 from sessionstream.schemas.commands import (
     AbortPayload,
@@ -120,11 +116,11 @@ class SessionClient:
         self._registry_pending = codec is None
         self._clock = clock
         self._producer_overrides = producer_overrides
-        self._producer: Producer | None = None
+        self._producer: CommandProducer | None = None
         #: one read_committed consumer on the outcomes and events partitions of the
         #: sessions this client tracks
-        self._tail: Consumer | None = None
-        self._meta: Consumer | None = None
+        self._tail: Reader | None = None
+        self._meta: Reader | None = None
         #: (topic, partition) the tail reads -> where it was assigned from
         self._tailing: dict[tuple[str, int], int] = {}
         #: what the tail read, matched to the tracked commands
@@ -135,16 +131,14 @@ class SessionClient:
         #: session -> the run last seen active; only while it is (a finished run is
         #: forgotten), at most `_RUNS_MAX` sessions (the least recently started go first)
         self._runs: OrderedDict[str, str] = OrderedDict()
-        self._admin: AdminClient | None = None
+        self._admin: Admin | None = None
 
     # -- producing --------------------------------------------------------------------------
     @property
-    def producer(self) -> Producer:
+    def producer(self) -> CommandProducer:
         if self._producer is None:
             self._ensure_registry()
-            self._producer = new_command_producer(
-                self.settings, **(self._producer_overrides or {})
-            )
+            self._producer = new_command_producer(self.settings, **(self._producer_overrides or {}))
         return self._producer
 
     def _ensure_registry(self) -> None:
@@ -253,11 +247,12 @@ class SessionClient:
     def _produce(self, handle: CommandHandle, *, poll: bool = True) -> CommandHandle:
         command = handle.command
 
-        def delivered(err: KafkaError | None, msg: Any) -> None:
+        def delivered(err: KafkaFailed | None, msg: Message) -> None:
             if err is not None:
-                handle.error = str(err)
+                handle.error = err.reason
             else:
-                acknowledged(handle, msg.partition(), msg.offset(), msg.value())
+                # a delivered record has its partition and the bytes that were sent
+                acknowledged(handle, msg.partition() or 0, msg.offset(), msg.value() or b"")
 
         handle.topic = command_topic(self.settings, command.type)
         try:
@@ -268,7 +263,7 @@ class SessionClient:
                 value=self.codec.encode_command(command),
                 on_delivery=delivered,
             )
-        except KafkaException as e:  # e.g. a record larger than the producer takes
+        except KafkaFailed as e:  # e.g. a record larger than the producer takes
             self.release(handle)
             raise unavailable(f"command {command.command_id} not sent", e, self.settings) from e
         if poll:
@@ -357,19 +352,19 @@ class SessionClient:
                 )
 
     # -- outcomes ---------------------------------------------------------------------------
-    def _consumer(self) -> Consumer:
+    def _consumer(self) -> Reader:
         return new_reader(
-                self.settings,
-                group_id=f"sessionstream-client-{uuid.uuid4()}",
-                eof=True,
-                fetch_wait_ms=self._fetch_wait_ms,
-            )
+            self.settings,
+            group_id=f"sessionstream-client-{uuid.uuid4()}",
+            eof=True,
+            fetch_wait_ms=self._fetch_wait_ms,
+        )
 
     def _partition_count(self) -> int:
         if self._partitions is None:
             try:
                 meta = self._meta_consumer().list_topics(self.settings.events_topic, timeout=10)
-            except KafkaException as e:
+            except KafkaFailed as e:
                 raise unavailable("reading the events topic's metadata", e, self.settings) from e
             topic = meta.topics.get(self.settings.events_topic)
             if topic is None or topic.error is not None:
@@ -381,7 +376,7 @@ class SessionClient:
             self._partitions = len(topic.partitions)
         return self._partitions
 
-    def _meta_consumer(self) -> Consumer:
+    def _meta_consumer(self) -> Reader:
         # never assigned, so its requests do not queue behind the tail's long-polling fetch
         if self._meta is None:
             self._meta = self._consumer()
@@ -420,11 +415,11 @@ class SessionClient:
                 self._drain_one(msg)
             batch = take(self._tail, _DRAIN_BATCH, 0) if len(batch) == _DRAIN_BATCH else []
 
-    def _drain_one(self, msg: Any) -> None:
-        err = msg.error()
+    def _drain_one(self, msg: Message) -> None:
+        err = record_failure(msg)
         if err is not None:
-            if err.fatal():
-                raise unavailable("reading outcomes", KafkaException(err), self.settings)
+            if err.fatal:
+                raise unavailable("reading outcomes", err, self.settings) from err
             # else a broker restarting, or a partition's end: librdkafka reconnects, and
             # the caller's deadline bounds the wait
             return
@@ -454,9 +449,9 @@ class SessionClient:
             _low, high = self._tail.get_watermark_offsets(
                 TopicPartition(topic, partition), cached=True
             )
-        except KafkaException:
+        except KafkaFailed:
             return None
-        return int(high) if high is not None and high >= 0 else None
+        return high if high >= 0 else None
 
     def _tail_position(self, topic: str, partition: int) -> int:
         assert self._tail is not None
@@ -530,16 +525,10 @@ class SessionClient:
         try:
             if self._admin is None:
                 self._admin = new_admin(self.settings)
-            latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
-            got = self._admin.list_offsets(
-                {TopicPartition(t, p): latest for t in topics for p in partitions},
-                isolation_level=IsolationLevel.READ_UNCOMMITTED,
-                request_timeout=10,
+            return self._admin.latest_offsets(
+                [(t, p) for t in topics for p in partitions], committed=False, timeout=10
             )
-            return {
-                (tp.topic, tp.partition): int(f.result(timeout=10).offset) for tp, f in got.items()
-            }
-        except KafkaException:
+        except KafkaFailed:
             return {(t, p): self._hwm(p, topic=t) for t in topics for p in partitions}
 
     def _hwm(self, partition: int, timeout: float = 10.0, topic: str | None = None) -> int:
@@ -554,11 +543,11 @@ class SessionClient:
                         1
                     ]
                 )
-            except KafkaException as e:
+            except KafkaFailed as e:
                 # a new topic answers NOT_LEADER (not flagged retriable) for a moment
                 if time.monotonic() > deadline:
                     raise KafkaUnavailable(
-                        f"cannot read offsets of {tp.topic}[{partition}]: {e}",
+                        f"cannot read offsets of {tp.topic}[{partition}]: {e.reason}",
                         bootstrap=self.settings.kafka_bootstrap,
                     ) from e
                 time.sleep(0.1)

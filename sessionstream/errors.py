@@ -11,6 +11,7 @@ __all__ = [
     "ConfigurationError",
     "DatabaseUnavailable",
     "IncompatibleEvent",
+    "KafkaFailed",
     "KafkaUnavailable",
     "ModelError",
     "ModelUnavailable",
@@ -40,6 +41,48 @@ class KafkaUnavailable(SessionstreamError):
             "start the local stack with `make up`."
         )
         self.bootstrap = bootstrap
+
+
+class KafkaFailed(SessionstreamError):
+    """A call into the Kafka client failed, or a record it delivered carries an error. The
+    Kafka adapter (`sessionstream.adapters.kafka`) translates every driver error into this,
+    once, and says what it means: callers decide on the flags, never on the driver's codes.
+
+    `reason` is the driver's text; `name` librdkafka's error name (e.g. `_TIMED_OUT`,
+    `PRODUCER_FENCED`; `str()` shows both), and `code` its number, for the adapter's own
+    finer distinctions.
+    `fatal`: the client can do nothing more (a transactional producer is replaced);
+    `retriable`: asking again may succeed; `requires_abort`: the open transaction must be
+    aborted; `fenced`: a newer producer has our transactional id (or the coordinator
+    bumped its epoch); `timed_out`: no answer in time; `coordinator_busy`: the transaction
+    coordinator is not (yet) serving; `partition_eof`: a read reached a partition's end (an
+    event, not a failure)."""
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        name: str = "",
+        code: int = -1,
+        fatal: bool = False,
+        retriable: bool = False,
+        requires_abort: bool = False,
+        fenced: bool = False,
+        timed_out: bool = False,
+        coordinator_busy: bool = False,
+        partition_eof: bool = False,
+    ) -> None:
+        super().__init__(f"{reason} ({name})" if name and name not in reason else reason)
+        self.reason = reason
+        self.name = name
+        self.code = code
+        self.fatal = fatal
+        self.retriable = retriable
+        self.requires_abort = requires_abort
+        self.fenced = fenced
+        self.timed_out = timed_out
+        self.coordinator_busy = coordinator_busy
+        self.partition_eof = partition_eof
 
 
 class RegistryUnavailable(SessionstreamError):

@@ -77,7 +77,7 @@ def delete_world(worlds: list[Settings], *, schemas: bool = True) -> list[str]:
     if len(places) > 1:
         return [f for same in places.values() for f in delete_world(same, schemas=schemas)]
     failed: list[str] = []
-    admin = new_admin(worlds[0])
+    admin = new_admin(worlds[0]).driver  # the driver: a best-effort sweep of many topics
     topics = [t for s in worlds for t in world_topics(s)]
     for name, fut in admin.delete_topics(topics, operation_timeout=30).items():
         try:

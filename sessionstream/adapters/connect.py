@@ -27,6 +27,12 @@ import uuid
 from typing import Any, Final
 from urllib.parse import urlsplit
 
+from sessionstream.adapters.kafka import (
+    Reader,
+    TopicPartition,
+    new_group_consumer,
+    new_reader,
+)
 from sessionstream.errors import ConfigurationError, SessionstreamError
 from sessionstream.settings import Settings
 
@@ -134,10 +140,8 @@ def connector_config(
     return config
 
 
-def _first_byte_at(consumer: Any, topic: str, partition: int, offset: int) -> int | None:
+def _first_byte_at(consumer: Reader, topic: str, partition: int, offset: int) -> int | None:
     """The first byte of the value of the first record at or after `offset` (None: none)."""
-    from confluent_kafka import TopicPartition
-
     consumer.assign([TopicPartition(topic, partition, offset)])
     deadline = time.monotonic() + 15.0
     while time.monotonic() < deadline:
@@ -163,22 +167,8 @@ def framed_starts(
     which no registry-aware converter reads): `(first framed offset, low watermark)`
     (`every_partition`: the others too, as `(low, low)`). The switch is one-way, so a
     binary search over offsets finds it in a few reads."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    from sessionstream.adapters.kafka import client_config
-
     topic = topic or settings.events_topic
-    consumer = Consumer(
-        client_config(
-            settings,
-            **{
-                "group.id": f"sessionstream-connect-probe-{uuid.uuid4().hex[:8]}",
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-                "enable.partition.eof": False,
-            },
-        )
-    )
+    consumer = new_reader(settings, group_id=f"sessionstream-connect-probe-{uuid.uuid4().hex[:8]}")
     out: dict[int, tuple[int, int]] = {}
     try:
         meta = consumer.list_topics(topic, timeout=10).topics[topic]
@@ -206,25 +196,17 @@ def start_past_old_framing(settings: Settings, name: str) -> dict[int, tuple[int
     records in the old framing (`framed_starts`), so it starts where the converter can
     read instead of failing on the first record. Returns what it skipped; nothing when the
     group has offsets already (a connector that ran keeps its position)."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    from sessionstream.adapters.kafka import client_config
-
     starts = framed_starts(settings)
     if not starts:
         return {}
     topic = settings.events_topic
-    group = f"connect-{name}"
-    consumer = Consumer(client_config(settings, **{"group.id": group, "enable.auto.commit": False}))
+    consumer = new_group_consumer(settings, f"connect-{name}")
     try:
         tps = [TopicPartition(topic, p) for p in starts]
         committed = consumer.committed(tps, timeout=10)
         if any(tp.offset >= 0 for tp in committed):
             return {}
-        consumer.commit(
-            offsets=[TopicPartition(topic, p, o) for p, (o, _) in starts.items()],
-            asynchronous=False,
-        )
+        consumer.commit([TopicPartition(topic, p, o) for p, (o, _) in starts.items()])
     finally:
         consumer.close()
     return starts

@@ -221,6 +221,13 @@ def align_topics(settings: Settings, timeout: float = 30.0) -> dict[str, dict[st
     """Set the protocol's required settings on topics that exist with others (an upgrade, a
     topic made by hand); returns what was changed, per topic. Never run implicitly: the
     processor refuses misconfigured topics, `sessionstream topics create --align` fixes them."""
+    try:
+        return _align(settings, timeout)
+    except KafkaException as e:
+        raise unavailable("cannot align the topics' settings", e, settings) from e
+
+
+def _align(settings: Settings, timeout: float) -> dict[str, dict[str, str]]:
     from confluent_kafka.admin import AlterConfigOpType, ConfigEntry
 
     admin = _admin(settings)

@@ -266,9 +266,12 @@ def tail(
     as_json: AsJson = False,
 ) -> None:
     """Print SESSION's events as they are committed (Ctrl-C to stop)."""
-    from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, TopicPartition
-
-    from sessionstream.adapters.kafka import new_reader
+    from sessionstream.adapters.kafka import (
+        OFFSET_BEGINNING,
+        OFFSET_END,
+        TopicPartition,
+        new_reader,
+    )
     from sessionstream.client import SessionClient
     from sessionstream.core.partitioning import partition_for
 

@@ -14,16 +14,19 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import psycopg
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
-from confluent_kafka.admin import NewTopic
 from psycopg.types.json import Jsonb
 
 from sessionstream.adapters.kafka import (
+    DeliveryCallback,
+    Message,
+    Reader,
+    TopicPartition,
     new_admin,
     new_command_producer,
     new_reader,
+    record_failure,
 )
-from sessionstream.errors import SessionstreamError
+from sessionstream.errors import KafkaFailed, SessionstreamError
 from sessionstream.settings import Settings
 
 __all__ = ["SmokeError", "run_smoke"]
@@ -59,8 +62,8 @@ def run_smoke(settings: Settings, echo: Callable[[str], Any] = print) -> None:
     echo(f"smoke: Kafka at {settings.kafka_bootstrap}, PostgreSQL at {where_pg}")
     try:
         record = _kafka_round_trip(settings, topic, smoke_id, echo)
-    except KafkaException as e:
-        raise SmokeError(f"Kafka: {e.args[0]}") from e
+    except KafkaFailed as e:
+        raise SmokeError(f"Kafka: {e.reason}") from e
     _postgres_round_trip(settings, record, echo)
     echo(
         "smoke: OK - one record went through Kafka and PostgreSQL and came back unchanged. "
@@ -73,9 +76,7 @@ def _kafka_round_trip(
 ) -> dict[str, Any]:
     admin = new_admin(settings)
     # Step 1: a throwaway topic, so the smoke never touches real data.
-    admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(
-        timeout=_TIMEOUT_S
-    )
+    admin.create_topic(topic, partitions=1, timeout=_TIMEOUT_S)
     echo(f"kafka: created topic {topic} (1 partition)")
     try:
         # Step 2: produce one keyed record and wait for the broker's acknowledgement.
@@ -88,8 +89,9 @@ def _kafka_round_trip(
             raise SmokeError(f"the record to {topic} was not acknowledged within {_TIMEOUT_S}s")
         sent = delivered[0]
         partition, offset = sent.partition(), sent.offset()
-        if sent.error() is not None or partition is None or offset is None:
-            raise SmokeError(f"producing to {topic} failed: {sent.error()}")
+        failed = record_failure(sent)
+        if failed is not None or partition is None or offset is None:
+            raise SmokeError(f"producing to {topic} failed: {failed}")
         echo(f"kafka: produced {len(value)} bytes to {topic}[{partition}] at offset {offset}")
 
         # Step 3: read it back from exactly that offset.
@@ -112,27 +114,28 @@ def _kafka_round_trip(
     finally:
         # Step 4: remove the throwaway topic even when a step failed.
         try:
-            admin.delete_topics([topic])[topic].result(timeout=_TIMEOUT_S)
+            admin.delete_topics([topic], timeout=_TIMEOUT_S)
             echo(f"kafka: deleted topic {topic}")
         except Exception as e:  # cleanup must not hide the real failure
             echo(f"kafka: could not delete topic {topic}: {e}")
 
 
-def _collect(sink: list[Message]) -> Callable[[KafkaError | None, Message], None]:
-    def on_delivery(err: KafkaError | None, msg: Message) -> None:
+def _collect(sink: list[Message]) -> DeliveryCallback:
+    def on_delivery(err: KafkaFailed | None, msg: Message) -> None:
         sink.append(msg)
 
     return on_delivery
 
 
-def _poll_one(consumer: Consumer) -> Message:
+def _poll_one(consumer: Reader) -> Message:
     deadline = time.monotonic() + _TIMEOUT_S
     while time.monotonic() < deadline:
         msg = consumer.poll(0.5)
         if msg is None:
             continue
-        if msg.error() is not None:
-            raise SmokeError(f"consuming failed: {msg.error()}")
+        failed = record_failure(msg)
+        if failed is not None:
+            raise SmokeError(f"consuming failed: {failed.reason}")
         return msg
     raise SmokeError(f"the record did not come back within {_TIMEOUT_S}s")
 

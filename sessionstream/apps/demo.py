@@ -15,11 +15,10 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from confluent_kafka import OFFSET_END, TopicPartition
 from rich.console import Console
 from rich.table import Table
 
-from sessionstream.adapters.kafka import new_reader
+from sessionstream.adapters.kafka import OFFSET_END, TopicPartition, new_reader
 from sessionstream.adapters.postgres.migrate import migrate
 from sessionstream.adapters.registry import reader_codec
 from sessionstream.adapters.topics import check_topics, ensure_topics

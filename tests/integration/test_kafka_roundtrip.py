@@ -10,15 +10,14 @@ from aiokafka import AIOKafkaProducer
 from confluent_kafka import (
     Consumer,
     KafkaError,
-    KafkaException,
     Message,
     Producer,
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from sessionstream.adapters.kafka import take, unmasked
-from sessionstream.adapters.kafka.transactions import FENCING
+from sessionstream.adapters.kafka import TransactionalProducer, take
+from sessionstream.errors import KafkaFailed
 from tests.integration.conftest import TopicFactory
 from tests.integration.helpers import wait_until
 
@@ -208,29 +207,28 @@ def test_a_group_a_stopped_static_member_holds_is_deleted_once_its_session_ends(
     assert group not in {g.group_id for g in left.valid}
 
 
-def _fenced_flush(bootstrap: str, topic: str, tid: str) -> KafkaException | None:
-    """A transactional producer with records not yet sent is fenced by a new producer with
-    its id; what its flush() raises inside `unmasked` (None: nothing)."""
+def _fenced_flush(bootstrap: str, topic: str, tid: str) -> KafkaFailed | None:
+    """A transactional producer (the adapter's client) with records not yet sent is fenced
+    by a new producer with its id; what its flush() raises (None: nothing)."""
     conf = {"bootstrap.servers": bootstrap, "transactional.id": tid, "linger.ms": 1000}
-    reports: list[KafkaError | None] = []
+    reports: list[KafkaFailed | None] = []
 
-    def on_delivery(err: KafkaError | None, msg: Message) -> None:
+    def on_delivery(err: KafkaFailed | None, msg: Message) -> None:
         reports.append(err)
 
-    old = Producer(conf)
+    old = TransactionalProducer(Producer(conf))
     old.init_transactions(30)
     old.begin_transaction()
     for i in range(10):  # held back by the linger until the new producer fenced the id
         old.produce(topic, value=b"x", partition=i % 2, on_delivery=on_delivery)
     new = Producer(conf)
     new.init_transactions(30)  # fences `old`
-    with pytest.raises(KafkaException) as committed, unmasked():
+    with pytest.raises(KafkaFailed) as committed:
         old.commit_transaction(30)  # commits flush: the same callbacks as flush()
-    assert committed.value.args[0].fatal()
+    assert committed.value.fatal
     try:
-        with unmasked():
-            old.flush(10)
-    except KafkaException as e:
+        old.flush(10)
+    except KafkaFailed as e:
         return e
     finally:  # the new producer owns the id: its transaction commits
         new.begin_transaction()
@@ -239,7 +237,7 @@ def _fenced_flush(bootstrap: str, topic: str, tid: str) -> KafkaException | None
     return None
 
 
-def test_a_fenced_producers_flush_reads_as_the_fence_through_unmasked(
+def test_a_fenced_producers_flush_reads_as_the_fence_through_the_adapter(
     kafka_bootstrap: str, topic_factory: TopicFactory
 ) -> None:
     """confluent-kafka may report a fenced transactional producer's flush as "SystemError:
@@ -247,12 +245,12 @@ def test_a_fenced_producers_flush_reads_as_the_fence_through_unmasked(
     leaves the fatal KafkaException set while librdkafka serves the delivery reports
     (seen in CI: a processor exiting with a SystemError instead of its fence; here in
     4 of 6 separate processes, and in fewer within one, as it depends on the order the
-    fatal error and the reports are served). Through `unmasked` a flush of a fenced
-    producer raises nothing or the fatal _FENCED KafkaException, never a SystemError
-    (`tests/unit/runtimes/processor/test_commit_slots.py` pins the conversion itself)."""
+    fatal error and the reports are served). Through the adapter's client a flush of a
+    fenced producer raises nothing or the fatal fence as a `KafkaFailed`, never a
+    SystemError (`tests/unit/runtimes/processor/test_commit_slots.py` pins the conversion
+    itself)."""
     topic = topic_factory(partitions=2)
     for attempt in range(5):
         error = _fenced_flush(kafka_bootstrap, topic, f"{topic}-fenced-{attempt}")
         if error is not None:
-            kerr = error.args[0]
-            assert kerr.fatal() and kerr.code() in FENCING, kerr
+            assert error.fatal and error.fenced, error

@@ -180,7 +180,9 @@ def test_a_consumer_stuck_outside_the_group_is_replaced(
             if self.unsubscribe.is_set() and self.stuck is None:
                 assert self._consumer is not None
                 self.stuck = self._consumer
-                self._consumer.unsubscribe()  # leaves the group; nothing rejoins it
+                # leaves the group; nothing rejoins it (the adapter's GroupConsumer has no
+                # unsubscribe: the sink never needs one, so its driver client is asked)
+                self._consumer.driver.unsubscribe()
             return super()._collect()
 
     s = iso.model_copy(update={"sink_stall_s": 5.0})

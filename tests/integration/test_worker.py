@@ -272,10 +272,8 @@ def test_a_worker_whose_producer_turns_fatal_releases_its_run_and_says_why(
     error (the CLI exits 2 with it)."""
     import asyncio
 
-    from confluent_kafka import KafkaError, KafkaException
-
     from sessionstream.adapters.topics import ensure_topics
-    from sessionstream.errors import KafkaUnavailable
+    from sessionstream.errors import KafkaFailed, KafkaUnavailable
     from sessionstream.runtimes.worker.reference_agent import reference_agent
     from sessionstream.runtimes.worker.runtime import Worker
 
@@ -293,12 +291,13 @@ def test_a_worker_whose_producer_turns_fatal_releases_its_run_and_says_why(
         assert run_id in w.executions
 
         def fatal(*, leaving: bool = False) -> None:
-            raise KafkaException(KafkaError(KafkaError._FATAL, "injected", fatal=True))
+            # what the Kafka adapter's producer raises for a fatal driver error
+            raise KafkaFailed("injected", name="_FATAL", fatal=True)
 
         w._publish_presence = fatal  # type: ignore[method-assign]
         with pytest.raises(KafkaUnavailable, match=r"the worker failed: .*injected"):
             await asyncio.wait_for(running, 60)
-        assert stop.is_set() and isinstance(w.failure, KafkaException)
+        assert stop.is_set() and isinstance(w.failure, KafkaFailed)
         await asyncio.to_thread(wait_event, iso, run_id, "run.lease_released", 30.0)
         # released, not ended: another worker may take it up
         assert "run.finished" not in [e.type for e in run_events(iso, run_id)]

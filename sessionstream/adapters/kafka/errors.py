@@ -1,24 +1,85 @@
-"""Driver errors into sessionstream's: callers never need confluent_kafka to handle one."""
+"""Driver errors into sessionstream's, once: what leaves the Kafka adapter is a
+`KafkaFailed` (classified: fatal, retriable, fenced, ...) or a `KafkaUnavailable`, never a
+confluent-kafka exception, so nothing above the adapter imports the driver to handle one."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
+from typing import ParamSpec, TypeVar
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException, Message
 
-from sessionstream.errors import KafkaUnavailable
+from sessionstream.errors import KafkaFailed, KafkaUnavailable
 from sessionstream.settings import Settings
 
-__all__ = ["kafka_cause", "unavailable", "unmasked"]
+__all__ = [
+    "COORDINATOR_BUSY",
+    "FENCING",
+    "failure",
+    "kafka_cause",
+    "record_failure",
+    "translated",
+    "translating",
+    "unavailable",
+]
+
+#: the errors that mean a newer producer has our transactional id
+FENCING = frozenset(
+    {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+)
+#: answers of a broker whose transaction coordinator is not (yet) serving: asked again
+COORDINATOR_BUSY = frozenset(
+    {
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.NOT_COORDINATOR,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+    }
+)
 
 
-def unavailable(
-    what: str, error: KafkaException | BaseException, settings: Settings
-) -> KafkaUnavailable:
+def failure(error: KafkaError | KafkaException, what: str = "") -> KafkaFailed:
+    """The driver's error as a `KafkaFailed`, classified; `what` (e.g. "commit") leads its
+    message."""
+    kerr = error.args[0] if isinstance(error, KafkaException) and error.args else error
+    if not isinstance(kerr, KafkaError):  # a KafkaException around a plain message
+        return KafkaFailed(f"{what}: {kerr}" if what else str(kerr))
+    code = kerr.code()
+    reason = kerr.str()
+    return KafkaFailed(
+        f"{what}: {reason}" if what else reason,
+        name=kerr.name(),
+        code=code,
+        fatal=kerr.fatal(),
+        retriable=kerr.retriable(),
+        requires_abort=kerr.txn_requires_abort(),
+        fenced=code in FENCING,
+        timed_out=code == KafkaError._TIMED_OUT,
+        coordinator_busy=code in COORDINATOR_BUSY,
+        partition_eof=code == KafkaError._PARTITION_EOF,
+    )
+
+
+def record_failure(msg: Message) -> KafkaFailed | None:
+    """The error a consumed record carries (a partition's end, a broker gone, a fatal
+    consumer error), translated; None for a record with data."""
+    err = msg.error()
+    return None if err is None else failure(err)
+
+
+def unavailable(what: str, error: BaseException, settings: Settings) -> KafkaUnavailable:
     """`raise unavailable("reading offsets", e, settings) from e`: one line saying what
     failed, with the driver's reason and where Kafka was looked for."""
-    reason = error.args[0] if isinstance(error, KafkaException) and error.args else error
+    if isinstance(error, KafkaException) and error.args:
+        reason: object = error.args[0]
+    elif isinstance(error, KafkaFailed):
+        reason = error.reason
+    else:
+        reason = error
     return KafkaUnavailable(f"{what}: {reason}", bootstrap=settings.kafka_bootstrap)
 
 
@@ -42,14 +103,38 @@ def kafka_cause(error: BaseException) -> KafkaException | None:
 
 
 @contextlib.contextmanager
-def unmasked() -> Iterator[None]:
-    """Around calls into confluent-kafka that serve callbacks (poll, consume, flush,
-    commit_transaction, abort_transaction): a SystemError that stands for a KafkaException
-    is raised as that KafkaException, so `except KafkaException` sees the real error."""
+def translated(what: str = "") -> Iterator[None]:
+    """Around calls into confluent-kafka: its KafkaException becomes a `KafkaFailed`, and
+    so does a SystemError that stands for one (`kafka_cause`: a fenced producer's error
+    surfacing from the next callback librdkafka serves). Other errors pass unchanged."""
     try:
         yield
+    except KafkaException as e:
+        raise failure(e, what) from e
     except SystemError as e:
         cause = kafka_cause(e)
         if cause is None:
             raise
-        raise cause from e
+        raise failure(cause, what) from e
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def translating(method: Callable[P, R]) -> Callable[P, R]:
+    """`translated` as a decorator: the adapter's clients wrap each driver call in it."""
+
+    @functools.wraps(method)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return method(*args, **kwargs)
+        except KafkaException as e:
+            raise failure(e) from e
+        except SystemError as e:
+            cause = kafka_cause(e)
+            if cause is None:
+                raise
+            raise failure(cause) from e
+
+    return call

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from confluent_kafka import Producer
-
+from sessionstream.adapters.kafka.clients import CommandProducer
 from sessionstream.errors import KafkaUnavailable
 
 __all__ = ["produce"]
 
 
-def produce(producer: Producer, topic: str, *, attempts: int = 20, **kwargs: Any) -> None:
+def produce(producer: CommandProducer, topic: str, *, attempts: int = 20, **kwargs: Any) -> None:
     """`producer.produce(topic, **kwargs)`; a full local queue (BufferError) is drained by
     serving delivery reports and tried again, up to `attempts` times (~10 s), then it is the
     broker's fault: KafkaUnavailable."""

@@ -16,11 +16,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message
 from confluent_kafka import TopicPartition as _TP
 
-from sessionstream.adapters.kafka.config import reader_config
-from sessionstream.errors import KafkaUnavailable
+from sessionstream.adapters.kafka.clients import Reader, new_reader
+from sessionstream.adapters.kafka.errors import failure
+from sessionstream.errors import KafkaFailed, KafkaUnavailable
 from sessionstream.settings import Settings
 
 __all__ = [
@@ -58,7 +59,7 @@ class LogRecord:
     timestamp: int = 0
 
 
-def take(consumer: Consumer, n: int, timeout: float) -> list[Message]:
+def take(consumer: Reader, n: int, timeout: float) -> list[Message]:
     """Up to `n` messages: as soon as one is there (or [] after `timeout` s), with what else
     is already fetched. Not `consumer.consume(n, timeout)`: librdkafka's batch consume waits
     for `n` messages or the whole timeout, so a live reader would add up to `timeout` to
@@ -90,7 +91,7 @@ def data_messages(batch: list[Message], logger: logging.Logger = log) -> list[Me
             out.append(msg)
         elif err.fatal() or err.code() == KafkaError._FATAL:
             # a fatal consumer error arrives as a _FATAL event whose fatal() is False
-            raise KafkaException(err)
+            raise failure(err, "consumer")
         else:
             logger.warning("consumer: %s", err)
     return out
@@ -101,7 +102,7 @@ METADATA_WAIT_S = 30.0
 
 
 def partitions_of(
-    consumer: Consumer,
+    consumer: Reader,
     topic: str,
     stop: threading.Event | None = None,
     *,
@@ -120,10 +121,10 @@ def partitions_of(
                 return sorted(t.partitions)
             why = t and t.error
             log.warning("topic %s not available yet (%s); retrying", topic, why)
-        except KafkaException as e:
-            if e.args[0].fatal():
+        except KafkaFailed as e:
+            if e.fatal:
                 raise
-            why = e.args[0]
+            why = e.reason
             log.warning("metadata of %s: %s; retrying", topic, why)
         if deadline is not None and time.monotonic() > deadline:
             raise KafkaUnavailable(
@@ -137,17 +138,17 @@ def partitions_of(
             return []
 
 
-def end_offset(consumer: Consumer, topic: str, partition: int, stop: threading.Event) -> int:
+def end_offset(consumer: Reader, topic: str, partition: int, stop: threading.Event) -> int:
     """Where the partition ends now (read_committed: its stable offset). A broker
     restarting answers NOT_LEADER or times out for a while: that is waited out."""
     tp = _TP(topic, partition)
     while True:
         try:
             return int(consumer.get_watermark_offsets(tp, timeout=30, cached=False)[1])
-        except KafkaException as e:
-            if e.args[0].fatal() or stop.is_set():
+        except KafkaFailed as e:
+            if e.fatal or stop.is_set():
                 raise
-            log.warning("end of %s[%s]: %s; retrying", topic, partition, e.args[0])
+            log.warning("end of %s[%s]: %s; retrying", topic, partition, e.reason)
             stop.wait(0.5)
 
 
@@ -166,7 +167,7 @@ LEADER_MOVING = frozenset(
 )
 
 
-def watermarks(consumer: Any, tp: _TP, deadline: float) -> tuple[int, int]:
+def watermarks(consumer: Reader, tp: _TP, deadline: float) -> tuple[int, int]:
     """`consumer.get_watermark_offsets(tp)`, asked again every 0.2 s while the answer is
     one of `LEADER_MOVING` and `deadline` (time.monotonic) has not passed."""
     while True:
@@ -174,10 +175,10 @@ def watermarks(consumer: Any, tp: _TP, deadline: float) -> tuple[int, int]:
         try:
             low, high = consumer.get_watermark_offsets(tp, timeout=max(left, 0.1), cached=False)
             return int(low), int(high)
-        except KafkaException as e:
-            if e.args[0].code() not in LEADER_MOVING or left <= 0.2:
+        except KafkaFailed as e:
+            if e.code not in LEADER_MOVING or left <= 0.2:
                 raise
-            log.info("offsets of %s[%s]: %s; asking again", tp.topic, tp.partition, e.args[0])
+            log.info("offsets of %s[%s]: %s; asking again", tp.topic, tp.partition, e.reason)
             time.sleep(0.2)
 
 
@@ -188,16 +189,16 @@ def log_bounds(
     the last stable offset). A leader moving meanwhile (`LEADER_MOVING`) is waited out
     for up to `timeout` in all: a processor restoring just after a broker died must not
     give up on the first NOT_LEADER."""
-    consumer = Consumer(reader_config(settings, read_committed=True))
+    consumer = new_reader(settings, read_committed=True)
     deadline = time.monotonic() + timeout
     try:
         out: dict[tuple[str, int], tuple[int, int]] = {}
         for topic, p in coords:
             out[(topic, p)] = watermarks(consumer, _TP(topic, p), deadline)
         return out
-    except KafkaException as e:
+    except KafkaFailed as e:
         raise KafkaUnavailable(
-            f"log offsets: {e.args[0]}",
+            f"log offsets: {e.reason}",
             bootstrap=settings.kafka_bootstrap,
         ) from e
     finally:
@@ -251,16 +252,14 @@ def read_messages(
     """`read_records`, as the client's own messages (never an error message): for readers
     that look at most records' keys only (replay by session or run) or read every record
     in bulk (rebuild), where building a `LogRecord` per record would be most of the work."""
-    consumer = Consumer(
-        reader_config(
-            settings,
-            group_id=group_id,
-            read_committed=read_committed,
-            eof=True,
-            # large fetches: a reader is after throughput (the processor's own consumer
-            # keeps the defaults)
-            **{"max.partition.fetch.bytes": 8 << 20},
-        )
+    consumer = new_reader(
+        settings,
+        group_id=group_id,
+        read_committed=read_committed,
+        eof=True,
+        # large fetches: a reader is after throughput (the processor's own consumer
+        # keeps the defaults)
+        **{"max.partition.fetch.bytes": 8 << 20},
     )
     halt = follow or threading.Event()
     try:
@@ -294,7 +293,7 @@ def read_messages(
                     elif err.fatal():
                         raise KafkaUnavailable(
                             f"reading {msg.topic()}: {err}", bootstrap=settings.kafka_bootstrap
-                        ) from KafkaException(err)
+                        ) from failure(err)
                     else:
                         log.warning("reading %s: %s", msg.topic(), err)  # a broker restarting
                     continue

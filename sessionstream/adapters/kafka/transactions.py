@@ -19,14 +19,14 @@ from confluent_kafka import (
     KafkaError,
     KafkaException,
     Message,
-    Producer,
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient
 
+from sessionstream.adapters.kafka.clients import TransactionalProducer
 from sessionstream.adapters.kafka.config import KAFKA_LOG
-from sessionstream.adapters.kafka.errors import unmasked
-from sessionstream.errors import KafkaUnavailable, SessionstreamError
+from sessionstream.adapters.kafka.errors import COORDINATOR_BUSY, FENCING, failure
+from sessionstream.errors import KafkaFailed, KafkaUnavailable, SessionstreamError
 
 __all__ = [
     "ABORT_LIMIT_S",
@@ -54,21 +54,6 @@ RENEW_WINDOW_S = 60.0
 #: itself (librdkafka#3437: it rejoins under a new member id and the coordinator fences the
 #: old one); seen 0-2.5 s apart on the 3-node cluster, so 5 session timeouts is generous
 SELF_FENCE_S = 30.0
-#: the errors that mean a newer producer has our transactional id
-FENCING = frozenset(
-    {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
-)
-#: answers of a broker whose transaction coordinator is not (yet) serving: asked again
-COORDINATOR_BUSY = frozenset(
-    {
-        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-        KafkaError.COORDINATOR_NOT_AVAILABLE,
-        KafkaError.NOT_COORDINATOR,
-        KafkaError._TIMED_OUT,
-        KafkaError._TRANSPORT,
-        KafkaError._ALL_BROKERS_DOWN,
-    }
-)
 #: longest wait for send_offsets_to_transaction before the producer is given up
 SEND_OFFSETS_LIMIT_S = 30.0
 #: how long abort_transaction may keep timing out before the producer is renewed
@@ -82,12 +67,12 @@ class Stopping(SessionstreamError):
 
 
 def init_transactions(
-    make: Callable[[], Producer],
+    make: Callable[[], TransactionalProducer],
     patience_s: float,
     *,
     bootstrap: str,
     stop: threading.Event | None = None,
-) -> Producer:
+) -> TransactionalProducer:
     """A producer from `make`, its transactions initialised. Retriable answers (a restarted
     broker still loading its transaction coordinator, a timeout) are asked again until
     `patience_s` has passed — by the same producer when librdkafka marks the error
@@ -101,19 +86,17 @@ def init_transactions(
         try:
             producer.init_transactions(60 if patience_s <= 0 else 10)
             return producer
-        except KafkaException as e:
-            kerr = e.args[0]
+        except KafkaFailed as e:
             now = time.monotonic()
-            retriable = isinstance(kerr, KafkaError) and not kerr.fatal() and kerr.retriable()
-            busy = isinstance(kerr, KafkaError) and kerr.code() in COORDINATOR_BUSY
-            if not (retriable or busy) or now >= deadline:
+            retriable = not e.fatal and e.retriable
+            if not (retriable or e.coordinator_busy) or now >= deadline:
                 raise KafkaUnavailable(f"init_transactions failed: {e}", bootstrap=bootstrap) from e
             if stop is not None and stop.is_set():
                 raise Stopping("stopped while waiting for the transaction coordinator") from e
             if now - said >= 30:
                 said = now
                 log.warning(
-                    "init_transactions: %s; asking again (%.0fs left)", kerr.str(), deadline - now
+                    "init_transactions: %s; asking again (%.0fs left)", e.reason, deadline - now
                 )
             if not retriable:
                 producer = make()
@@ -125,12 +108,11 @@ class AbortFailed:
     its transactional id (whose init_transactions aborts for it). `stuck`: it did not fail,
     it only kept timing out (no sign of a second instance)."""
 
-    kerr: KafkaError
-    error: KafkaException
+    error: KafkaFailed
     stuck: bool = False
 
 
-def abort_transaction(producer: Producer, *, bootstrap: str) -> AbortFailed | None:
+def abort_transaction(producer: TransactionalProducer, *, bootstrap: str) -> AbortFailed | None:
     """Abort the producer's open transaction: None once aborted; AbortFailed when the
     producer failed fatally, or kept timing out for `ABORT_LIMIT_S` (after a broker restart
     librdkafka's coordinator request can stay queued for good). Any other error that is not
@@ -138,20 +120,18 @@ def abort_transaction(producer: Producer, *, bootstrap: str) -> AbortFailed | No
     deadline = time.monotonic() + ABORT_LIMIT_S
     while True:
         try:
-            with unmasked():
-                producer.abort_transaction(10)
+            producer.abort_transaction(10)
             return None
-        except KafkaException as e:
-            kerr = e.args[0]
-            if kerr.fatal():
-                return AbortFailed(kerr, e)
-            if not kerr.retriable():
+        except KafkaFailed as e:
+            if e.fatal:
+                return AbortFailed(e)
+            if not e.retriable:
                 raise KafkaUnavailable(
-                    f"processor could not abort its transaction: {kerr}", bootstrap=bootstrap
+                    f"processor could not abort its transaction: {e.reason}", bootstrap=bootstrap
                 ) from e
             if time.monotonic() > deadline:
-                return AbortFailed(kerr, e, stuck=True)
-            log.warning("abort_transaction: %s; retrying", kerr)
+                return AbortFailed(e, stuck=True)
+            log.warning("abort_transaction: %s; retrying", e.reason)
 
 
 def stable_offsets(
@@ -274,7 +254,7 @@ class TransactionCommit(Generic[B]):
         #: (topic, partition) -> next offset after the records the transaction delivered
         self.delivered: dict[tuple[str, int], int] = {}
         self.phases: dict[str, float] = {}
-        self.error: KafkaException | None = None
+        self.error: KafkaFailed | None = None
         #: anything else the commit raised: its outcome is unknown (`wait` raises it)
         self.failure: BaseException | None = None
         self.committed = False
@@ -282,71 +262,73 @@ class TransactionCommit(Generic[B]):
         self.step = "start"
         self._done = threading.Event()
 
-    def on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+    def on_delivery(self, err: KafkaFailed | None, msg: Message) -> None:
         if err is None:
             topic, p, offset = msg.topic() or "", msg.partition() or 0, msg.offset() or 0
             if offset + 1 > self.delivered.get((topic, p), 0):
                 self.delivered[(topic, p)] = offset + 1
 
-    def start(self, producer: Producer, offsets: list[TopicPartition], metadata: Any) -> None:
+    def start(
+        self, producer: TransactionalProducer, offsets: list[TopicPartition], metadata: Any
+    ) -> None:
         threading.Thread(
             target=self._run, args=(producer, offsets, metadata), name="commit", daemon=True
         ).start()
 
-    def _run(self, producer: Producer, offsets: list[TopicPartition], metadata: Any) -> None:
+    def _run(
+        self, producer: TransactionalProducer, offsets: list[TopicPartition], metadata: Any
+    ) -> None:
         clock = time.perf_counter
         try:
-            with unmasked():
-                t0 = clock()
-                # the input offsets join the transaction — first, so that its two round
-                # trips (AddOffsetsToTxn, TxnOffsetCommit) overlap the records' own produce
-                # requests, which the follow-up records wait for
-                if offsets:
-                    self.step = "send_offsets"
-                    producer.send_offsets_to_transaction(offsets, metadata, SEND_OFFSETS_LIMIT_S)
-                t1 = clock()
-                # records made from the delivery reports: those are waited for first
-                if self.follow is not None:
-                    self.step = "flush"
-                    left = producer.flush(COMMIT_LIMIT_S)
-                    if left:
-                        raise KafkaException(
-                            KafkaError(
-                                KafkaError._TIMED_OUT,
-                                f"{left} records of the transaction not delivered",
-                            )
-                        )
-                    put = producer.produce
-                    topic = self.follow_topic
-                    for p, key, value, headers in self.follow():
-                        put(topic, key=key, value=value, partition=p, headers=headers)
-                # every record acknowledged (commit_transaction would wait for them anyway):
-                # the next transaction's records may follow ours in the partitions
+            t0 = clock()
+            # the input offsets join the transaction — first, so that its two round
+            # trips (AddOffsetsToTxn, TxnOffsetCommit) overlap the records' own produce
+            # requests, which the follow-up records wait for
+            if offsets:
+                self.step = "send_offsets"
+                producer.send_offsets_to_transaction(offsets, metadata, SEND_OFFSETS_LIMIT_S)
+            t1 = clock()
+            # records made from the delivery reports: those are waited for first
+            if self.follow is not None:
                 self.step = "flush"
-                if producer.flush(COMMIT_LIMIT_S):
-                    raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "records not delivered"))
-                self.appended.set()
-                t2 = clock()
-                if self.after is not None:
-                    self.step = "after"
-                    self._wait_after(self.after)
-                t3 = clock()
-                self.step = "commit"
-                # commit — everything produced and the offsets at once; a retriable error
-                # (broker restarting, coordinator moving) is retried
-                while True:
-                    try:
-                        producer.commit_transaction(COMMIT_LIMIT_S)
-                        break
-                    except KafkaException as e:
-                        kerr = e.args[0]
-                        if kerr.fatal() or kerr.txn_requires_abort() or not kerr.retriable():
-                            raise
-                        log.warning("commit_transaction: %s; retrying", kerr)
+                left = producer.flush(COMMIT_LIMIT_S)
+                if left:
+                    raise failure(
+                        KafkaError(
+                            KafkaError._TIMED_OUT,
+                            f"{left} records of the transaction not delivered",
+                        )
+                    )
+                put = producer.produce
+                topic = self.follow_topic
+                for p, key, value, headers in self.follow():
+                    put(topic, key=key, value=value, partition=p, headers=headers)
+            # every record acknowledged (commit_transaction would wait for them anyway):
+            # the next transaction's records may follow ours in the partitions
+            self.step = "flush"
+            if producer.flush(COMMIT_LIMIT_S):
+                raise failure(KafkaError(KafkaError._TIMED_OUT, "records not delivered"))
+            self.appended.set()
+            t2 = clock()
+            if self.after is not None:
+                self.step = "after"
+                self._wait_after(self.after)
+            t3 = clock()
+            self.step = "commit"
+            # commit — everything produced and the offsets at once; a retriable error
+            # (broker restarting, coordinator moving) is retried
+            while True:
+                try:
+                    producer.commit_transaction(COMMIT_LIMIT_S)
+                    break
+                except KafkaFailed as e:
+                    if e.fatal or e.requires_abort or not e.retriable:
+                        raise
+                    log.warning("commit_transaction: %s; retrying", e.reason)
             self.phases["send_offsets"], self.phases["outcomes"] = t1 - t0, t2 - t1
             self.phases["after"], self.phases["commit"] = t3 - t2, clock() - t3
             self.committed = True
-        except KafkaException as e:
+        except KafkaFailed as e:
             self.error = e
         except BaseException as e:  # never "committed" by default: the waiter raises it
             self.failure = e
@@ -360,7 +342,7 @@ class TransactionCommit(Generic[B]):
         deadline = self.begun_at + self.after_limit_s
         while not after._done.wait(0.2) and not self.cancel.is_set():
             if time.monotonic() > deadline:
-                raise KafkaException(
+                raise failure(
                     KafkaError(
                         KafkaError._STATE,
                         f"the transaction before this one did not commit within "
@@ -369,7 +351,7 @@ class TransactionCommit(Generic[B]):
                     )
                 )
         if self.cancel.is_set() or not after.committed:
-            raise KafkaException(
+            raise failure(
                 KafkaError(
                     KafkaError._STATE,
                     "the transaction this one was decided on top of did not commit",
@@ -389,16 +371,16 @@ class TransactionCommit(Generic[B]):
         """Whether the commit thread has ended (committed or not)."""
         return self._done.is_set()
 
-    def wait(self, limit_s: float | None = None) -> KafkaException | None:
+    def wait(self, limit_s: float | None = None) -> KafkaFailed | None:
         """The commit's error, if any. After a broker restart librdkafka can block in
         send_offsets_to_transaction forever, its timeout notwithstanding (librdkafka#5456,
         #5511): past `limit_s` (by default: until `limit_s` seconds from the start, see
         `left`) the producer is given up as fatally failed, and a new one with our
         transactional id fences it. The stuck call keeps its thread. Anything but
-        a KafkaException leaves the commit's outcome unknown: it is raised (a restart
+        a KafkaFailed leaves the commit's outcome unknown: it is raised (a restart
         restores what was committed)."""
         if not self._done.wait(self.left() if limit_s is None else limit_s):
-            return KafkaException(
+            return failure(
                 KafkaError(
                     KafkaError._TIMED_OUT,
                     f"transaction commit stuck (in {self.step})",

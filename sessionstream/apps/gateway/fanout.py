@@ -27,11 +27,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, IsolationLevel, KafkaError, Message, TopicPartition
-from confluent_kafka.admin import OffsetSpec
-
 from sessionstream.adapters.access import CLIENT_GROUP_PREFIX
-from sessionstream.adapters.kafka import new_admin, new_reader, take
+from sessionstream.adapters.kafka import (
+    Message,
+    Reader,
+    TopicPartition,
+    new_admin,
+    new_reader,
+    record_failure,
+    take,
+)
 from sessionstream.adapters.registry import reader_codec
 from sessionstream.core.partitioning import partition_for
 from sessionstream.errors import KafkaUnavailable
@@ -129,7 +134,7 @@ class EventFanout:
             catch_up_threads, thread_name_prefix="gateway-catch-up"
         )
         self._local = threading.local()
-        self._page_consumers: list[Consumer] = []
+        self._page_consumers: list[Reader] = []
 
     def start(self, timeout: float = 30.0) -> None:
         self._thread.start()
@@ -222,17 +227,17 @@ class EventFanout:
                         bootstrap=self.settings.kafka_bootstrap,
                     )
                 for msg in take(consumer, 500, 0.1):
-                    err = msg.error()
+                    err = record_failure(msg)
                     if err is not None:
-                        if err.code() == KafkaError._PARTITION_EOF:
+                        if err.partition_eof:
                             nxt = end  # read_committed: nothing more below the LSO
                             break
-                        if err.fatal():
+                        if err.fatal:
                             raise KafkaUnavailable(
-                                f"catch-up of {topic}[{p}]: {err}",
+                                f"catch-up of {topic}[{p}]: {err.reason}",
                                 bootstrap=self.settings.kafka_bootstrap,
-                            )
-                        log.warning("gateway: catch-up read: %s", err)
+                            ) from err
+                        log.warning("gateway: catch-up read: %s", err.reason)
                         continue
                     offset = msg.offset() or 0
                     if offset >= end:
@@ -259,17 +264,17 @@ class EventFanout:
             consumer.unassign()
         return items, nxt
 
-    def _page_consumer(self) -> Consumer:
-        consumer: Consumer | None = getattr(self._local, "consumer", None)
+    def _page_consumer(self) -> Reader:
+        consumer: Reader | None = getattr(self._local, "consumer", None)
         if consumer is None:
             consumer = new_reader(
-                    self.settings,
-                    group_id=f"{CLIENT_GROUP_PREFIX}sse-{uuid.uuid4()}",
-                    eof=True,
-                    fetch_wait_ms=5,
-                    # what one page may prefetch, not librdkafka's 64 MB a consumer
-                    **_PAGE_FETCH,
-                )
+                self.settings,
+                group_id=f"{CLIENT_GROUP_PREFIX}sse-{uuid.uuid4()}",
+                eof=True,
+                fetch_wait_ms=5,
+                # what one page may prefetch, not librdkafka's 64 MB a consumer
+                **_PAGE_FETCH,
+            )
             self._local.consumer = consumer
             with self._lock:
                 self._page_consumers.append(consumer)
@@ -283,19 +288,17 @@ class EventFanout:
         meta = admin.list_topics(topic, timeout=10).topics[topic]
         if meta.error is not None:
             raise RuntimeError(f"events topic {topic}: {meta.error}")
-        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
-        req = {TopicPartition(topic, p): latest for p in meta.partitions}
-        got = admin.list_offsets(req, isolation_level=IsolationLevel.READ_COMMITTED)
-        return {tp.partition: int(f.result(timeout=10).offset) for tp, f in got.items()}
+        got = admin.latest_offsets([(topic, p) for p in meta.partitions], committed=True)
+        return {p: offset for (_topic, p), offset in got.items()}
 
     def _run(self) -> None:
         try:
             ends = self._ends()
             consumer = new_reader(
-                    self.settings,
-                    group_id=f"{CLIENT_GROUP_PREFIX}sse-{uuid.uuid4()}",
-                    fetch_wait_ms=5,
-                )
+                self.settings,
+                group_id=f"{CLIENT_GROUP_PREFIX}sse-{uuid.uuid4()}",
+                fetch_wait_ms=5,
+            )
             topic = self.settings.events_topic
             consumer.assign([TopicPartition(topic, p, o) for p, o in ends.items()])
             self.partitions = len(ends)
@@ -324,10 +327,10 @@ class EventFanout:
         deliveries: dict[Subscriber, list[Item]] = {}
         with self._lock:
             for msg in batch:
-                err = msg.error()
+                err = record_failure(msg)
                 if err is not None:
-                    if err.code() != KafkaError._PARTITION_EOF:
-                        log.warning("gateway: reading events: %s", err)
+                    if not err.partition_eof:
+                        log.warning("gateway: reading events: %s", err.reason)
                     continue
                 p, offset = msg.partition() or 0, msg.offset() or 0
                 self._position[p] = offset + 1

@@ -15,9 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from confluent_kafka import Message, Producer
-
-from sessionstream.adapters.kafka import dead_letter_headers
+from sessionstream.adapters.kafka import Message, TransactionalProducer, dead_letter_headers
 from sessionstream.core.open_runs import open_run, opening_key
 from sessionstream.core.state import SessionState
 from sessionstream.core.step import (
@@ -230,7 +228,7 @@ def decide_batch(
 
 
 def produce(
-    producer: Producer,
+    producer: TransactionalProducer,
     s: Settings,
     codec: Codec,
     batch: Batch,
@@ -308,7 +306,7 @@ def produce(
         )
 
 
-def produce_misfits(producer: Producer, s: Settings, batch: Batch) -> None:
+def produce_misfits(producer: TransactionalProducer, s: Settings, batch: Batch) -> None:
     """The batch's records that were not decided here: the dead letters (to the dead-letter
     topic, with headers that say why and where each was) and the commands produced without
     the murmur2 partitioner, which sit where their session's processor never looks (to the

@@ -11,11 +11,13 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-
-from sessionstream.adapters.kafka import client_config
+from sessionstream.adapters.kafka import (
+    GroupConsumer,
+    TopicPartition,
+    TransactionalProducer,
+    client_config,
+)
 from sessionstream.adapters.kafka.transactions import (
-    FENCING,
     RENEW_WINDOW_S,
     GroupLog,
     TransactionCommit,
@@ -23,7 +25,7 @@ from sessionstream.adapters.kafka.transactions import (
     consumer_fence_is_foreign,
     stable_offsets,
 )
-from sessionstream.errors import KafkaUnavailable, SingleWriterViolation
+from sessionstream.errors import KafkaFailed, KafkaUnavailable, SingleWriterViolation
 from sessionstream.runtimes.processor.batch import Batch
 from sessionstream.runtimes.processor.partition import PartitionState
 from sessionstream.runtimes.processor.stats import StatsObserver
@@ -51,8 +53,8 @@ class Recovery:
     classes: dict[str, CommandClass]
     partitions: dict[int, PartitionState]
     observer: StatsObserver
-    _producers: list[Producer]
-    _consumer: Consumer | None
+    _producers: list[TransactionalProducer]
+    _consumer: GroupConsumer | None
     _inflight: TransactionCommit[Batch] | None
     _older: TransactionCommit[Batch] | None
     #: slot -> when its producer was made (`_renew_siblings`)
@@ -66,11 +68,13 @@ class Recovery:
 
     if TYPE_CHECKING:  # provided by the processor (`loop.TransactionalProcessor`)
 
-        def _transactional_producer(self, slot: int, patience_s: float = 0.0) -> Producer: ...
+        def _transactional_producer(
+            self, slot: int, patience_s: float = 0.0
+        ) -> TransactionalProducer: ...
 
-        def _group_consumer(self) -> Consumer: ...
+        def _group_consumer(self) -> GroupConsumer: ...
 
-        def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None: ...
+        def _on_revoke(self, consumer: GroupConsumer, partitions: list[TopicPartition]) -> None: ...
 
         def _committed(self, commit: TransactionCommit[Batch]) -> None: ...
 
@@ -87,20 +91,19 @@ class Recovery:
             raise RuntimeError(
                 "a transaction committed while the one before it was taken for failed"
             )
-        kerr = error.args[0]
-        if kerr.fatal():
-            self._renew_producer(kerr, error, commit.slot, stuck=self._timed_out(kerr, commit))
+        if error.fatal:
+            self._renew_producer(error, commit.slot, stuck=self._timed_out(error, commit))
             return
         self.observer.aborted()
         failed = abort_transaction(
             self._producers[commit.slot], bootstrap=self.settings.kafka_bootstrap
         )
         if failed is not None:
-            self._renew_producer(failed.kerr, failed.error, commit.slot, stuck=failed.stuck)
+            self._renew_producer(failed.error, commit.slot, stuck=failed.stuck)
 
     def _abort(
         self,
-        error: KafkaException,
+        error: KafkaFailed,
         batch: Batch,
         slot: int,
         *,
@@ -116,11 +119,10 @@ class Recovery:
         offsets say which, and a transaction that committed after all counts as committed
         (step 5) — never decided again. Returns whether it committed."""
         assert self._consumer is not None
-        kerr = error.args[0]
         renewed = True
-        if kerr.fatal():
-            self._renew_producer(kerr, error, slot, stuck=self._timed_out(kerr, commit))
-            if kerr.code() not in FENCING:
+        if error.fatal:
+            self._renew_producer(error, slot, stuck=self._timed_out(error, commit))
+            if not error.fenced:
                 self._renew_siblings(slot, commit)
         else:
             # Anything else is aborted and the batch decided again: abortable errors (our
@@ -128,22 +130,23 @@ class Recovery:
             # and the _STATE error produce() raises once the transaction failed in the
             # background (a broker restart: OUT_OF_ORDER_SEQUENCE_NUMBER).
             # abort_transaction says if not.
-            log.warning("aborting transaction: %s", kerr)
+            log.warning("aborting transaction: %s", error)
             self.observer.aborted()
             failed = abort_transaction(
                 self._producers[slot], bootstrap=self.settings.kafka_bootstrap
             )
             if failed is not None:
-                self._renew_producer(failed.kerr, failed.error, slot, stuck=failed.stuck)
-            elif self._wedged(kerr, slot):
-                self._renew_producer(kerr, error, slot, stuck=True)
+                self._renew_producer(failed.error, slot, stuck=failed.stuck)
+            elif self._wedged(error, slot):
+                self._renew_producer(error, slot, stuck=True)
             renewed = failed is not None
         # an abort the coordinator took is certain; a producer renewed instead leaves it to
         # the new producer's init_transactions, which completes a commit the coordinator
         # had begun
         if commit is not None and renewed and self._committed_after_all(batch):
             log.warning(
-                "the transaction that failed (%s) committed after all: its decisions stand", kerr
+                "the transaction that failed (%s) committed after all: its decisions stand",
+                error,
             )
             self._committed(commit)
             self.observer.stats.committed_after_all += 1
@@ -176,14 +179,14 @@ class Recovery:
                 other, patience_s=RENEW_PATIENCE_S
             )
 
-    def _wedged(self, kerr: KafkaError, slot: int) -> bool:
+    def _wedged(self, error: KafkaFailed, slot: int) -> bool:
         """Whether the producer of `slot` timed out in `WEDGED_AFTER` transactions in a row:
         after a broker restart librdkafka can keep its requests to the transaction
         coordinator queued for good (`REQTMOUT … 1 out-queue`: each AddOffsetsToTxn times out
         after transaction.timeout.ms, while the abort goes through), and only a new producer
         connects again. Seen in the broker-restart fault test: one transaction in two failing
         for 3 minutes, every lease expiring meanwhile."""
-        if kerr.code() != KafkaError._TIMED_OUT:
+        if not error.timed_out:
             self._timeouts[slot] = 0
             return False
         self._timeouts[slot] = self._timeouts.get(slot, 0) + 1
@@ -197,13 +200,13 @@ class Recovery:
         )
         return True
 
-    def _timed_out(self, kerr: KafkaError, commit: TransactionCommit[Batch] | None) -> bool:
+    def _timed_out(self, error: KafkaFailed, commit: TransactionCommit[Batch] | None) -> bool:
         """Whether a fence is the coordinator's transaction timeout rather than another
         instance with our transactional id: the transaction was open at least
         transaction.timeout.ms (a commit slowed by a broker fault, or a transaction that
         waited for the one before it). The coordinator then aborts it and bumps the epoch,
         which fences the producer however recently it was renewed."""
-        if commit is None or kerr.code() not in FENCING:
+        if commit is None or not error.fenced:
             return False
         if commit.age() < self.settings.transaction_timeout_ms / 1000:
             return False
@@ -260,12 +263,10 @@ class Recovery:
             if p in self.partitions:
                 try:
                     self._consumer.seek(TopicPartition(t, p, o))
-                except KafkaException as e:  # no longer ours: its next owner reads it
-                    log.warning("cannot rewind %s[%s] to %s: %s", t, p, o, e.args[0])
+                except KafkaFailed as e:  # no longer ours: its next owner reads it
+                    log.warning("cannot rewind %s[%s] to %s: %s", t, p, o, e.reason)
 
-    def _renew_producer(
-        self, kerr: KafkaError, error: KafkaException, slot: int, *, stuck: bool = False
-    ) -> None:
+    def _renew_producer(self, error: KafkaFailed, slot: int, *, stuck: bool = False) -> None:
         """Our producer of `slot` failed fatally. A broker restart that outlives
         `transaction.timeout.ms` does that: the coordinator aborts the open transaction
         itself and bumps the epoch, and our next EndTxn gets _FENCED or INVALID_TXN_STATE.
@@ -281,21 +282,22 @@ class Recovery:
         # only fencing says "another instance": a coordinator that moved twice within the
         # window answers INVALID_TXN_STATE to the abort each time (seen on the 3-node
         # cluster: a leader kill that took the coordinator, then a coordinator kill)
-        fenced = kerr.code() in FENCING
         last = self._renewed_at.get(slot)
-        again = fenced and not stuck and last is not None and now - last < RENEW_WINDOW_S
+        again = error.fenced and not stuck and last is not None and now - last < RENEW_WINDOW_S
         if again:
             raise KafkaUnavailable(
-                f"processor transaction failed fatally: {kerr}",
+                f"processor transaction failed fatally: {error}",
                 bootstrap=self.settings.kafka_bootstrap,
             ) from error
         log.warning(
-            "producer %s failed (%s); a new producer takes over its transactional id", slot, kerr
+            "producer %s failed (%s); a new producer takes over its transactional id",
+            slot,
+            error,
         )
         self._renewed_at[slot] = now
         self._producers[slot] = self._transactional_producer(slot, patience_s=RENEW_PATIENCE_S)
 
-    def _renew_consumer(self, error: KafkaException) -> None:
+    def _renew_consumer(self, error: KafkaFailed) -> None:
         """Our consumer failed fatally: as a static member it was fenced. librdkafka fences
         itself that way when its session times out during a broker restart — it rejoins
         under a new member id and the coordinator fences the old one (librdkafka#3437) —
@@ -307,14 +309,14 @@ class Recovery:
         last = self._consumer_renewed_at
         if consumer_fence_is_foreign(now, last, self._group_log.session_timeout_at):
             raise KafkaUnavailable(
-                f"processor consumer failed fatally: {error.args[0]}",
+                f"processor consumer failed fatally: {error}",
                 bootstrap=self.settings.kafka_bootstrap,
             ) from error
-        log.warning("consumer failed (%s); a new consumer rejoins the group", error.args[0])
+        log.warning("consumer failed (%s); a new consumer rejoins the group", error)
         self._consumer_renewed_at = now
         assert self._consumer is not None
         owned = [TopicPartition(t, p) for t in self.classes for p in self.partitions]
         self._on_revoke(self._consumer, owned)
-        with contextlib.suppress(KafkaException, SystemError, RuntimeError):
+        with contextlib.suppress(KafkaFailed, SystemError, RuntimeError):
             self._consumer.close()
         self._consumer = self._group_consumer()

@@ -51,21 +51,17 @@ from pathlib import Path
 from typing import Any
 
 import rocksdict
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    Consumer,
-    KafkaException,
-    Message,
-    Producer,
-    TopicPartition,
-)
 
 from sessionstream.adapters import metrics
 from sessionstream.adapters.kafka import (
+    OFFSET_BEGINNING,
+    GroupConsumer,
+    Message,
+    TopicPartition,
+    TransactionalProducer,
     data_messages,
     new_group_consumer,
     new_transactional_producer,
-    unmasked,
 )
 from sessionstream.adapters.kafka.transactions import (
     COMMIT_LIMIT_S,
@@ -79,6 +75,7 @@ from sessionstream.adapters.registry import attach_registry
 from sessionstream.adapters.topics import check_topics, ensure_topics
 from sessionstream.core.decider import DeciderConfig
 from sessionstream.core.step import CommandStep
+from sessionstream.errors import KafkaFailed
 from sessionstream.runtimes.processor.batch import (
     Batch,
     View,
@@ -167,7 +164,7 @@ class TransactionalProcessor(Recovery):
         #: the CloudEvents headers of the events (made once the registry ids are known)
         self._cloudevents: CloudEventHeaders | None = None
         #: the transactional producers, used in turn; `_slot` runs the next transaction
-        self._producers: list[Producer] = []
+        self._producers: list[TransactionalProducer] = []
         self._slot = 0
         self._stop, self._consumer = threading.Event(), None  # the stop: run()'s, once it runs
         self._renewed_at, self._timeouts = {}, {}  # per slot (`failures.Recovery`)
@@ -224,23 +221,23 @@ class TransactionalProcessor(Recovery):
             raise
         self._consumer = self._group_consumer()
 
-    def _group_consumer(self) -> Consumer:
+    def _group_consumer(self) -> GroupConsumer:
         """Our member of the processor group, subscribed to the three input topics."""
         s = self.settings
         consumer = new_group_consumer(
-                s,
-                s.processor_group,
-                **{
-                    "client.id": f"processor-{self.instance_id}",
-                    # static membership: a restarted instance gets its partitions back at
-                    # once instead of after the dead member's session timeout; a second
-                    # process with the same instance id is fenced by the coordinator
-                    "group.instance.id": f"processor-{self.instance_id}",
-                    "max.poll.interval.ms": MAX_POLL_INTERVAL_MS,
-                    "fetch.wait.max.ms": 10,
-                    "logger": self._group_log,
-                },
-            )
+            s,
+            s.processor_group,
+            **{
+                "client.id": f"processor-{self.instance_id}",
+                # static membership: a restarted instance gets its partitions back at
+                # once instead of after the dead member's session timeout; a second
+                # process with the same instance id is fenced by the coordinator
+                "group.instance.id": f"processor-{self.instance_id}",
+                "max.poll.interval.ms": MAX_POLL_INTERVAL_MS,
+                "fetch.wait.max.ms": 10,
+                "logger": self._group_log,
+            },
+        )
         consumer.subscribe(
             list(self.classes),
             on_assign=self._on_assign,
@@ -249,7 +246,7 @@ class TransactionalProcessor(Recovery):
         )
         return consumer
 
-    def _transactional_producer(self, slot: int, patience_s: float = 0.0) -> Producer:
+    def _transactional_producer(self, slot: int, patience_s: float = 0.0) -> TransactionalProducer:
         """The producer of `slot`, with its stable transactional id; `init_transactions`
         fences (and aborts the open transaction of) any earlier producer with that id.
         Retriable answers are asked again until `patience_s` has passed."""
@@ -264,7 +261,7 @@ class TransactionalProcessor(Recovery):
         )
 
     # -- rebalance --------------------------------------------------------------------------
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_assign(self, consumer: GroupConsumer, partitions: list[TopicPartition]) -> None:
         self._settle_all()  # our transactions first: their offsets count below
         numbers = co_partitioned([(tp.topic, tp.partition) for tp in partitions], self.classes)
         # Step 1: committed offsets (stable: waits out a predecessor's pending transaction)
@@ -298,7 +295,7 @@ class TransactionalProcessor(Recovery):
         log.info("assigned %s", numbers)
         self.ready.set()
 
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_revoke(self, consumer: GroupConsumer, partitions: list[TopicPartition]) -> None:
         # the transactions in flight end (commit or abort) before the partitions go
         self._settle_all()
         for tp in partitions:
@@ -387,14 +384,13 @@ class TransactionalProcessor(Recovery):
         and gathers until `processor_linger_ms` after the last transaction began."""
         assert self._consumer is not None
         consumer, size = self._consumer, self.batch_size
-        with unmasked():
-            first = consumer.poll(0 if self._inflight is not None else 0.05)
-            batch: list[Message] = [first] if first is not None else []
-            if first is not None:
-                batch += consumer.consume(size - 1, timeout=0)
-                until = self._last_begin + self.linger_s
-                while len(batch) < size and (left := until - time.perf_counter()) > 0:
-                    batch += consumer.consume(size - len(batch), timeout=left)
+        first = consumer.poll(0 if self._inflight is not None else 0.05)
+        batch: list[Message] = [first] if first is not None else []
+        if first is not None:
+            batch += consumer.consume(size - 1, timeout=0)
+            until = self._last_begin + self.linger_s
+            while len(batch) < size and (left := until - time.perf_counter()) > 0:
+                batch += consumer.consume(size - len(batch), timeout=left)
         return self._records(batch)
 
     def _more(self, n: int) -> list[Message] | None:
@@ -402,15 +398,14 @@ class TransactionalProcessor(Recovery):
         assert self._consumer is not None
         if n <= 0:
             return []
-        with unmasked():
-            consumed = self._consumer.consume(n, timeout=0)
+        consumed = self._consumer.consume(n, timeout=0)
         return self._records(consumed)
 
     def _records(self, consumed: list[Message]) -> list[Message] | None:
         """The records among what was consumed; None if the consumer failed (renewed)."""
         try:
             return data_messages(consumed, log)
-        except KafkaException as e:
+        except KafkaFailed as e:
             self._renew_consumer(e)
             return None
 
@@ -456,25 +451,24 @@ class TransactionalProcessor(Recovery):
         commit.phases["decide"] = decided
         t0 = self._last_begin = clock()
         try:
-            with unmasked():
-                # Step 1: open the transaction
-                producer.begin_transaction()
-                t1 = clock()
-                # Step 2: the events, changelogs (states, open runs, command ids), fired
-                # timers, dead letters and forwarded records
-                produce(
-                    producer,
-                    self.settings,
-                    self.codec,
-                    batch,
-                    commit.on_delivery,
-                    self._cloudevents,
-                )
-                produce_misfits(producer, self.settings, batch)
-                if batch.forwards:
-                    self._forwarded(batch.forwards)
-                metadata = self._consumer.consumer_group_metadata()
-        except KafkaException as e:
+            # Step 1: open the transaction
+            producer.begin_transaction()
+            t1 = clock()
+            # Step 2: the events, changelogs (states, open runs, command ids), fired
+            # timers, dead letters and forwarded records
+            produce(
+                producer,
+                self.settings,
+                self.codec,
+                batch,
+                commit.on_delivery,
+                self._cloudevents,
+            )
+            produce_misfits(producer, self.settings, batch)
+            if batch.forwards:
+                self._forwarded(batch.forwards)
+            metadata = self._consumer.consumer_group_metadata()
+        except KafkaFailed as e:
             self._abort(e, batch, slot)
             return
         commit.phases["begin"], commit.phases["produce"] = t1 - t0, clock() - t1
@@ -585,15 +579,15 @@ class TransactionalProcessor(Recovery):
     def _release(self) -> None:
         """Consumer, stores and producers closed, whatever fails on the way."""
         if self._consumer is not None:
-            with contextlib.suppress(KafkaException, SystemError, RuntimeError):
+            with contextlib.suppress(KafkaFailed, SystemError, RuntimeError):
                 self._consumer.close()
             self._consumer = None
         for part in self.partitions.values():
             part.close()
         self.partitions.clear()
         for producer in self._producers:
-            # a fatal producer cannot flush; a fenced one may say so with a SystemError
-            # (`unmasked`): the error that stops the processor is the one to report
-            with contextlib.suppress(KafkaException, SystemError):
+            # a fatal producer cannot flush (a fenced one says so through the adapter's
+            # translation): the error that stops the processor is the one to report
+            with contextlib.suppress(KafkaFailed, SystemError):
                 producer.flush(5)
         self._producers = []

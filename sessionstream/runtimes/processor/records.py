@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from confluent_kafka import Message
+from sessionstream.adapters.kafka import Message
 
 __all__ = ["coords", "log_time"]
 

@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import rocksdict
-from confluent_kafka import OFFSET_BEGINNING
 
-from sessionstream.adapters.kafka import log_bounds, read_records
+from sessionstream.adapters.kafka import OFFSET_BEGINNING, log_bounds, read_records
 from sessionstream.adapters.topics import topic_ids
 from sessionstream.core.decider import DeciderConfig, evolve
 from sessionstream.core.state import SessionState

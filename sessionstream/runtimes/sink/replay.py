@@ -12,17 +12,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import psycopg
-from confluent_kafka import KafkaException, TopicPartition
 
 from sessionstream.adapters.kafka import (
     METADATA_WAIT_S,
+    TopicPartition,
     new_reader,
     partitions_of,
     read_messages,
 )
 from sessionstream.adapters.registry import reader_codec
 from sessionstream.core.partitioning import partition_for
-from sessionstream.errors import KafkaUnavailable
+from sessionstream.errors import KafkaFailed, KafkaUnavailable
 from sessionstream.runtimes.sink.rebuild import RebuildReport, rebuild
 from sessionstream.schemas.codec import Codec
 from sessionstream.schemas.events import Event
@@ -178,9 +178,9 @@ def offsets_for_time(
             else:
                 out[tp.partition] = int(tp.offset)
         return out
-    except KafkaException as e:
+    except KafkaFailed as e:
         raise KafkaUnavailable(
-            f"offsets of {topic} at {ts_ms}: {e}", bootstrap=settings.kafka_bootstrap
+            f"offsets of {topic} at {ts_ms}: {e.reason}", bootstrap=settings.kafka_bootstrap
         ) from e
     finally:
         consumer.close()

@@ -23,14 +23,20 @@ from dataclasses import dataclass, field
 from functools import partial
 
 import psycopg
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 
 from sessionstream.adapters import metrics
-from sessionstream.adapters.kafka import data_messages, new_group_consumer
+from sessionstream.adapters.kafka import (
+    OFFSET_BEGINNING,
+    GroupConsumer,
+    Message,
+    TopicPartition,
+    data_messages,
+    new_group_consumer,
+)
 from sessionstream.adapters.postgres import Reconnecting
 from sessionstream.adapters.postgres.migrate import migrate
 from sessionstream.adapters.registry import SchemaRegistry
-from sessionstream.errors import IncompatibleEvent
+from sessionstream.errors import IncompatibleEvent, KafkaFailed
 from sessionstream.runtimes.sink.writer import PendingEvent, WriteMode, write_batch
 from sessionstream.schemas.codec import Codec
 from sessionstream.schemas.errors import DecodeError
@@ -79,7 +85,7 @@ class Sink:
         self._db = Reconnecting(
             settings, self.schema, max_backoff_s=max_backoff_s, on_retry=self._retried
         )
-        self._consumer: Consumer | None = None
+        self._consumer: GroupConsumer | None = None
         self.stall_s = settings.sink_stall_s
         self._watch_new_consumer()
         # the end of the last batch written: the loop did not poll while it wrote (a
@@ -115,14 +121,14 @@ class Sink:
         # offsets live in PostgreSQL with the rows: the group only assigns partitions
         self._watch_new_consumer()
         self._consumer = new_group_consumer(
-                self.settings,
-                self.group,
-                **{
-                    "fetch.wait.max.ms": 20,
-                    "statistics.interval.ms": int(min(5.0, self.stall_s / 3) * 1000),
-                    "stats_cb": self._on_stats,
-                },
-            )
+            self.settings,
+            self.group,
+            **{
+                "fetch.wait.max.ms": 20,
+                "statistics.interval.ms": int(min(5.0, self.stall_s / 3) * 1000),
+                "stats_cb": self._on_stats,
+            },
+        )
         self._consumer.subscribe([self.settings.events_topic], on_assign=self._on_assign)
 
     def _watch_new_consumer(self) -> None:
@@ -170,7 +176,7 @@ class Sink:
             ).start()
         self._subscribe()
 
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_assign(self, consumer: GroupConsumer, partitions: list[TopicPartition]) -> None:
         stored = self._retrying("reading sink offsets", self.stored_offsets)
         start = [
             TopicPartition(tp.topic, tp.partition, stored.get(tp.partition, OFFSET_BEGINNING))
@@ -249,10 +255,7 @@ class Sink:
                 metrics.SINK_BATCH_SECONDS.observe(ms / 1000)
                 self._report_lag(nxt)
                 # informational: lets the usual tools show the sink's lag
-                self._consumer.commit(
-                    offsets=[TopicPartition(t, p, o) for (t, p), o in nxt.items()],
-                    asynchronous=True,
-                )
+                self._consumer.commit_async([TopicPartition(t, p, o) for (t, p), o in nxt.items()])
         finally:
             self.close()
 
@@ -264,7 +267,7 @@ class Sink:
                 _low, high = self._consumer.get_watermark_offsets(
                     TopicPartition(topic, p), cached=True
                 )
-            except KafkaException:
+            except KafkaFailed:
                 continue
             if high >= 0:
                 metrics.SINK_LAG.labels(str(p)).set(max(0, high - offset))
@@ -276,6 +279,6 @@ class Sink:
         self._db.close()
 
 
-def _close_quietly(consumer: Consumer) -> None:
-    with contextlib.suppress(KafkaException, RuntimeError):
+def _close_quietly(consumer: GroupConsumer) -> None:
+    with contextlib.suppress(KafkaFailed, RuntimeError):
         consumer.close()

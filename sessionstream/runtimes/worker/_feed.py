@@ -1,4 +1,5 @@
-"""Kafka side of a worker (confluent-kafka, one thread per consumer; see docs/workers.md).
+"""Kafka side of a worker (the Kafka adapter's readers, one thread per consumer; see
+docs/workers.md).
 
 No consumer group: partition ownership has nothing to do with who runs what, the lease
 does. Three feeds, each handing decoded records to the asyncio loop with
@@ -23,10 +24,16 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
 from pydantic import ValidationError
 
-from sessionstream.adapters.kafka import end_offset, new_reader, read_records
+from sessionstream.adapters.kafka import (
+    Reader,
+    TopicPartition,
+    end_offset,
+    new_reader,
+    read_records,
+    record_failure,
+)
 from sessionstream.schemas.codec import Codec
 from sessionstream.schemas.discovery import OpenRun, WorkerPresence
 from sessionstream.schemas.errors import DecodeError
@@ -63,7 +70,7 @@ def _key_text(key: bytes, topic: str) -> str | None:
         return None
 
 
-def _reader(settings: Settings, **extra: Any) -> Consumer:
+def _reader(settings: Settings, **extra: Any) -> Reader:
     """An assign-only consumer (its group id is never joined nor committed)."""
     return new_reader(settings, group_id=f"sessionstream-worker-{uuid.uuid4()}", **extra)
 
@@ -217,14 +224,14 @@ class ControlFeed(_Thread):
                     continue
                 msg = c.poll(0.02)
                 while msg is not None:
-                    err = msg.error()
+                    err = record_failure(msg)
                     if err is None:
                         event = _decode(self.codec, msg.value())
                         if event is not None:
                             p = msg.partition() or 0
                             self.loop.call_soon_threadsafe(self.on_event, event, p)
-                    elif err.code() != KafkaError._PARTITION_EOF:
-                        log.warning("control consumer: %s", err)
+                    elif not err.partition_eof:
+                        log.warning("control consumer: %s", err.reason)
                     msg = c.poll(0)
         finally:
             c.close()

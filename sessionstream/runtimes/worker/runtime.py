@@ -26,18 +26,17 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaError, KafkaException, Producer
-
 from sessionstream.adapters import metrics
 from sessionstream.adapters.kafka import (
+    CommandProducer,
+    Message,
     new_command_producer,
     produce,
     unavailable,
-    unmasked,
 )
 from sessionstream.adapters.registry import attach_registry
 from sessionstream.adapters.topics import command_topic
-from sessionstream.errors import SessionstreamError
+from sessionstream.errors import KafkaFailed, SessionstreamError
 from sessionstream.runtimes.worker._execution import Execution, RunSpec
 from sessionstream.runtimes.worker._feed import ControlFeed, OpenRunsFeed, PresenceFeed
 from sessionstream.runtimes.worker._handler import Handler, check_handler
@@ -127,7 +126,7 @@ class Worker:
         self._presence: dict[str, tuple[WorkerPresence, int]] = {}  # worker -> (record, ms)
         self._consider_scheduled = False
         self._timers: dict[str, asyncio.TimerHandle] = {}  # run id -> its ranked wait
-        self._producer: Producer | None = None
+        self._producer: CommandProducer | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.ready = asyncio.Event()
         #: what ended a background task of `run` (the producer's pump, the presence beat)
@@ -179,7 +178,7 @@ class Worker:
                 t.cancel()
             await self._shutdown()
         if self.failure is not None:
-            if isinstance(self.failure, KafkaException):
+            if isinstance(self.failure, KafkaFailed):
                 raise unavailable("the worker failed", self.failure, self.settings) from (
                     self.failure
                 )
@@ -245,7 +244,7 @@ class Worker:
             feed.close()
         if self._producer is not None:
             # a producer that turned fatal has nothing more to deliver
-            with contextlib.suppress(KafkaException, SystemError):
+            with contextlib.suppress(KafkaFailed, SystemError):
                 await asyncio.to_thread(self._producer.flush, 10)
         if self.executor is not None:
             await self.executor.close()
@@ -256,16 +255,15 @@ class Worker:
         """At shutdown after the producer failed: what cannot be sent is logged, and the
         shutdown goes on (the leases then expire on their own)."""
         try:
-            with unmasked():
-                yield
-        except (KafkaException, SessionstreamError) as e:
+            yield
+        except SessionstreamError as e:  # KafkaFailed among them
             log.warning("%s was not sent: %s", what, e)
 
     async def _pump_producer(self) -> None:
         while True:
             assert self._producer is not None
-            with unmasked():  # a fatal error named as itself, not as a SystemError
-                self._producer.poll(0)
+            # a fatal error raises KafkaFailed (named as itself, not as a SystemError)
+            self._producer.poll(0)
             await asyncio.sleep(0.02)
 
     async def _presence_loop(self) -> None:
@@ -289,7 +287,7 @@ class Worker:
     def _send(self, topic: str, key: bytes, value: bytes | None, what: str) -> None:
         assert self._producer is not None
 
-        def delivered(err: KafkaError | None, _msg: object) -> None:
+        def delivered(err: KafkaFailed | None, _msg: Message) -> None:
             if err is not None:
                 log.error("%s not delivered: %s", what, err)
 

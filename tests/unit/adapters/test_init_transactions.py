@@ -11,12 +11,14 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
+from sessionstream.adapters.kafka import TransactionalProducer
 from sessionstream.adapters.kafka.transactions import Stopping, init_transactions
 from sessionstream.errors import KafkaUnavailable
 
 
 class Answers:
-    """Producers whose init_transactions answer from a shared script (None: success)."""
+    """Producers (the adapter's client around a stand-in driver) whose init_transactions
+    answer from a shared script (None: success)."""
 
     def __init__(self, *answers: KafkaError | None) -> None:
         self.answers = list(answers)
@@ -34,9 +36,9 @@ class Answers:
             if answer is not None:
                 raise KafkaException(answer)
 
-    def make(self) -> Answers.Producer:
+    def make(self) -> TransactionalProducer:
         self.made.append(Answers.Producer(self))
-        return self.made[-1]
+        return TransactionalProducer(self.made[-1])  # type: ignore[arg-type]
 
 
 def load_in_progress(retriable: bool) -> KafkaError:
@@ -45,8 +47,8 @@ def load_in_progress(retriable: bool) -> KafkaError:
 
 def test_a_retriable_answer_is_asked_again_by_the_same_producer() -> None:
     a = Answers(load_in_progress(True), KafkaError(KafkaError._TIMED_OUT, retriable=True), None)
-    got: object = init_transactions(a.make, 600, bootstrap="b")  # type: ignore[arg-type]
-    assert got is a.made[0] and len(a.made) == 1 and a.made[0].calls == 3
+    got = init_transactions(a.make, 600, bootstrap="b")
+    assert got.driver is a.made[0] and len(a.made) == 1 and a.made[0].calls == 3
     # patient: short steps, so that a stop is noticed
     assert a.made[0].timeouts == [10, 10, 10]
 
@@ -54,14 +56,14 @@ def test_a_retriable_answer_is_asked_again_by_the_same_producer() -> None:
 def test_a_busy_coordinator_not_marked_retriable_gets_a_new_producer() -> None:
     # seen after a broker restart under load: COORDINATOR_LOAD_IN_PROGRESS after 60 s
     a = Answers(load_in_progress(False), None)
-    got: object = init_transactions(a.make, 600, bootstrap="b")  # type: ignore[arg-type]
-    assert len(a.made) == 2 and got is a.made[1]
+    got = init_transactions(a.make, 600, bootstrap="b")
+    assert len(a.made) == 2 and got.driver is a.made[1]
 
 
 def test_without_patience_the_first_failure_stops_the_processor() -> None:
     a = Answers(load_in_progress(True))
     with pytest.raises(KafkaUnavailable, match="init_transactions failed"):
-        init_transactions(a.make, 0, bootstrap="b")  # type: ignore[arg-type]
+        init_transactions(a.make, 0, bootstrap="b")
 
 
 @pytest.mark.parametrize(
@@ -74,7 +76,7 @@ def test_without_patience_the_first_failure_stops_the_processor() -> None:
 def test_other_errors_stop_it_at_once(error: KafkaError) -> None:
     a = Answers(error, None)
     with pytest.raises(KafkaUnavailable):
-        init_transactions(a.make, 600, bootstrap="b")  # type: ignore[arg-type]
+        init_transactions(a.make, 600, bootstrap="b")
     assert len(a.made) == 1 and a.made[0].calls == 1
 
 
@@ -83,13 +85,13 @@ def test_a_stop_during_the_wait_ends_it() -> None:
     stop.set()
     a = Answers(load_in_progress(True), None)
     with pytest.raises(Stopping):
-        init_transactions(a.make, 600, bootstrap="b", stop=stop)  # type: ignore[arg-type]
+        init_transactions(a.make, 600, bootstrap="b", stop=stop)
     assert a.made[0].calls == 1
 
 
 def test_without_patience_one_call_of_60_s() -> None:
     a = Answers(None)
-    init_transactions(a.make, 0, bootstrap="b")  # type: ignore[arg-type]
+    init_transactions(a.make, 0, bootstrap="b")
     assert a.made[0].timeouts == [60]
 
 

@@ -41,8 +41,8 @@ def test_every_role_s_profile_is_one_librdkafka_accepts() -> None:
     reader, member = new_reader(S, eof=True), new_group_consumer(S, "g-2")
     producer, txn = new_command_producer(S), new_transactional_producer(S, "proc-a")
     try:
-        assert isinstance(reader, Consumer) and isinstance(member, Consumer)
-        assert isinstance(producer, Producer) and isinstance(txn, Producer)
+        assert isinstance(reader.driver, Consumer) and isinstance(member.driver, Consumer)
+        assert isinstance(producer.driver, Producer) and isinstance(txn.driver, Producer)
         assert reader.assignment() == [] and member.assignment() == []
     finally:
         reader.close()

@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from sessionstream.adapters.kafka import kafka_cause, unmasked
+from sessionstream.adapters.kafka import TransactionalProducer as W
+from sessionstream.adapters.kafka import kafka_cause, translated
 from sessionstream.adapters.kafka.transactions import TransactionCommit
+from sessionstream.errors import KafkaFailed
 from sessionstream.runtimes.processor import failures
 from sessionstream.runtimes.processor.batch import Batch
 from sessionstream.runtimes.processor.loop import TransactionalProcessor
@@ -42,8 +44,14 @@ def masked(error: KafkaException) -> SystemError:
         return s
 
 
+def wrap(*drivers: Any) -> list[W]:
+    """The processor's producers: the adapter's client around each stand-in driver."""
+    return [W(d) for d in drivers]
+
+
 class FakeProducer:
-    """Records the calls; `fail` maps a method name to what it raises."""
+    """A stand-in driver: records the calls; `fail` maps a method name to what it raises
+    (the driver's own errors, which the adapter's client translates)."""
 
     def __init__(self, name: str, fail: dict[str, BaseException] | None = None) -> None:
         self.name, self.fail = name, dict(fail or {})
@@ -89,17 +97,18 @@ class FakeConsumer:
 # -- the SystemError that stands for a KafkaException ------------------------------------------
 
 
-def test_unmasked_raises_the_kafka_exception_behind_a_system_error() -> None:
+def test_a_system_error_standing_for_a_kafka_error_is_translated_as_that_error() -> None:
     error = fenced()
-    with pytest.raises(KafkaException) as got, unmasked():
+    with pytest.raises(KafkaFailed) as got, translated():
         raise masked(error)
-    assert got.value is error and got.value.args[0].code() == KafkaError._FENCED
+    assert got.value.fenced and got.value.fatal and got.value.name == "_FENCED"
+    assert got.value.__cause__ is not None and kafka_cause(got.value.__cause__) is error
 
 
-def test_unmasked_leaves_other_errors_alone() -> None:
-    with pytest.raises(SystemError), unmasked():
+def test_translated_leaves_other_errors_alone() -> None:
+    with pytest.raises(SystemError), translated():
         raise SystemError("a real interpreter problem")
-    with pytest.raises(ValueError), unmasked():
+    with pytest.raises(ValueError), translated():
         raise ValueError("not a driver error")
     assert kafka_cause(SystemError("x")) is None
     plain = fenced()
@@ -114,7 +123,7 @@ def test_a_system_error_while_a_kafka_error_is_handled_stays_a_system_error() ->
         try:
             raise KafkaException(KafkaError(KafkaError._STATE, "being handled"))
         except KafkaException:
-            with unmasked():
+            with translated():
                 raise SystemError("unrelated")  # noqa: B904 (a context, on purpose)
 
 
@@ -123,15 +132,14 @@ def test_a_system_error_while_a_kafka_error_is_handled_stays_a_system_error() ->
 
 def commit_with(producer: FakeProducer) -> TransactionCommit[Batch]:
     commit = TransactionCommit(Batch([], []), slot=0)
-    commit.start(producer, [], object())  # type: ignore[arg-type]
+    commit.start(W(producer), [], object())  # type: ignore[arg-type]
     return commit
 
 
 def test_a_fence_reported_as_a_system_error_fails_the_commit_fatally() -> None:
     commit = commit_with(FakeProducer("a", {"commit": masked(fenced())}))
     error = commit.wait(10)
-    assert error is not None and error.args[0].fatal()
-    assert error.args[0].code() == KafkaError._FENCED
+    assert error is not None and error.fatal and error.fenced
 
 
 def test_a_commit_that_fails_otherwise_is_never_taken_for_committed() -> None:
@@ -163,13 +171,14 @@ def test_a_committed_transaction_has_no_error() -> None:
 @pytest.fixture
 def proc(tmp_path: Any) -> TransactionalProcessor:
     p = TransactionalProcessor(Settings(store_dir=tmp_path), instance_id="unit")
-    p._producers = [FakeProducer("p0"), FakeProducer("p1")]  # type: ignore[list-item]
+    p._producers = wrap(FakeProducer("p0"), FakeProducer("p1"))
     p._consumer = FakeConsumer()  # type: ignore[assignment]
     return p
 
 
 def fakes(p: TransactionalProcessor) -> list[FakeProducer]:
-    return p._producers  # type: ignore[return-value]
+    """The stand-in drivers behind the processor's producers."""
+    return [w.driver for w in p._producers]  # type: ignore[misc]
 
 
 def test_consecutive_transactions_take_turns_one_after_the_other(
@@ -205,14 +214,14 @@ def test_a_fatal_failure_renews_only_that_slots_producer(
 
     def renew(slot: int, patience_s: float = 0.0) -> FakeProducer:
         made.append(slot)
-        return FakeProducer(f"p{slot}-renewed")
+        return W(FakeProducer(f"p{slot}-renewed"))
 
     monkeypatch.setattr(proc, "_transactional_producer", renew)
     p0.fail["commit"] = masked(fenced())  # the driver's odd report of a fence
     proc._begin(Batch([], []), 0.0)
     assert not proc._settle()
     assert made == [0]
-    assert proc._producers[1] is p1 and fakes(proc)[0].name == "p0-renewed"
+    assert proc._producers[1].driver is p1 and fakes(proc)[0].name == "p0-renewed"
     # the next transaction is p1's, then the new p0's
     proc._begin(Batch([], []), 0.0)
     assert proc._settle()
@@ -227,7 +236,7 @@ def test_an_abort_that_reports_its_fence_as_a_system_error_renews_the_producer(
 ) -> None:
     p0, _ = fakes(proc)
     monkeypatch.setattr(
-        proc, "_transactional_producer", lambda slot, patience_s=0.0: FakeProducer("new")
+        proc, "_transactional_producer", lambda slot, patience_s=0.0: W(FakeProducer("new"))
     )
     p0.fail["produce"] = KafkaException(KafkaError(KafkaError._STATE, "in error state"))
     p0.fail["abort"] = masked(fenced())
@@ -245,7 +254,7 @@ def test_a_second_fence_soon_after_stops_the_processor_with_the_fence_as_its_rea
     monkeypatch.setattr(
         proc,
         "_transactional_producer",
-        lambda slot, patience_s=0.0: FakeProducer("again", {"commit": masked(fenced())}),
+        lambda slot, patience_s=0.0: W(FakeProducer("again", {"commit": masked(fenced())})),
     )
     fakes(proc)[0].fail["commit"] = masked(fenced())
     proc._begin(Batch([], []), 0.0)
@@ -268,7 +277,7 @@ def test_each_slot_may_be_fenced_once_and_a_repeat_on_the_same_slot_stops(
 
     def renew(slot: int, patience_s: float = 0.0) -> FakeProducer:
         made.append(slot)
-        return FakeProducer(f"p{slot}-renewed", {"commit": masked(fenced())} if slot else {})
+        return W(FakeProducer(f"p{slot}-renewed", {"commit": masked(fenced())} if slot else {}))
 
     monkeypatch.setattr(proc, "_transactional_producer", renew)
     p0, p1 = fakes(proc)
@@ -356,7 +365,7 @@ def owning(proc: TransactionalProcessor, monkeypatch: pytest.MonkeyPatch) -> Tra
     """`proc` owning partitions 0 and 1, renewing producers without a broker."""
     proc.partitions.update({0: object(), 1: object()})  # type: ignore[dict-item]
     monkeypatch.setattr(
-        proc, "_transactional_producer", lambda slot, patience_s=0.0: FakeProducer("new")
+        proc, "_transactional_producer", lambda slot, patience_s=0.0: W(FakeProducer("new"))
     )
 
     def offsets(config: Any, group: str, tps: list[tuple[str, int]], *a: Any, **k: Any) -> Any:
@@ -479,7 +488,7 @@ def test_the_next_transaction_produces_while_the_one_before_commits_and_commits_
     owning: TransactionalProcessor,
 ) -> None:
     p0, p1 = GatedProducer("p0"), FakeProducer("p1")
-    owning._producers = [p0, p1]  # type: ignore[list-item]
+    owning._producers = wrap(p0, p1)
     owning._consumer = OffsetsConsumer({})  # type: ignore[assignment]
     owning._begin(read({(C, 0): 0}, {(C, 0): 4}), 0.0)  # A on p0: its commit hangs
     first = owning._inflight
@@ -503,7 +512,7 @@ def test_when_the_transaction_before_fails_the_next_one_aborts_and_both_are_read
         {"commit": KafkaException(KafkaError(KafkaError._STATE, "x", txn_requires_abort=True))},
     )
     p1 = FakeProducer("p1")
-    owning._producers = [p0, p1]  # type: ignore[list-item]
+    owning._producers = wrap(p0, p1)
     consumer = owning._consumer = OffsetsConsumer({(C, 0): 0})  # type: ignore[assignment]
     owning._begin(read({(C, 0): 0}, {(C, 0): 4}), 0.0)
     owning._begin(read({(C, 0): 4, (C, 1): 9}, {(C, 0): 6, (C, 1): 10}), 0.0)
@@ -519,7 +528,7 @@ def test_a_failure_before_the_records_are_in_reads_the_next_batch_again(
 ) -> None:
     """The batch decided on top of a transaction whose records failed: it never began."""
     p0 = FakeProducer("p0", {"flush": KafkaException(KafkaError(KafkaError._STATE, "x"))})
-    owning._producers = [p0, FakeProducer("p1")]  # type: ignore[list-item]
+    owning._producers = wrap(p0, FakeProducer("p1"))
     consumer = owning._consumer = OffsetsConsumer({(C, 0): 0})  # type: ignore[assignment]
     owning._begin(read({(C, 0): 0}, {(C, 0): 4}), 0.0)
     assert not owning._appended(also=read({(C, 0): 4}, {(C, 0): 6}))
@@ -536,8 +545,8 @@ def test_a_transaction_waiting_too_long_for_the_one_before_gives_itself_up() -> 
     second = FakeProducer("p1")
     waiting.start(second, [], object())  # type: ignore[arg-type]
     error = waiting.wait(5)
-    assert error is not None and error.args[0].txn_requires_abort()
-    assert "did not commit within" in error.args[0].str()
+    assert error is not None and error.requires_abort
+    assert "did not commit within" in error.reason
     assert "commit" not in second.calls
     first.gate.set()
     assert before.wait(5) is None
@@ -563,7 +572,7 @@ def test_after_a_failed_begin_the_next_transaction_is_never_on_the_producer_in_f
 ) -> None:
     p0, p1 = GatedProducer("p0"), FakeProducer("p1")
     p1.fail["produce"] = KafkaException(KafkaError(KafkaError._STATE, "x"))
-    owning._producers = [p0, p1]  # type: ignore[list-item]
+    owning._producers = wrap(p0, p1)
     owning._consumer = OffsetsConsumer({})  # type: ignore[assignment]
     owning._begin(read({(C, 0): 0}, {(C, 0): 4}), 0.0)  # on p0, its commit hangs
     failing = read({(C, 0): 4}, {(C, 0): 6})
@@ -589,7 +598,7 @@ def test_a_producer_whose_transactions_keep_timing_out_is_replaced(
 
     def round_(fail: bool) -> None:
         if fail:
-            owning._producers[0].fail["send_offsets"] = timeout  # type: ignore[attr-defined]
+            fakes(owning)[0].fail["send_offsets"] = timeout
         owning._begin(read({(C, 0): 0}, {(C, 0): 4}), 0.0)  # slot 0
         assert owning._settle() is not fail
         owning._begin(read({(C, 0): 0}, {(C, 0): 4}), 0.0)  # slot 1 commits
@@ -597,15 +606,15 @@ def test_a_producer_whose_transactions_keep_timing_out_is_replaced(
 
     round_(True)
     round_(True)
-    assert owning._producers[0] is p0  # two in a row: kept
+    assert owning._producers[0].driver is p0  # two in a row: kept
     round_(True)
     assert fakes(owning)[0].name == "new"  # the third: replaced
-    owning._producers[0] = p0
+    owning._producers[0] = W(p0)
     round_(True)
     round_(False)
     round_(True)
     round_(True)
-    assert owning._producers[0] is p0 and owning._producers[1] is p1
+    assert owning._producers[0].driver is p0 and owning._producers[1].driver is p1
 
 
 class HangingSendOffsets(FakeProducer):
@@ -629,7 +638,7 @@ def test_a_stuck_commit_is_given_up_at_its_bound_from_the_start_not_per_wait(
     then for the end: each wait with the whole bound held a commit stuck in send_offsets
     twice as long, past max.poll.interval.ms (seen after a broker restart: 120 s)."""
     hanging = HangingSendOffsets("p0")
-    owning._producers = [hanging, FakeProducer("p1")]  # type: ignore[list-item]
+    owning._producers = wrap(hanging, FakeProducer("p1"))
     consumer = owning._consumer = OffsetsConsumer({(C, 0): 0})  # type: ignore[assignment]
     try:
         owning._begin(read({(C, 0): 0}, {(C, 0): 4}), 0.0)
@@ -668,7 +677,7 @@ def test_a_producer_made_after_the_stuck_commit_began_is_kept(
     owning._begin(read({(C, 0): 0}, {(C, 0): 4}), 0.0)
     owning._born[1] = time.monotonic() + 1  # renewed while that commit was under way
     assert not owning._settle()
-    assert fakes(owning)[0].name == "new" and owning._producers[1] is p1
+    assert fakes(owning)[0].name == "new" and owning._producers[1].driver is p1
 
 
 def test_a_coordinator_fault_renews_the_idle_producers_made_before_it_and_a_fence_does_not(
@@ -683,7 +692,7 @@ def test_a_coordinator_fault_renews_the_idle_producers_made_before_it_and_a_fenc
     owning._begin(read({(C, 0): 0}, {(C, 0): 4}), 0.0)
     assert not owning._settle()
     assert [p.name for p in fakes(owning)] == ["new", "new"]
-    owning._producers = [FakeProducer("p0"), FakeProducer("p1")]  # type: ignore[list-item]
+    owning._producers = wrap(FakeProducer("p0"), FakeProducer("p1"))
     owning._born.clear()
     owning._renewed_at.clear()
     owning._slot = 0
@@ -691,4 +700,4 @@ def test_a_coordinator_fault_renews_the_idle_producers_made_before_it_and_a_fenc
     fakes(owning)[0].fail["commit"] = masked(fenced())
     owning._begin(read({(C, 0): 0}, {(C, 0): 4}), 0.0)
     assert not owning._settle()
-    assert fakes(owning)[0].name == "new" and owning._producers[1] is p1
+    assert fakes(owning)[0].name == "new" and owning._producers[1].driver is p1
