@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from sessionstream.adapters.kafka import read_topic
+from sessionstream.adapters.kafka import TransactionalProducer, read_topic
 from sessionstream.adapters.registry import reader_codec
 from sessionstream.client import CommandHandle, SessionClient, acknowledged
 from sessionstream.core.log_check import state_table
@@ -741,8 +741,10 @@ class _FailsAt:
         self.at, self.calls, self.failed = at, 0, 0
         self.after_commit = after_commit
 
-    def wrap(self, producer: Any) -> _Failing:
-        return _Failing(producer, self)
+    def wrap(self, producer: TransactionalProducer) -> TransactionalProducer:
+        """The adapter's client around the failing stand-in of `producer`'s driver: the
+        injected errors are the driver's own, translated by the adapter as real ones are."""
+        return TransactionalProducer(_Failing(producer.driver, self))  # type: ignore[arg-type]
 
 
 class _Failing:
@@ -815,7 +817,7 @@ def _trickle(
     assert failing.failed >= 2, (
         f"{failing.failed} injected failures in {failing.calls} commits of {len(sent)} "
         f"commands (producers wrapped still: "
-        f"{[isinstance(p, _Failing) for p in proc._producers]})"
+        f"{[isinstance(p.driver, _Failing) for p in proc._producers]})"
     )
     assert proc.stats.aborts >= failing.failed or failing.after_commit
     return sent, proc
