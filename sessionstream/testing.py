@@ -41,6 +41,7 @@ from sessionstream.core.open_runs import open_run
 from sessionstream.core.state import SessionState, command_hash
 from sessionstream.core.timers import due_timers, timer_command
 from sessionstream.errors import SessionstreamError
+from sessionstream.runtimes.worker._deltas import DeltaKey
 from sessionstream.runtimes.worker._execution import Execution, RunSpec
 from sessionstream.runtimes.worker._handler import check_handler
 from sessionstream.runtimes.worker._signal import RunFenced
@@ -166,6 +167,10 @@ class _Worker:
         if self.alive:
             self.harness._send(cmd, "worker")
 
+    def delta(self, key: DeltaKey, text: str) -> None:
+        if self.alive:
+            self.harness.deltas.append((key, text))
+
     def forget(self, ex: Execution) -> None:
         self.harness._forget(ex)
 
@@ -195,6 +200,9 @@ class AgentHarness:
         self.actions = InMemoryActions()
         #: the session's log, every event in order
         self.log: list[Event] = []
+        #: the token deltas the runs' streaming model calls published, in order (a model
+        #: that takes `on_delta`; the default FakeModel does)
+        self.deltas: list[tuple[DeltaKey, str]] = []
         self.state: SessionState | None = None
         self._dedup: dict[tuple[str, int], tuple[int, int]] = {}
         self._fired: set[str] = set()
@@ -420,4 +428,3 @@ class AgentHarness:
         if held is not None and held[0] is ex:
             del self._executions[ex.run_id]
         self._changed.set()
-

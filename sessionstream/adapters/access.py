@@ -112,6 +112,8 @@ def kafka_grants(settings: Settings) -> dict[str, list[Grant]]:
             # the runs that need a holder, for workers; it only checks the presence topic
             *_topic("processor", s.open_runs_topic, "WRITE", "DESCRIBE", "DESCRIBE_CONFIGS"),
             *_topic("processor", s.workers_topic, "DESCRIBE", "DESCRIBE_CONFIGS"),
+            # token deltas are the workers'; the processor only checks the topic
+            *_topic("processor", s.deltas_topic, "DESCRIBE", "DESCRIBE_CONFIGS"),
             *(
                 g
                 for t in processor_own_topics(s)
@@ -132,6 +134,7 @@ def kafka_grants(settings: Settings) -> dict[str, list[Grant]]:
             *_topic("worker", events, "READ", "DESCRIBE"),  # its runs' grants, cancels, steers
             *_topic("worker", s.open_runs_topic, "READ", "DESCRIBE"),  # run discovery
             *_topic("worker", s.workers_topic, "READ", "WRITE", "DESCRIBE"),  # presence
+            *_topic("worker", s.deltas_topic, "WRITE", "DESCRIBE"),  # token deltas
             # its readers assign partitions; the group id is never joined
             _group("worker", WORKER_GROUP_PREFIX, prefixed=True),
         ],
@@ -139,6 +142,8 @@ def kafka_grants(settings: Settings) -> dict[str, list[Grant]]:
             *_topic("producer", commands, "WRITE", "DESCRIBE"),
             *_topic("producer", events, "READ", "DESCRIBE"),  # the events of its commands
             *_topic("producer", s.outcomes_topic, "READ", "DESCRIBE"),  # their outcomes
+            # token deltas, for the gateway's event streams
+            *_topic("producer", s.deltas_topic, "READ", "DESCRIBE"),
             # its readers assign partitions; the group id is never joined
             _group("producer", CLIENT_GROUP_PREFIX, prefixed=True),
         ],

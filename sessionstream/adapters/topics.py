@@ -126,6 +126,18 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
                 "max.message.bytes": str(2 * 1024 * 1024),
             },
         ),
+        # token deltas: a short-lived view of streaming answers, written outside any
+        # transaction; on the session's partition like its events
+        TopicSpec(
+            settings.deltas_topic,
+            n,
+            {
+                "cleanup.policy": "delete",
+                "retention.ms": str(settings.deltas_retention_ms),
+                "segment.ms": str(min(settings.deltas_retention_ms, 3600 * 1000)),
+                "max.message.bytes": str(1024 * 1024),
+            },
+        ),
         # presence: the broker stamps it (workers judge liveness by it), dead workers' last
         # records are deleted after an hour
         TopicSpec(

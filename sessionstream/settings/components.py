@@ -180,6 +180,15 @@ class TopicSettings(Part):
     letter, forwarded), in the transaction of its events; keyed ``{session_id}/{command_id}``
     on the command's partition (co-partitioned with the commands)."""
 
+    deltas_topic: str = "session.deltas"
+    """Token deltas: pieces of a model's answer as it streams, published by the workers
+    outside any transaction (a view for the console and SSE clients, never the record: the
+    finished step holds the full text); keyed ``{session_id}/{run_id}/{call_id}`` on the
+    session's partition, kept ``deltas_retention_ms``."""
+
+    deltas_retention_ms: int = Field(default=3_600_000, ge=60_000)
+    """How long the deltas topic keeps a delta (set when the topic is created)."""
+
     replication_factor: int = Field(default=1, ge=1)
     """Replication factor of the topics sessionstream creates (1 on the local single broker)."""
 
@@ -264,6 +273,10 @@ class WorkerSettings(Part):
 
     worker_lease_ms: int = Field(default=30_000, ge=500)
     """Lease a worker asks for; it renews (heartbeats) every third of it."""
+
+    worker_delta_interval_ms: int = Field(default=50, ge=0, le=10_000)
+    """How often a worker publishes the token deltas of a streaming model call (one record
+    per call per interval, on ``deltas_topic``); 0: none are published."""
 
 
 class ModelSettings(Part):

@@ -119,6 +119,23 @@ async def test_a_streamed_completion_is_the_whole_reply(
     assert all(r.disconnected is None for r in server.served)
 
 
+async def test_a_streamed_completion_hands_out_each_piece_as_it_arrives(
+    server: ModelServer, model: OpenAIChatModel
+) -> None:
+    """`on_delta` (token deltas): each chunk's text, in order, as the server sends it —
+    not the whole reply at the end."""
+    prompt = "stream it word by word model_ms=300"
+    pieces: list[tuple[float, str]] = []
+    t0 = time.monotonic()
+    reply = await model.complete(
+        prompt, signal=AbortSignal(), on_delta=lambda text: pieces.append((time.monotonic(), text))
+    )
+    assert reply == reply_text(prompt) == "".join(text for _, text in pieces)
+    assert len(pieces) == len(reply_text(prompt).split())
+    # spread over the stream: the first piece came well before the last
+    assert pieces[-1][0] - pieces[0][0] >= 0.15 and pieces[0][0] - t0 < pieces[-1][0] - t0
+
+
 async def test_an_abort_mid_stream_closes_the_connection_within_100ms(
     server: ModelServer, model: OpenAIChatModel
 ) -> None:

@@ -1,7 +1,8 @@
 """The web console in a real browser: headless Chromium (Debian's `chromium` and
 `chromium-driver`, which `make test` installs) driven by selenium against a real gateway,
 processor, sink, worker and analytics app. Open the console, send a prompt, watch the
-run's timeline grow live, abort it, see `cancelled`; then the stats page draws its charts.
+run's timeline grow live and the model's answer stream in, abort it, see `cancelled`; then
+the stats page draws its charts.
 Screenshots go to tests/artifacts/ (git-ignored). A browser that cannot start fails the
 test: it is never skipped.
 """
@@ -134,6 +135,19 @@ def test_console_sends_a_prompt_shows_the_live_timeline_and_aborts(
     )
     _wait(browser, "lease mark", 30, lambda d: _css(d, 'g.mark[data-type="run.lease_granted"]'))
     _wait(browser, "model bar", 30, lambda d: _css(d, "rect.bar.model"))
+    # the model's answer streams in (token deltas), then its call is finished
+    _wait(
+        browser,
+        "streamed answer",
+        30,
+        lambda d: d.find_element(By.ID, "answer").text.startswith("answer["),
+    )
+    _wait(
+        browser,
+        "finished answer",
+        30,
+        lambda d: d.find_element(By.ID, "answer").get_attribute("data-state") == "done",
+    )
     _wait(browser, "open tool bar", 30, lambda d: _css(d, 'rect.bar.tool[data-state="open"]'))
     _shot(browser, "1-running")
     width = _open_tool_width(browser)
@@ -177,3 +191,48 @@ def test_console_sends_a_prompt_shows_the_live_timeline_and_aborts(
     _wait(browser, "cancel latency", 30, lambda d: _css(d, "#chart-cancel circle"))
     assert "1 active" not in browser.find_element(By.ID, "stats-active").text
     _shot(browser, "4-stats")
+
+
+def test_the_event_stream_carries_each_model_calls_token_deltas(world: GatewayWorld) -> None:
+    """Over SSE, as a client sees them: `model.delta` events without an id (never resumed),
+    per model call numbered from 1 without a gap, between the call's started and finished
+    events, joined to the answer the run recorded."""
+    import httpx
+
+    from tests.integration.gateway_world import SSE
+
+    key = world.key("acme")
+    sid = f"deltas-{uuid.uuid4().hex[:8]}"
+    seen: list[tuple[str | None, str | None, dict[str, object]]] = []
+    with world.client(key) as c, c.stream("GET", f"/v1/sessions/{sid}/events") as resp:
+        assert resp.status_code == 200
+        stream = SSE(resp)
+        r = c.post(
+            f"/v1/sessions/{sid}/commands",
+            json={"type": "prompt", "payload": {"text": "steps=1 tool_ms=0 model_ms=400 email=no"}},
+        )
+        assert r.status_code == 200, r.text
+        run_id = r.json()["runId"]
+        for eid, event, data in stream:
+            seen.append((eid, event, data))
+            if event == "run.finished" and data.get("runId") == run_id:
+                break
+    assert isinstance(resp, httpx.Response)
+    deltas = [d for _, e, d in seen if e == "model.delta"]
+    assert deltas, [e for _, e, _ in seen]
+    assert all(eid is None for eid, e, _ in seen if e == "model.delta"), "deltas carry no id"
+    assert {d["runId"] for d in deltas} == {run_id} and {d["sessionId"] for d in deltas} == {sid}
+    started = [d for _, e, d in seen if e == "model.request.started"]
+    assert len(started) == 1
+    call_id = started[0]["payload"]["callId"]  # type: ignore[index]
+    assert {d["callId"] for d in deltas} == {call_id}
+    assert [d["seq"] for d in deltas] == list(range(1, len(deltas) + 1))
+    kinds = [
+        e
+        for _, e, d in seen
+        if e in ("model.delta", "model.request.started") or (e == "model.request.finished")
+    ]
+    assert kinds[0] == "model.request.started" and kinds[-1] == "model.request.finished"
+    finished = next(d for _, e, d in seen if e == "run.finished")
+    answer = "".join(str(d["text"]) for d in deltas)
+    assert finished["payload"]["result"] == f"done: {answer}"  # type: ignore[index]

@@ -1,5 +1,9 @@
 """Live `session.events` for Server-Sent-Events clients: one consumer, many subscribers.
 
+The same consumer reads the token deltas (`deltas_topic`) from their end: a delta goes to
+the subscribers of its session as a `Delta` — a view with no place in the log, never
+replayed on resume, and the first thing dropped for a subscriber that falls behind.
+
 One `read_committed` consumer per gateway reads every events partition from where it
 ended when the gateway started and hands each event to the subscribers of its session
 (the key `{session}/{run}/{seq}` is checked before anything is decoded). A subscriber is
@@ -19,6 +23,7 @@ that does not read holds no thread, only its page (`gateway_catch_up_page_bytes`
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
@@ -29,6 +34,7 @@ from typing import Any
 
 from sessionstream.adapters.access import CLIENT_GROUP_PREFIX
 from sessionstream.adapters.kafka import (
+    OFFSET_END,
     Message,
     Reader,
     TopicPartition,
@@ -44,7 +50,7 @@ from sessionstream.schemas.errors import DecodeError
 from sessionstream.schemas.events import Event
 from sessionstream.settings import Settings
 
-__all__ = ["EventFanout", "Item", "Overflow", "Stopped", "Subscriber"]
+__all__ = ["Delta", "EventFanout", "Item", "Overflow", "Stopped", "Subscriber"]
 
 log = logging.getLogger("sessionstream.apps.gateway")
 
@@ -72,6 +78,19 @@ class Item:
     size: int = 0
 
 
+@dataclass(frozen=True)
+class Delta:
+    """A token delta of one of the session's model calls (`model.delta`: `runId`,
+    `callId`, `seq`, `text`, ...), as the worker published it; `size` its bytes."""
+
+    data: dict[str, Any]
+    size: int = 0
+
+
+#: a delta record larger than this is not one a worker writes: skipped
+MAX_DELTA_BYTES = 256 * 1024
+
+
 class Overflow:
     """Put on a subscriber's queue when it is full: the stream ends there."""
 
@@ -89,16 +108,18 @@ class Subscriber:
     session_id: str
     tenant_id: str
     partition: int
-    queue: asyncio.Queue[Item | Overflow | Stopped]
+    queue: asyncio.Queue[Item | Delta | Overflow | Stopped]
     loop: asyncio.AbstractEventLoop
     max_bytes: int = 8 << 20
     closed: bool = False
     dropped: int = field(default=0)
+    #: token deltas not queued because the queue was half full (a view: droppable)
+    deltas_dropped: int = 0
     queued_bytes: int = 0
 
-    def taken(self, got: Item | Overflow | Stopped) -> Item | Overflow | Stopped:
+    def taken(self, got: Item | Delta | Overflow | Stopped) -> Item | Delta | Overflow | Stopped:
         """Account for what the stream took off the queue (call for each `get`)."""
-        if isinstance(got, Item):
+        if isinstance(got, Item | Delta):
             self.queued_bytes -= got.size
         return got
 
@@ -300,7 +321,11 @@ class EventFanout:
                 fetch_wait_ms=5,
             )
             topic = self.settings.events_topic
-            consumer.assign([TopicPartition(topic, p, o) for p, o in ends.items()])
+            deltas = self._delta_partitions()
+            consumer.assign(
+                [TopicPartition(topic, p, o) for p, o in ends.items()]
+                + [TopicPartition(self.settings.deltas_topic, p, OFFSET_END) for p in deltas]
+            )
             self.partitions = len(ends)
             self._position = dict(ends)
         except BaseException as e:
@@ -323,14 +348,27 @@ class EventFanout:
         finally:
             consumer.close()
 
+    def _delta_partitions(self) -> list[int]:
+        """The deltas topic's partitions; none (and no token deltas) when it is missing."""
+        topic = self.settings.deltas_topic
+        meta = new_admin(self.settings).list_topics(topic, timeout=10).topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            log.warning("gateway: no token deltas: topic %s is not there", topic)
+            return []
+        return sorted(meta.partitions)
+
     def _hand_out(self, batch: list[Message]) -> None:
-        deliveries: dict[Subscriber, list[Item]] = {}
+        deliveries: dict[Subscriber, list[Item | Delta]] = {}
+        deltas_topic = self.settings.deltas_topic
         with self._lock:
             for msg in batch:
                 err = record_failure(msg)
                 if err is not None:
                     if not err.partition_eof:
                         log.warning("gateway: reading events: %s", err.reason)
+                    continue
+                if msg.topic() == deltas_topic:
+                    self._delta(msg.value() or b"", deliveries)
                     continue
                 p, offset = msg.partition() or 0, msg.offset() or 0
                 self._position[p] = offset + 1
@@ -352,6 +390,25 @@ class EventFanout:
         for sub, items in deliveries.items():
             sub.loop.call_soon_threadsafe(_deliver, sub, items)
 
+    def _delta(self, value: bytes, deliveries: dict[Subscriber, list[Item | Delta]]) -> None:
+        """Hand a token delta to its session's subscribers (called with the lock held)."""
+        if len(value) > MAX_DELTA_BYTES:
+            return
+        try:
+            data = json.loads(value)
+        except ValueError:
+            return
+        if not isinstance(data, dict) or data.get("type") != "model.delta":
+            return
+        session, tenant = data.get("sessionId"), data.get("tenantId")
+        subs = self._subs.get(session) if isinstance(session, str) else None
+        if not subs:
+            return
+        delta = Delta(data, len(value))
+        for sub in subs:
+            if sub.tenant_id == tenant:
+                deliveries.setdefault(sub, []).append(delta)
+
     def _decode(self, value: bytes | None) -> Event | None:
         try:
             return self.codec.decode_event(value or b"")
@@ -360,10 +417,15 @@ class EventFanout:
             return None
 
 
-def _deliver(sub: Subscriber, items: list[Item]) -> None:
+def _deliver(sub: Subscriber, items: list[Item | Delta]) -> None:
     if sub.closed:
         return
     for item in items:
+        if isinstance(item, Delta) and (
+            sub.queue.qsize() * 2 >= sub.queue.maxsize or sub.queued_bytes * 2 >= sub.max_bytes
+        ):
+            sub.deltas_dropped += 1  # a view: dropped before any event would be
+            continue
         full = sub.queue.qsize() >= sub.queue.maxsize - 1 or (
             sub.queued_bytes + item.size > sub.max_bytes and sub.queued_bytes > 0
         )

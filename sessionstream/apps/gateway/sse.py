@@ -15,6 +15,11 @@ What one client may hold, so one tenant never slows another:
 - the live buffer is bounded by `gateway_sse_queue` events and `gateway_sse_queue_bytes`:
   a client that falls behind is sent ``event: overflow`` and closed;
 - open streams are counted per key and per tenant (`StreamCounts`, in `limits`).
+
+Token deltas of the session's streaming model calls come as ``event: model.delta`` with
+no ``id:`` (`runId`, `callId`, `seq`, `text`): a view of the answer being written, live
+only (never replayed on resume) and dropped first for a client that falls behind; the
+finished step and ``model.request.finished`` hold the whole answer.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from sse_starlette.sse import SendTimeoutError
 from starlette.types import Receive, Scope, Send
 
 from sessionstream.apps.gateway.errors import ApiError
-from sessionstream.apps.gateway.fanout import EventFanout, Item, Overflow, Stopped
+from sessionstream.apps.gateway.fanout import Delta, EventFanout, Item, Overflow, Stopped
 from sessionstream.apps.gateway.protocol import ABORT_EXTENSION
 from sessionstream.errors import KafkaUnavailable
 from sessionstream.schemas.sessions import local_session_id
@@ -142,6 +147,13 @@ def _overflow(sent: int) -> ServerSentEvent:
     return ServerSentEvent(data=json.dumps({"lastEventId": sent}), event="overflow", id=str(sent))
 
 
+def _delta(delta: Delta) -> ServerSentEvent:
+    """A token delta: its own event type and no id (a view: never resumed)."""
+    data = dict(delta.data)
+    data["sessionId"] = local_session_id(str(data.get("tenantId")), str(data.get("sessionId")))
+    return ServerSentEvent(data=json.dumps(data), event="model.delta")
+
+
 def _sse(item: Item) -> ServerSentEvent:
     data = item.event.model_dump(by_alias=True, mode="json")
     # the id the tenant knows the session by (sessionstream.schemas.sessions)
@@ -222,7 +234,7 @@ def event_stream(
             # tell the client where the live part starts (a comment, no event)
             yield ServerSentEvent(comment=f"live from offset {max(position, sent + 1)}")
             while True:
-                got: Item | Overflow | Stopped | None
+                got: Item | Delta | Overflow | Stopped | None
                 try:
                     got = sub.taken(sub.queue.get_nowait())  # no timer when events wait
                 except asyncio.QueueEmpty:
@@ -240,6 +252,9 @@ def event_stream(
                 if isinstance(got, Overflow):
                     yield _overflow(sent)
                     return
+                if isinstance(got, Delta):
+                    yield _delta(got)
+                    continue
                 if got.offset <= sent:
                     continue
                 sent = got.offset

@@ -11,6 +11,7 @@ as a stale write if someone did) and never starts an approved action after that 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import logging
@@ -22,6 +23,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from sessionstream.adapters import metrics
+from sessionstream.runtimes.worker._deltas import DeltaKey
 from sessionstream.runtimes.worker._handler import Handler, ResultRefused, RunResult, result_text
 from sessionstream.runtimes.worker._signal import RunAborted, RunFenced
 from sessionstream.runtimes.worker._steps import StepBook, StepStore
@@ -79,6 +81,8 @@ class Host(Protocol):
     def control(self) -> Any: ...
 
     def produce(self, cmd: Command) -> None: ...
+
+    def delta(self, key: DeltaKey, text: str) -> None: ...  # a token delta (a view)
 
     def forget(self, ex: Execution) -> None: ...
 
@@ -170,6 +174,15 @@ class Execution:
             self._sent_at[cmd.command_id] = time.monotonic()
         self.w.produce(cmd)
         return cmd.command_id
+
+    def delta(self, call_id: str, text: str) -> None:
+        """A piece of a streaming answer (a view: never fails the run); dropped once fenced
+        (a stale holder's view would mislead) or done."""
+        if self.fenced is None and not self.done.is_set() and text:
+            s, g = self.spec, self.generation
+            key = DeltaKey(s.session_id, s.tenant_id, s.run_id, g, call_id, s.partition)
+            with contextlib.suppress(Exception):
+                self.w.delta(key, text)
 
     def lease_valid(self) -> bool:
         """Our lease surely still holds (counted from when its command was sent)."""

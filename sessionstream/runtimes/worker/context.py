@@ -20,7 +20,7 @@ from sessionstream.errors import SessionstreamError
 from sessionstream.runtimes.worker._signal import AbortSignal, RunCancelled, RunFenced
 from sessionstream.runtimes.worker._steps import StepBook
 from sessionstream.runtimes.worker.executor import ActionExecutor, ActionFn, ActionTarget
-from sessionstream.runtimes.worker.model import Completion, Model
+from sessionstream.runtimes.worker.model import Completion, DeltaCallback, Model, streams_deltas
 
 __all__ = [
     "ActionDenied",
@@ -55,6 +55,11 @@ class RunIO(Protocol):
 
     def lease_valid(self) -> bool:
         """This worker's lease surely still holds (no action may start once it has not)."""
+        ...
+
+    def delta(self, call_id: str, text: str) -> None:
+        """A piece of model call `call_id`'s answer as it streams (a view, published
+        outside the log; dropped once this holder may not write any more)."""
         ...
 
 
@@ -100,12 +105,15 @@ class ModelCall:
         step_id: str | None = None,
         book: StepBook | None = None,
         on_call: Callable[[str], None] | None = None,
+        on_delta: DeltaCallback | None = None,
     ) -> None:
         self.model = model
         self.signal = signal
         self.step_id = step_id
         self._book = book
         self._on_call = on_call
+        #: given to a model that streams (`streams_deltas`): each piece of its answer
+        self._on_delta = on_delta if on_delta is not None and streams_deltas(model) else None
         self._calls = 0
         #: (step id, prompt, reply) of each answered call, recorded when the block ends
         self.answered: list[tuple[str, str, str]] = []
@@ -154,7 +162,13 @@ class ModelCall:
         return reply
 
     async def _race(self, prompt: str) -> str:
-        task = asyncio.ensure_future(self.model.complete(prompt, signal=self.signal))
+        if self._on_delta is not None:
+            request = self.model.complete(  # type: ignore[call-arg]
+                prompt, signal=self.signal, on_delta=self._on_delta
+            )
+        else:
+            request = self.model.complete(prompt, signal=self.signal)
+        task = asyncio.ensure_future(request)
         # a request given up on (our caller cancelled) ends on its own: its error is
         # observed here, not reported by asyncio as "never retrieved"
         task.add_done_callback(_observe)
@@ -296,7 +310,13 @@ class RunContext:
                     "model.request.started", m.name, call_id, (detail or "")[:500] or None
                 )
 
-        call = ModelCall(m, signal, step_id=step_id, book=self.steps, on_call=on_call)
+        def on_delta(text: str) -> None:
+            if started and not signal.aborted:
+                self._io.delta(started[0], text)
+
+        call = ModelCall(
+            m, signal, step_id=step_id, book=self.steps, on_call=on_call, on_delta=on_delta
+        )
         outcome = "ok"
         try:
             yield call

@@ -3,16 +3,24 @@
 No network here. A real LLM client implements `Model.complete` (streaming or not) and
 stops its HTTP request when `signal` is aborted — typically by racing the request task
 against `signal.wait()`, which is what `RunContext.model` does around any Model anyway.
+A model that streams may also take `on_delta` (`complete(prompt, signal=..., on_delta=f)`)
+and call `f(text)` with each piece of its answer as it arrives: the worker publishes those
+as token deltas (`streams_deltas` says whether a model takes them).
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from sessionstream.runtimes.worker._signal import AbortSignal
 
-__all__ = ["Completion", "FakeModel", "Model"]
+__all__ = ["Completion", "DeltaCallback", "FakeModel", "Model", "streams_deltas"]
+
+#: what a streaming model calls with each piece of its answer
+DeltaCallback = Callable[[str], None]
 
 
 class Completion(str):
@@ -54,15 +62,39 @@ class Model(Protocol):
     async def complete(self, prompt: str, *, signal: AbortSignal) -> str: ...
 
 
-class FakeModel:
-    """Deterministic: the answer is a digest of the prompt, after `latency_s` (abortable)."""
+def streams_deltas(model: object) -> bool:
+    """Whether `model.complete` takes `on_delta` (by name, or as any keyword)."""
+    complete = getattr(model, "complete", None)
+    if complete is None:
+        return False
+    try:
+        params = inspect.signature(complete).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "on_delta" or p.kind is p.VAR_KEYWORD for p in params)
 
-    def __init__(self, name: str = "fake-1", latency_s: float = 0.05) -> None:
+
+class FakeModel:
+    """Deterministic: the answer is a digest of the prompt, after `latency_s` (abortable).
+    Asked for deltas, it hands out its answer in `pieces` parts over that time."""
+
+    def __init__(self, name: str = "fake-1", latency_s: float = 0.05, pieces: int = 4) -> None:
         self.name = name
         self.latency_s = latency_s
+        self.pieces = max(1, pieces)
 
-    async def complete(self, prompt: str, *, signal: AbortSignal) -> str:
-        await signal.sleep(self.latency_s)
-        signal.raise_if_aborted()
+    async def complete(
+        self, prompt: str, *, signal: AbortSignal, on_delta: DeltaCallback | None = None
+    ) -> str:
         digest = hashlib.sha256(prompt.encode()).hexdigest()[:12]
-        return f"answer[{digest}] to: {prompt[:80]}"
+        answer = f"answer[{digest}] to: {prompt[:80]}"
+        if on_delta is None:
+            await signal.sleep(self.latency_s)
+            signal.raise_if_aborted()
+            return answer
+        size = -(-len(answer) // self.pieces)
+        for i in range(0, len(answer), size):
+            await signal.sleep(self.latency_s / self.pieces)
+            signal.raise_if_aborted()
+            on_delta(answer[i : i + size])
+        return answer

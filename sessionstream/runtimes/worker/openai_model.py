@@ -25,7 +25,7 @@ import httpx
 
 from sessionstream.errors import ConfigurationError, ModelError, ModelUnavailable
 from sessionstream.runtimes.worker._signal import AbortSignal, RunCancelled
-from sessionstream.runtimes.worker.model import Completion
+from sessionstream.runtimes.worker.model import Completion, DeltaCallback
 from sessionstream.settings import Settings
 from sessionstream.settings.components import parse_prices
 
@@ -84,13 +84,16 @@ class OpenAIChatModel:
     def __repr__(self) -> str:
         return f"OpenAIChatModel({self.base_url!r}, {self.name!r})"
 
-    async def complete(self, prompt: str, *, signal: AbortSignal) -> str:
+    async def complete(
+        self, prompt: str, *, signal: AbortSignal, on_delta: DeltaCallback | None = None
+    ) -> str:
         """The model's reply to `prompt`; RunCancelled as soon as `signal` is aborted (also
-        while it waits to ask again)."""
+        while it waits to ask again). `on_delta` is called with each piece of the answer
+        as it streams (a request asked again streams its answer again from the start)."""
         attempt = 0
         while True:
             try:
-                return await self._attempt(prompt, signal)
+                return await self._attempt(prompt, signal, on_delta)
             except ModelError as e:
                 if not e.retryable or attempt >= self.retries:
                     raise
@@ -108,9 +111,11 @@ class OpenAIChatModel:
                 if not await signal.sleep(wait):
                     raise RunCancelled(signal.reason or "aborted") from e
 
-    async def _attempt(self, prompt: str, signal: AbortSignal) -> str:
+    async def _attempt(
+        self, prompt: str, signal: AbortSignal, on_delta: DeltaCallback | None = None
+    ) -> str:
         signal.raise_if_aborted()
-        stream = asyncio.ensure_future(self._stream(prompt))
+        stream = asyncio.ensure_future(self._stream(prompt, on_delta))
         aborted = asyncio.ensure_future(signal.wait())
         try:
             await asyncio.wait({stream, aborted}, return_when=asyncio.FIRST_COMPLETED)
@@ -145,7 +150,7 @@ class OpenAIChatModel:
             self._loop = loop
         return self._client
 
-    async def _stream(self, prompt: str) -> str:
+    async def _stream(self, prompt: str, on_delta: DeltaCallback | None = None) -> str:
         messages = [{"role": "user", "content": prompt}]
         if self.system:
             messages.insert(0, {"role": "system", "content": self.system})
@@ -177,7 +182,7 @@ class OpenAIChatModel:
                         None,
                         sent,
                     )
-                return await self._read_events(resp, sent)
+                return await self._read_events(resp, sent, on_delta)
         except httpx.TimeoutException as e:
             raise ModelUnavailable(
                 f"model API silent for more than {self.timeout_s}s ({type(e).__name__})",
@@ -214,7 +219,9 @@ class OpenAIChatModel:
             cost_usd=cost,
         )
 
-    async def _read_events(self, resp: httpx.Response, sent: float) -> str:
+    async def _read_events(
+        self, resp: httpx.Response, sent: float, on_delta: DeltaCallback | None = None
+    ) -> str:
         parts: list[str] = []
         finished = False
         first: float | None = None
@@ -244,6 +251,8 @@ class OpenAIChatModel:
                     if content and first is None:
                         first = time.monotonic()
                     parts.append(content)
+                    if content and on_delta is not None:
+                        on_delta(content)
                 if choice.get("finish_reason"):
                     reason = str(choice["finish_reason"])
                     # the usage chunk comes after the finishing one: read on to [DONE]

@@ -37,6 +37,7 @@ from sessionstream.adapters.kafka import (
 from sessionstream.adapters.registry import attach_registry
 from sessionstream.adapters.topics import command_topic
 from sessionstream.errors import KafkaFailed, SessionstreamError
+from sessionstream.runtimes.worker._deltas import DeltaBuffer, DeltaKey
 from sessionstream.runtimes.worker._execution import Execution, RunSpec
 from sessionstream.runtimes.worker._feed import ControlFeed, OpenRunsFeed, PresenceFeed
 from sessionstream.runtimes.worker._handler import Handler, check_handler
@@ -127,6 +128,10 @@ class Worker:
         self._consider_scheduled = False
         self._timers: dict[str, asyncio.TimerHandle] = {}  # run id -> its ranked wait
         self._producer: CommandProducer | None = None
+        #: token deltas of streaming model calls (`delta`), published every interval
+        self.delta_interval_s = settings.worker_delta_interval_ms / 1000
+        self.deltas = DeltaBuffer(self._send_delta)
+        self._delta_error_at = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
         self.ready = asyncio.Event()
         #: what ended a background task of `run` (the producer's pump, the presence beat)
@@ -169,12 +174,15 @@ class Worker:
         pump = asyncio.create_task(self._pump_producer(), name="producer pump")
         beat = asyncio.create_task(self._presence_loop(), name="presence")
         ready = asyncio.create_task(self._await_ready(), name="ready")
-        for t in (pump, beat, ready):
+        background = [pump, beat, ready]
+        if self.delta_interval_s > 0:
+            background.append(asyncio.create_task(self._delta_loop(), name="token deltas"))
+        for t in background:
             t.add_done_callback(functools.partial(self._background_ended, stop))
         try:
             await stop.wait()
         finally:
-            for t in (pump, beat, ready):
+            for t in background:
                 t.cancel()
             await self._shutdown()
         if self.failure is not None:
@@ -265,6 +273,34 @@ class Worker:
             # a fatal error raises KafkaFailed (named as itself, not as a SystemError)
             self._producer.poll(0)
             await asyncio.sleep(0.02)
+
+    async def _delta_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.delta_interval_s)
+            self.deltas.flush()
+
+    def delta(self, key: DeltaKey, text: str) -> None:
+        """A piece of a streaming answer of one of our runs (`Host.delta`)."""
+        if self.delta_interval_s > 0:
+            self.deltas.add(key, text)
+
+    def _send_delta(self, partition: int, key: bytes, value: bytes) -> None:
+        assert self._producer is not None
+
+        def delivered(err: KafkaFailed | None, _msg: Message) -> None:
+            # a view: said at most once a minute (e.g. the topic is missing), never fatal
+            if err is not None and time.monotonic() - self._delta_error_at > 60:
+                self._delta_error_at = time.monotonic()
+                log.warning("token deltas not delivered to %s: %s", self.settings.deltas_topic, err)
+
+        produce(
+            self._producer,
+            self.settings.deltas_topic,
+            key=key,
+            value=value,
+            partition=partition,
+            on_delivery=delivered,
+        )
 
     async def _presence_loop(self) -> None:
         while True:
@@ -386,6 +422,7 @@ class Worker:
         task.add_done_callback(self._tasks.discard)
 
     def forget(self, ex: Execution) -> None:
+        self.deltas.forget(ex.run_id)
         if self.executions.get(ex.run_id) is ex:
             del self.executions[ex.run_id]
             self._schedule_consider()

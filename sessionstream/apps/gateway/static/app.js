@@ -17,6 +17,8 @@
     skew: 0,             // event clock - this browser's clock
     tick: null,
     listStatus: null,    // the open session's status for the list, from its live events
+    answers: new Map(),  // "runId/callId" -> {seq, text, done}: token deltas (a view)
+    answerOf: new Map(), // runId -> its latest model call's "runId/callId"
   };
 
   // -- key ------------------------------------------------------------------------------
@@ -104,7 +106,7 @@
     if (S.session === id) return;
     if (S.stop) S.stop();
     Object.assign(S, { session: id, events: new Map(), runs: [], current: null, follow: true, queue: 0,
-                       listStatus: null });
+                       listStatus: null, answers: new Map(), answerOf: new Map() });
     $("session").hidden = false;
     $("session-title").textContent = id;
     $("outcomes").textContent = "";
@@ -123,6 +125,7 @@
     }
     // live from what PostgreSQL had; a session it has not seen yet: from now on
     S.stop = Api.streamSession(id, last, (ev) => {
+      if (ev.event === "model.delta") { delta(ev.data); return; }
       S.skew = ev.data.ts - Date.now();
       add(ev.data, ev.id);
     }, (on) => { $("live").classList.toggle("on", on); $("live").dataset.on = on ? "1" : "0"; });
@@ -132,6 +135,29 @@
   async function loadRun(runId) {
     const r = await Api.call("GET", `/v1/runs/${encodeURIComponent(runId)}/events`);
     if (r.status === 200) for (const e of r.data.events) add(e, e.offset, true);
+  }
+
+  // a piece of a model call's answer as it streams: live only, in `seq` order; the
+  // finished call (model.request.finished) closes it
+  function delta(d) {
+    const k = d.runId + "/" + d.callId;
+    const a = S.answers.get(k) || { seq: 0, text: "", done: false };
+    if (a.done || d.seq <= a.seq) return;
+    a.text += (d.seq > a.seq + 1 ? " … " : "") + d.text;  // a gap: a delta was dropped
+    a.seq = d.seq;
+    S.answers.set(k, a);
+    S.answerOf.set(d.runId, k);
+    drawAnswer();
+  }
+
+  function drawAnswer() {
+    const k = S.current ? S.answerOf.get(S.current) : null;
+    const a = k ? S.answers.get(k) : null;
+    $("answer-wrap").hidden = !a;
+    if (!a) return;
+    $("answer").textContent = a.text;
+    $("answer").dataset.state = a.done ? "done" : "streaming";
+    $("answer-state").textContent = a.done ? "(finished)" : "(streaming…)";
   }
 
   function add(e, offset, quiet) {
@@ -146,6 +172,10 @@
       setTimeout(loadSessions, 300);  // the list comes from PostgreSQL: a moment behind
     }
     if (!S.current && e.runId !== "_session") S.current = e.runId;
+    if (e.type === "model.request.finished") {
+      const a = S.answers.get(e.runId + "/" + e.payload.callId);
+      if (a) { a.done = true; if (!quiet) drawAnswer(); }
+    }
     const li = document.createElement("li");
     li.textContent = `${offset ?? ""} ${e.type} ${e.runId.slice(0, 8)} #${e.seq} gen ${e.generation}`;
     $("events").prepend(li);
@@ -180,6 +210,7 @@
     $("status").dataset.status = status;
     $("status").dataset.run = S.current || "";
     $("generation").textContent = m.generation ? "generation " + m.generation : "";
+    drawAnswer();
     $("queue").textContent = S.queue ? `${S.queue} queued` : "";
     $("legend").textContent = S.current
       ? `run ${S.current} · ${Timeline.fmt(m.end - m.start)}${usage(evs)}` : "no run yet: send a task";

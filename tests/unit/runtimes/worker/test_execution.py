@@ -30,6 +30,7 @@ class Host:
         self.step_store = None
         self.handler = handler
         self.sent: list[Command] = []
+        self.deltas: list[tuple[Any, str]] = []
         self.control = self
         self.forgotten = False
 
@@ -38,6 +39,9 @@ class Host:
 
     def produce(self, cmd: Command) -> None:
         self.sent.append(cmd)
+
+    def delta(self, key: Any, text: str) -> None:
+        self.deltas.append((key, text))
 
     def forget(self, ex: Execution) -> None:
         self.forgotten = True
