@@ -168,7 +168,7 @@ class _Worker:
             self.harness._send(cmd, "worker")
 
     def delta(self, key: DeltaKey, text: str) -> None:
-        if self.alive:
+        if self.alive and text:  # "": the call ended
             self.harness.deltas.append((key, text))
 
     def forget(self, ex: Execution) -> None:

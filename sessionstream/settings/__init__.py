@@ -72,6 +72,7 @@ __all__ = [
     "settings_for",
 ]
 
+
 class Settings(
     KafkaSettings,
     DatabaseSettings,

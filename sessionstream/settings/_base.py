@@ -147,4 +147,3 @@ class Part(BaseSettings):
             dotenv_settings,
             file_secret_settings,
         )
-

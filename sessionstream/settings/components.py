@@ -18,8 +18,7 @@ def parse_prices(value: str) -> tuple[float, float]:
         low, high = (float(x) for x in value.split("/"))
     except ValueError:
         raise ValueError(
-            f"model prices {value!r}: write INPUT/OUTPUT dollars per million tokens, "
-            "e.g. 0.15/0.60"
+            f"model prices {value!r}: write INPUT/OUTPUT dollars per million tokens, e.g. 0.15/0.60"
         ) from None
     if low < 0 or high < 0:
         raise ValueError(f"model prices {value!r} must not be negative")
@@ -443,4 +442,3 @@ class GatewaySettings(Part):
     gateway_analytics_url: str | None = None
     """Where the gateway reads the live analytics (``sessionstream analytics``); default
     ``http://{analytics_host}:{analytics_port}``."""
-

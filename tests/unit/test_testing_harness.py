@@ -91,9 +91,7 @@ async def test_a_takeover_after_any_step_calls_each_finished_step_once(crash_aft
     assert len(tools) == 1
     recorded = [(e.generation, e.payload.step_id) for e in done.events if e.type == "step.recorded"]
     steps = ["plan", "search", "answer"]
-    assert recorded == [(1, s) for s in steps[:crash_after]] + [
-        (2, s) for s in steps[crash_after:]
-    ]
+    assert recorded == [(1, s) for s in steps[:crash_after]] + [(2, s) for s in steps[crash_after:]]
     delivered = [e.payload.step_id for e in done.events if e.type == "step.delivered"]
     assert delivered == steps[:crash_after]
     assert done.result == "re: re: q hits"

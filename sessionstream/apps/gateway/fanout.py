@@ -34,7 +34,6 @@ from typing import Any
 
 from sessionstream.adapters.access import CLIENT_GROUP_PREFIX
 from sessionstream.adapters.kafka import (
-    OFFSET_END,
     Message,
     Reader,
     TopicPartition,
@@ -321,10 +320,10 @@ class EventFanout:
                 fetch_wait_ms=5,
             )
             topic = self.settings.events_topic
-            deltas = self._delta_partitions()
+            deltas = self._delta_ends()
             consumer.assign(
                 [TopicPartition(topic, p, o) for p, o in ends.items()]
-                + [TopicPartition(self.settings.deltas_topic, p, OFFSET_END) for p in deltas]
+                + [TopicPartition(self.settings.deltas_topic, p, o) for p, o in deltas.items()]
             )
             self.partitions = len(ends)
             self._position = dict(ends)
@@ -348,14 +347,19 @@ class EventFanout:
         finally:
             consumer.close()
 
-    def _delta_partitions(self) -> list[int]:
-        """The deltas topic's partitions; none (and no token deltas) when it is missing."""
+    def _delta_ends(self) -> dict[int, int]:
+        """Where each deltas partition ends now (asked, not `OFFSET_END`: that is resolved
+        only when the partition is first fetched, and a delta appended meanwhile — seen:
+        a run's first — would be skipped); none (no token deltas) when the topic is
+        missing."""
         topic = self.settings.deltas_topic
-        meta = new_admin(self.settings).list_topics(topic, timeout=10).topics.get(topic)
+        admin = new_admin(self.settings)
+        meta = admin.list_topics(topic, timeout=10).topics.get(topic)
         if meta is None or meta.error is not None or not meta.partitions:
             log.warning("gateway: no token deltas: topic %s is not there", topic)
-            return []
-        return sorted(meta.partitions)
+            return {}
+        got = admin.latest_offsets([(topic, p) for p in meta.partitions], committed=False)
+        return {p: offset for (_topic, p), offset in got.items()}
 
     def _hand_out(self, batch: list[Message]) -> None:
         deliveries: dict[Subscriber, list[Item | Delta]] = {}

@@ -62,7 +62,10 @@ class DeltaBuffer:
         self.sent = 0
 
     def add(self, key: DeltaKey, text: str) -> None:
+        """`text` of call `key`; an empty one says the call ended: what it gathered goes
+        out now, not at the next interval (its finished event is on its way)."""
         if not text:
+            self._flush_one(key)
             return
         pending = self._pending.setdefault(key, _Pending())
         pending.parts.append(text)

@@ -176,9 +176,9 @@ class Execution:
         return cmd.command_id
 
     def delta(self, call_id: str, text: str) -> None:
-        """A piece of a streaming answer (a view: never fails the run); dropped once fenced
-        (a stale holder's view would mislead) or done."""
-        if self.fenced is None and not self.done.is_set() and text:
+        """A piece of a streaming answer ("": the call ended); a view: never fails the run,
+        dropped once fenced (a stale holder's view would mislead) or done."""
+        if self.fenced is None and not self.done.is_set():
             s, g = self.spec, self.generation
             key = DeltaKey(s.session_id, s.tenant_id, s.run_id, g, call_id, s.partition)
             with contextlib.suppress(Exception):

@@ -58,8 +58,8 @@ class RunIO(Protocol):
         ...
 
     def delta(self, call_id: str, text: str) -> None:
-        """A piece of model call `call_id`'s answer as it streams (a view, published
-        outside the log; dropped once this holder may not write any more)."""
+        """A piece of model call `call_id`'s answer as it streams ("": the call ended); a
+        view, published outside the log, dropped once this holder may not write any more."""
         ...
 
 
@@ -326,6 +326,7 @@ class RunContext:
         finally:
             self._models.pop(key, None)
             if started:
+                self._io.delta(started[0], "")  # its last pieces go out before it ends
                 self._progress(
                     "model.request.finished", m.name, started[0], outcome, usage=call.usage
                 )

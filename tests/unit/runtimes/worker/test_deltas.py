@@ -56,6 +56,17 @@ def test_one_record_per_call_per_flush_with_the_text_that_arrived_in_order() -> 
     assert buf.flush() == 0  # nothing new: nothing sent
 
 
+def test_a_call_that_ended_sends_what_it_gathered_at_once() -> None:
+    sent = Sent()
+    buf = DeltaBuffer(sent)
+    buf.add(key(), "last words")
+    buf.add(key("model-2"), "still streaming")
+    buf.add(key(), "")  # the call ended: its finished event is on its way
+    assert [(r[2]["callId"], r[2]["text"]) for r in sent.records] == [("model-1", "last words")]
+    buf.add(key(), "")  # nothing gathered: nothing sent
+    assert len(sent.records) == 1
+
+
 def test_a_call_that_gathers_too_much_goes_out_before_the_interval_ends() -> None:
     sent = Sent()
     buf = DeltaBuffer(sent)
@@ -174,7 +185,6 @@ async def test_a_fenced_holder_publishes_no_deltas(fenced: bool) -> None:
     if fenced:
         ex.fenced = "stale_generation"
     ex.delta("model-1", "text")
-    ex.delta("model-1", "")  # an empty piece is never published
-    assert host.deltas == (
-        [] if fenced else [(DeltaKey("s-1", "acme", "r-1", 4, "model-1", 0), "text")]
-    )
+    ex.delta("model-1", "")  # the call ended
+    k = DeltaKey("s-1", "acme", "r-1", 4, "model-1", 0)
+    assert host.deltas == ([] if fenced else [(k, "text"), (k, "")])

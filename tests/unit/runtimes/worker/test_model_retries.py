@@ -27,7 +27,6 @@ async def server() -> AsyncIterator[ModelServer]:
     await s.close()
 
 
-
 async def test_a_rate_limit_is_asked_again_after_the_wait_the_provider_gave(
     server: ModelServer,
 ) -> None:
