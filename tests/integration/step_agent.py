@@ -8,7 +8,8 @@ It calls the model once (`model-1`), then the tool "search" twice (`tool:search-
 `t1` ms, and `tool:search-2`, waiting `t2` ms), checkpointing between the two. `hold=model-1`
 makes the first holder wait inside the model step after the model answered and before the
 step is recorded (the step ends when its block does): a kill -9 there lands between "step
-finished" and "step recorded".
+finished" and "step recorded". `big=N` adds N characters to the first search's hits: a
+result over the log's inline bound, stored in PostgreSQL (`step_results`) by pointer.
 """
 
 from __future__ import annotations
@@ -50,13 +51,13 @@ async def run(ctx: RunContext) -> dict[str, object]:
     path = words["calls"]
     who = f"{ctx.worker_id}/{ctx.generation}"
 
-    def search(ms: int):  # type: ignore[no-untyped-def]
+    def search(ms: int, big: int = 0):  # type: ignore[no-untyped-def]
         async def call(signal: AbortSignal, idempotency_id: str) -> list[str]:
             _note(path, f"tool-start {who} {idempotency_id}")
             if not await signal.sleep(ms / 1000):
                 raise RunCancelled(signal.reason or "aborted")
             _note(path, f"tool-done {who} {idempotency_id}")
-            return [f"hit after {ms} ms"]
+            return [f"hit after {ms} ms", *(["x" * big] if big else [])]
 
         return call
 
@@ -65,7 +66,8 @@ async def run(ctx: RunContext) -> dict[str, object]:
         if words.get("hold") == "model-1" and ctx.generation == 1:
             _note(path, f"holding {who} model-1")
             await asyncio.sleep(600)  # killed here: answered, not recorded
-    first = await ctx.call_tool("search", search(int(words.get("t1", "200"))), input={"q": plan})
+    t1, big = int(words.get("t1", "200")), int(words.get("big", "0"))
+    first = await ctx.call_tool("search", search(t1, big), input={"q": plan})
     await ctx.compact(f"s3://ckpt/{ctx.run_id}/1")
     second = await ctx.call_tool("search", search(int(words.get("t2", "200"))), input={"q": 2})
     return {"plan": plan, "hits": [*first, *second], "contextRef": ctx.context_ref}

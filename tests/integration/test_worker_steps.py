@@ -154,3 +154,33 @@ def test_kill9_between_a_steps_end_and_its_record_runs_that_step_again(
     ]
     assert closes[0] == (2, "worker-a", "abandoned: lease_lost"), closes
     assert wait_event(iso, run_id, "run.finished").generation == 2
+
+
+def test_a_step_result_over_the_inline_bound_comes_back_from_postgresql(
+    iso: Settings, procs: list[Proc], tmp_path: Path
+) -> None:
+    """A tool result larger than the log holds inline (8 KiB) is stored in PostgreSQL by
+    the worker and recorded by pointer; after a kill -9 the next holder reads it back from
+    there instead of calling the tool again."""
+    big = 20_000
+    a, calls, run_id = _start(iso, procs, f"t1=200 t2=8000 big={big}", tmp_path)
+    wait_until(
+        lambda: _calls(calls)[f"tool-start {run_id}/tool:search-2"] == 1,
+        timeout=60,
+        what="worker-a in its second tool",
+    )
+
+    def stored() -> StepRecorded | None:
+        for e in run_events(iso, run_id):
+            if e.type == "step.recorded" and e.payload_as(StepRecorded).step_id == "tool:search-1":
+                return e.payload_as(StepRecorded)
+        return None
+
+    rec = wait_until(stored, timeout=30, what="tool:search-1 recorded")
+    assert rec.result is None and (rec.result_ref or "").startswith(f"pg:{run_id}/tool:search-1#")
+    _take_over(iso, a, run_id)
+    n = _calls(calls)
+    assert n[f"tool-start {run_id}/tool:search-1"] == 1, n  # not called again: read back
+    finished = next(e for e in run_events(iso, run_id) if e.type == "run.finished")
+    result = json.loads(finished.payload.model_dump()["result"])
+    assert result["hits"] == ["hit after 200 ms", "x" * big, "hit after 8000 ms"]

@@ -168,7 +168,14 @@ class StepBook:
                 )
                 self.recorded[step_id] = RecordedStep(step_id, kind, name, result, None, digest)
                 return
-            ref = await self.store.put(self.idempotency_id(step_id), result)
+            try:
+                ref = await self.store.put(self.idempotency_id(step_id), result)
+            except Exception as e:  # the store is down: the step stays local, as without one
+                log.warning(
+                    "step %s of run %s: not stored (%s): not durable", step_id, self.run_id, e
+                )
+                self.recorded[step_id] = RecordedStep(step_id, kind, name, result, None, digest)
+                return
             result = None
         payload: dict[str, Any] = {
             "stepId": step_id,

@@ -34,6 +34,7 @@ from sessionstream.adapters.kafka import (
     produce,
     unavailable,
 )
+from sessionstream.adapters.postgres.step_store import PostgresStepStore
 from sessionstream.adapters.registry import attach_registry
 from sessionstream.adapters.topics import command_topic
 from sessionstream.errors import KafkaFailed, SessionstreamError
@@ -105,8 +106,10 @@ class Worker:
         self.handler = check_handler(handler)
         self.worker_id = worker_id or default_worker_id()
         self.model: Model = model or FakeModel()
-        #: where step results over the inline bound go (None: such steps are not durable)
+        #: where step results over the inline bound go: `step_store`, else PostgreSQL's
+        #: `step_results` when there is a database (opened by `run`); None: not durable
         self.step_store = step_store
+        self._own_store: PostgresStepStore | None = None
         self.lease_ms = lease_ms or settings.worker_lease_ms
         self.max_payload_bytes = settings.max_payload_bytes
         self.cancel_grace_s = cancel_grace_s
@@ -147,6 +150,12 @@ class Worker:
         stop = stop or asyncio.Event()
         if self.executor is not None:
             await self.executor.open()
+            if self.step_store is None:
+                self._own_store = PostgresStepStore(
+                    self.executor.database_url, self.executor.schema
+                )
+                await self._own_store.open()
+                self.step_store = self._own_store
         # this version's command schema id, once (the events it reads are looked up by id)
         await asyncio.to_thread(
             functools.partial(
@@ -256,6 +265,8 @@ class Worker:
                 await asyncio.to_thread(self._producer.flush, 10)
         if self.executor is not None:
             await self.executor.close()
+        if self._own_store is not None:
+            await self._own_store.close()
         log.info("worker %s stopped", self.worker_id)
 
     @contextlib.contextmanager
