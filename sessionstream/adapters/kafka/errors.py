@@ -102,6 +102,27 @@ def kafka_cause(error: BaseException) -> KafkaException | None:
     return None
 
 
+#: what CPython says when a driver call returned an error whose exception a callback run
+#: meanwhile consumed (the same confluent-kafka problem as `kafka_cause`'s; seen on the
+#: real broker: a fenced producer's flush, in 3 of 7 runs once delivery reports did more
+#: Python work)
+_LOST_ERROR = "returned NULL without setting an exception"
+
+
+def _driver_failure(error: KafkaException | SystemError, what: str = "") -> KafkaFailed | None:
+    """The `KafkaFailed` a driver exception stands for; None for a SystemError that
+    stands for none (a real interpreter problem: raised as it is). A driver call that
+    failed with its error lost is a fatal failure of unknown kind (not a fence: nothing
+    says another instance exists; a client replaced after it learns of one soon enough)."""
+    cause = error if isinstance(error, KafkaException) else kafka_cause(error)
+    if cause is not None:
+        return failure(cause, what)
+    if _LOST_ERROR in str(error):
+        reason = f"the Kafka client failed and its error was lost in a callback ({error})"
+        return KafkaFailed(f"{what}: {reason}" if what else reason, name="_FATAL", fatal=True)
+    return None
+
+
 @contextlib.contextmanager
 def translated(what: str = "") -> Iterator[None]:
     """Around calls into confluent-kafka: its KafkaException becomes a `KafkaFailed`, and
@@ -109,13 +130,11 @@ def translated(what: str = "") -> Iterator[None]:
     surfacing from the next callback librdkafka serves). Other errors pass unchanged."""
     try:
         yield
-    except KafkaException as e:
-        raise failure(e, what) from e
-    except SystemError as e:
-        cause = kafka_cause(e)
-        if cause is None:
+    except (KafkaException, SystemError) as e:
+        failed = _driver_failure(e, what)
+        if failed is None:
             raise
-        raise failure(cause, what) from e
+        raise failed from e
 
 
 P = ParamSpec("P")
@@ -129,12 +148,10 @@ def translating(method: Callable[P, R]) -> Callable[P, R]:
     def call(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return method(*args, **kwargs)
-        except KafkaException as e:
-            raise failure(e) from e
-        except SystemError as e:
-            cause = kafka_cause(e)
-            if cause is None:
+        except (KafkaException, SystemError) as e:
+            failed = _driver_failure(e)
+            if failed is None:
                 raise
-            raise failure(cause) from e
+            raise failed from e
 
     return call

@@ -301,26 +301,40 @@ class EventFanout:
         return consumer
 
     # -- the consumer thread ----------------------------------------------------------------
-    def _ends(self) -> dict[int, int]:
-        """Where each events partition ends for a read_committed reader (its LSO)."""
+    def _ends(self) -> tuple[dict[int, int], dict[int, int]]:
+        """Where each events partition ends for a read_committed reader (its LSO), and
+        where each deltas partition ends now (asked, not `OFFSET_END`: that is resolved
+        only when the partition is first fetched, and a delta appended meanwhile — seen:
+        a run's first — would be skipped; none, and no token deltas, when that topic is
+        missing)."""
         admin = new_admin(self.settings)
-        topic = self.settings.events_topic
-        meta = admin.list_topics(topic, timeout=10).topics[topic]
-        if meta.error is not None:
-            raise RuntimeError(f"events topic {topic}: {meta.error}")
-        got = admin.latest_offsets([(topic, p) for p in meta.partitions], committed=True)
-        return {p: offset for (_topic, p), offset in got.items()}
+
+        def ends(topic: str, *, committed: bool) -> dict[int, int] | None:
+            meta = admin.list_topics(topic, timeout=10).topics.get(topic)
+            if meta is None or meta.error is not None or not meta.partitions:
+                return None
+            got = admin.latest_offsets([(topic, p) for p in meta.partitions], committed=committed)
+            return {p: offset for (_topic, p), offset in got.items()}
+
+        events = ends(self.settings.events_topic, committed=True)
+        if events is None:
+            raise RuntimeError(f"events topic {self.settings.events_topic} is not there")
+        deltas = ends(self.settings.deltas_topic, committed=False)
+        if deltas is None:
+            log.warning(
+                "gateway: no token deltas: topic %s is not there", self.settings.deltas_topic
+            )
+        return events, deltas or {}
 
     def _run(self) -> None:
         try:
-            ends = self._ends()
+            ends, deltas = self._ends()
             consumer = new_reader(
                 self.settings,
                 group_id=f"{CLIENT_GROUP_PREFIX}sse-{uuid.uuid4()}",
                 fetch_wait_ms=5,
             )
             topic = self.settings.events_topic
-            deltas = self._delta_ends()
             consumer.assign(
                 [TopicPartition(topic, p, o) for p, o in ends.items()]
                 + [TopicPartition(self.settings.deltas_topic, p, o) for p, o in deltas.items()]
@@ -346,20 +360,6 @@ class EventFanout:
             raise
         finally:
             consumer.close()
-
-    def _delta_ends(self) -> dict[int, int]:
-        """Where each deltas partition ends now (asked, not `OFFSET_END`: that is resolved
-        only when the partition is first fetched, and a delta appended meanwhile — seen:
-        a run's first — would be skipped); none (no token deltas) when the topic is
-        missing."""
-        topic = self.settings.deltas_topic
-        admin = new_admin(self.settings)
-        meta = admin.list_topics(topic, timeout=10).topics.get(topic)
-        if meta is None or meta.error is not None or not meta.partitions:
-            log.warning("gateway: no token deltas: topic %s is not there", topic)
-            return {}
-        got = admin.latest_offsets([(topic, p) for p in meta.partitions], committed=False)
-        return {p: offset for (_topic, p), offset in got.items()}
 
     def _hand_out(self, batch: list[Message]) -> None:
         deliveries: dict[Subscriber, list[Item | Delta]] = {}

@@ -108,6 +108,16 @@ def test_a_system_error_standing_for_a_fence_is_the_fence() -> None:
     assert got.value.fatal and got.value.fenced
 
 
+def test_a_driver_call_whose_error_a_callback_lost_is_a_fatal_failure() -> None:
+    lost = SystemError(
+        "<method 'flush' of 'cimpl.Producer' objects> returned NULL without setting an exception"
+    )
+    producer = TransactionalProducer(Driver({"flush": lost}))  # type: ignore[arg-type]
+    with pytest.raises(KafkaFailed) as got:
+        producer.flush(1)
+    assert got.value.fatal and not got.value.fenced and got.value.__cause__ is lost
+
+
 def test_other_errors_pass_unchanged() -> None:
     producer = CommandProducer(  # type: ignore[arg-type]
         Driver({"produce": BufferError("queue full"), "flush": SystemError("interpreter")})
