@@ -5,7 +5,8 @@ against the real decider, in memory — no Kafka, no PostgreSQL, well under a se
     from sessionstream.testing import AgentHarness
 
     async def run(ctx: RunContext) -> str:
-        return await ctx.model(ctx.prompt, step="answer")
+        async with ctx.model(step="answer") as m:
+            return await m.complete(ctx.prompt)
 
     async def test_my_agent() -> None:
         async with AgentHarness(run) as h:

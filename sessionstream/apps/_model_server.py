@@ -14,6 +14,11 @@ header with `retry_after=S`);
 `model_fail=bad_json` streams a chunk that is not JSON; `model_fail=stall` sends the
 headers and the first chunk, then nothing.
 
+It speaks the chat shape as `FakeModel.chat` does (`fake_chat_reply`): given `tools`, the
+word `call=NAME` asks for tool NAME (streamed as `delta.tool_calls` pieces, finish reason
+`tool_calls`) until a tool result follows the user message; given `response_format` with a
+`json_schema`, it answers JSON of that schema.
+
 Stdlib asyncio only: HTTP/1.1 with keep-alive and chunked responses is all a chat client
 needs, and reading the socket while writing is what makes the disconnect time exact.
 """
@@ -32,6 +37,8 @@ import time
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
+
+from sessionstream.runtimes.worker.model import fake_chat_reply
 
 __all__ = ["ModelServer", "Served", "free_port", "reply_text"]
 
@@ -61,6 +68,8 @@ class Served:
     number: int
     prompt: str
     started: float
+    #: the request's body as sent (messages, tools, response_format)
+    body: dict[str, Any] = field(default_factory=dict)
     chunks_sent: int = 0
     #: the last chunk and `[DONE]` were written
     completed: float | None = None
@@ -161,6 +170,7 @@ class ModelServer:
             body = json.loads(req.body)
             prompt = str([m for m in body["messages"] if m.get("role") == "user"][-1]["content"])
             model = str(body.get("model", "local"))
+            self._reply(body)  # tools and response_format it can read
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
             return await _error(writer, 400, "expected {model, messages: [...]}", "bad_request")
         if body.get("stream") is not True:
@@ -176,10 +186,18 @@ class ModelServer:
             return await _error(
                 writer, int(fail), f"failure {fail} asked for", "asked_for", headers=extra
             )
-        served = Served(len(self.served) + 1, prompt, time.time())
+        served = Served(len(self.served) + 1, prompt, time.time(), body)
         self.served.append(served)
         usage = bool((body.get("stream_options") or {}).get("include_usage"))
         return await self._stream(served, model, words, reader, writer, usage=usage)
+
+    @staticmethod
+    def _reply(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+        """The reply's text and its tool calls (as `delta.tool_calls` entries)."""
+        fmt = body.get("response_format") or {}
+        schema = fmt.get("json_schema") if fmt.get("type") == "json_schema" else None
+        text, calls = fake_chat_reply(body["messages"], body.get("tools") or (), schema)
+        return text, [{"index": i, **c.to_json()} for i, c in enumerate(calls)]
 
     async def _stream(
         self,
@@ -191,7 +209,8 @@ class ModelServer:
         *,
         usage: bool = False,
     ) -> bool:
-        tokens = re.findall(r"\S+\s*", reply_text(served.prompt))
+        text, calls = self._reply(served.body) if served.body else (reply_text(served.prompt), [])
+        tokens = re.findall(r"\S+\s*", text) or [""]
         total_ms = words.get("model_ms", "")
         per_token_ms = int(total_ms) / len(tokens) if total_ms.isdigit() else self.token_ms
         delay = per_token_ms / 1000
@@ -219,14 +238,27 @@ class ModelServer:
             if fail == "stall":
                 await gone
                 return False
-            for token in tokens:
+            for token in tokens if not calls else ():
                 await asyncio.wait({gone}, timeout=delay)
                 if gone.done():
                     return False
                 writer.write(_sse("{not json") if fail == "bad_json" else chunk({"content": token}))
                 await writer.drain()
                 served.chunks_sent += 1
-            end = chunk({}, "stop")
+            for call in calls:  # the id and name first, then the arguments in two pieces
+                args = call["function"]["arguments"]
+                head = {**call, "function": {"name": call["function"]["name"], "arguments": ""}}
+                pieces = [head]
+                for part in (args[: len(args) // 2], args[len(args) // 2 :]):
+                    pieces.append({"index": call["index"], "function": {"arguments": part}})
+                for piece in pieces:
+                    await asyncio.wait({gone}, timeout=delay)
+                    if gone.done():
+                        return False
+                    writer.write(chunk({"tool_calls": [piece]}))
+                    await writer.drain()
+                    served.chunks_sent += 1
+            end = chunk({}, "tool_calls" if calls else "stop")
             if usage:  # OpenAI's stream_options.include_usage: one more chunk, no choices
                 counts = {
                     "prompt_tokens": len(served.prompt.split()),

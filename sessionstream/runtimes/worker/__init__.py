@@ -9,6 +9,14 @@ See docs/workers.md.
 from sessionstream.runtimes.worker._handler import Handler, RunResult
 from sessionstream.runtimes.worker._signal import AbortSignal, RunAborted, RunCancelled, RunFenced
 from sessionstream.runtimes.worker._steps import StepStore
+from sessionstream.runtimes.worker.chat import (
+    Message,
+    ModelOutputInvalid,
+    Tool,
+    ToolCall,
+    ToolSpec,
+    tool,
+)
 from sessionstream.runtimes.worker.context import (
     ActionDenied,
     CancelReport,
@@ -17,7 +25,7 @@ from sessionstream.runtimes.worker.context import (
     RunContext,
 )
 from sessionstream.runtimes.worker.executor import ActionExecutor, ActionFn, ActionRun
-from sessionstream.runtimes.worker.model import Completion, FakeModel, Model
+from sessionstream.runtimes.worker.model import ChatModel, Completion, FakeModel, Model
 from sessionstream.runtimes.worker.openai_model import OpenAIChatModel
 from sessionstream.runtimes.worker.runtime import Worker, default_worker_id
 from sessionstream.runtimes.worker.sql_tool import run_query
@@ -29,12 +37,15 @@ __all__ = [
     "ActionFn",
     "ActionRun",
     "CancelReport",
+    "ChatModel",
     "Completion",
     "FakeModel",
     "FollowUp",
     "Handler",
+    "Message",
     "Model",
     "ModelCall",
+    "ModelOutputInvalid",
     "OpenAIChatModel",
     "RunAborted",
     "RunCancelled",
@@ -42,7 +53,11 @@ __all__ = [
     "RunFenced",
     "RunResult",
     "StepStore",
+    "Tool",
+    "ToolCall",
+    "ToolSpec",
     "Worker",
     "default_worker_id",
     "run_query",
+    "tool",
 ]

@@ -1,7 +1,10 @@
-"""A `Model` that streams from any OpenAI-compatible chat-completions API (httpx).
+"""A `ChatModel` that streams from any OpenAI-compatible chat-completions API (httpx).
 
-`complete` POSTs `{base_url}/chat/completions` with `"stream": true` and joins the
-`choices[0].delta.content` of the server-sent events up to `data: [DONE]`. When the run's
+`chat` POSTs `{base_url}/chat/completions` with `"stream": true` — the messages, the
+tools as `function` definitions, structured output as `response_format: json_schema` —
+and joins the `choices[0].delta.content` of the server-sent events up to `data: [DONE]`,
+and the pieces of each `delta.tool_calls[i]` into the reply's tool calls. `complete(prompt)`
+is a chat of one user message (after the configured system message). When the run's
 signal is aborted the request's task is cancelled, which closes the response and its
 connection: the provider sees the client go away (and stops generating, and billing)
 within milliseconds, instead of finishing a reply nobody reads.
@@ -19,12 +22,14 @@ import email.utils
 import json
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
 
 from sessionstream.errors import ConfigurationError, ModelError, ModelUnavailable
 from sessionstream.runtimes.worker._signal import AbortSignal, RunCancelled
+from sessionstream.runtimes.worker.chat import ToolCall
 from sessionstream.runtimes.worker.model import Completion, DeltaCallback
 from sessionstream.settings import Settings
 from sessionstream.settings.components import parse_prices
@@ -87,13 +92,43 @@ class OpenAIChatModel:
     async def complete(
         self, prompt: str, *, signal: AbortSignal, on_delta: DeltaCallback | None = None
     ) -> str:
-        """The model's reply to `prompt`; RunCancelled as soon as `signal` is aborted (also
-        while it waits to ask again). `on_delta` is called with each piece of the answer
-        as it streams (a request asked again streams its answer again from the start)."""
+        """The model's reply to `prompt` (after the configured system message)."""
+        messages = [{"role": "user", "content": prompt}]
+        if self.system:
+            messages.insert(0, {"role": "system", "content": self.system})
+        return await self.chat(messages, signal=signal, on_delta=on_delta)
+
+    async def chat(
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        signal: AbortSignal,
+        tools: Sequence[dict[str, Any]] = (),
+        output: dict[str, Any] | None = None,
+        on_delta: DeltaCallback | None = None,
+    ) -> Completion:
+        """The model's reply to the conversation: its text and the tool calls it asks for;
+        RunCancelled as soon as `signal` is aborted (also while it waits to ask again).
+        `on_delta` is called with each piece of the text as it streams (a request asked
+        again streams its answer again from the start)."""
+        body: dict[str, Any] = {
+            "model": self.name,
+            "messages": list(messages),
+            "stream": True,
+            # the last chunk then carries the request's token counts
+            "stream_options": {"include_usage": True},
+        }
+        if tools:
+            body["tools"] = list(tools)
+        if output is not None:
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": output["name"], "schema": output["schema"]},
+            }
         attempt = 0
         while True:
             try:
-                return await self._attempt(prompt, signal, on_delta)
+                return await self._attempt(body, signal, on_delta)
             except ModelError as e:
                 if not e.retryable or attempt >= self.retries:
                     raise
@@ -112,10 +147,10 @@ class OpenAIChatModel:
                     raise RunCancelled(signal.reason or "aborted") from e
 
     async def _attempt(
-        self, prompt: str, signal: AbortSignal, on_delta: DeltaCallback | None = None
-    ) -> str:
+        self, body: dict[str, Any], signal: AbortSignal, on_delta: DeltaCallback | None = None
+    ) -> Completion:
         signal.raise_if_aborted()
-        stream = asyncio.ensure_future(self._stream(prompt, on_delta))
+        stream = asyncio.ensure_future(self._stream(body, on_delta))
         aborted = asyncio.ensure_future(signal.wait())
         try:
             await asyncio.wait({stream, aborted}, return_when=asyncio.FIRST_COMPLETED)
@@ -150,17 +185,9 @@ class OpenAIChatModel:
             self._loop = loop
         return self._client
 
-    async def _stream(self, prompt: str, on_delta: DeltaCallback | None = None) -> str:
-        messages = [{"role": "user", "content": prompt}]
-        if self.system:
-            messages.insert(0, {"role": "system", "content": self.system})
-        body = {
-            "model": self.name,
-            "messages": messages,
-            "stream": True,
-            # the last chunk then carries the request's token counts
-            "stream_options": {"include_usage": True},
-        }
+    async def _stream(
+        self, body: dict[str, Any], on_delta: DeltaCallback | None = None
+    ) -> Completion:
         sent = time.monotonic()
         try:
             async with self._http().stream("POST", self.url, json=body) as resp:
@@ -175,12 +202,9 @@ class OpenAIChatModel:
                 if resp.headers.get("content-type", "").startswith("application/json"):
                     # a server that ignores "stream": the whole completion in one body
                     whole = _json(await resp.aread(), self.url)
+                    text, calls, reason = _message(whole, self.url)
                     return self._completion(
-                        _content(whole, self.url),
-                        whole.get("usage"),
-                        whole.get("model"),
-                        None,
-                        sent,
+                        text, whole.get("usage"), whole.get("model"), reason, sent, calls=calls
                     )
                 return await self._read_events(resp, sent, on_delta)
         except httpx.TimeoutException as e:
@@ -201,6 +225,7 @@ class OpenAIChatModel:
         finish_reason: str | None,
         sent: float,
         first: float | None = None,
+        calls: Sequence[ToolCall] = (),
     ) -> Completion:
         usage = usage if isinstance(usage, dict) else {}
         tokens_in, tokens_out = usage.get("prompt_tokens"), usage.get("completion_tokens")
@@ -217,12 +242,15 @@ class OpenAIChatModel:
             first_token_ms=None if first is None else int((first - sent) * 1000),
             finish_reason=finish_reason,
             cost_usd=cost,
+            tool_calls=calls,
         )
 
     async def _read_events(
         self, resp: httpx.Response, sent: float, on_delta: DeltaCallback | None = None
-    ) -> str:
+    ) -> Completion:
         parts: list[str] = []
+        #: the tool calls' pieces by their index: id, name, argument pieces
+        calls: dict[int, tuple[list[str], list[str], list[str]]] = {}
         finished = False
         first: float | None = None
         usage: Any = None
@@ -246,7 +274,10 @@ class OpenAIChatModel:
             for choice in chunk.get("choices") or []:  # none in a usage-only chunk
                 if choice.get("index", 0) != 0:
                     continue
-                content = (choice.get("delta") or {}).get("content")
+                delta = choice.get("delta") or {}
+                for piece in delta.get("tool_calls") or ():
+                    _add_call_piece(calls, piece, self.url)
+                content = delta.get("content")
                 if isinstance(content, str):
                     if content and first is None:
                         first = time.monotonic()
@@ -258,7 +289,28 @@ class OpenAIChatModel:
                     # the usage chunk comes after the finishing one: read on to [DONE]
         if not finished and reason is None:
             raise ModelError("model API stream ended before [DONE]", url=self.url, status=200)
-        return self._completion("".join(parts), usage, model, reason, sent, first)
+        made = [
+            ToolCall("".join(i), "".join(n), "".join(a) or "{}")
+            for _, (i, n, a) in sorted(calls.items())
+        ]
+        return self._completion("".join(parts), usage, model, reason, sent, first, made)
+
+
+def _add_call_piece(
+    calls: dict[int, tuple[list[str], list[str], list[str]]], piece: Any, url: str
+) -> None:
+    """One streamed piece of a tool call: the first names the call's id and function, the
+    others carry more of its arguments' JSON text (OpenAI's `delta.tool_calls[i]`)."""
+    if not isinstance(piece, dict) or not isinstance(piece.get("index", 0), int):
+        raise ModelError(f"not a tool call delta: {str(piece)[:200]}", url=url, status=200)
+    ids, names, args = calls.setdefault(piece.get("index", 0), ([], [], []))
+    fn = piece.get("function") or {}
+    if isinstance(piece.get("id"), str):
+        ids.append(piece["id"])
+    if isinstance(fn.get("name"), str):
+        names.append(fn["name"])
+    if isinstance(fn.get("arguments"), str):
+        args.append(fn["arguments"])
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -287,10 +339,15 @@ def _json(raw: bytes, url: str) -> dict[str, Any]:
     return value
 
 
-def _content(completion: dict[str, Any], url: str) -> str:
+def _message(completion: dict[str, Any], url: str) -> tuple[str, list[ToolCall], str | None]:
+    """A whole (not streamed) completion's text, tool calls and finish reason."""
     try:
-        return str(completion["choices"][0]["message"]["content"] or "")
-    except (KeyError, IndexError, TypeError) as e:
+        choice = completion["choices"][0]
+        message = choice["message"]
+        calls = [ToolCall.from_json(c) for c in message.get("tool_calls") or ()]
+        reason = choice.get("finish_reason")
+        return str(message["content"] or ""), calls, None if reason is None else str(reason)
+    except (KeyError, IndexError, TypeError, AttributeError) as e:
         raise ModelError(
             f"not a chat completion: {str(completion)[:200]}", url=url, status=200
         ) from e
