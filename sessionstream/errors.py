@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "CommandTimeout",
     "ConfigurationError",
+    "DatabaseError",
     "DatabaseUnavailable",
     "IncompatibleEvent",
     "KafkaFailed",
@@ -106,13 +107,26 @@ class SchemaIncompatible(ConfigurationError):
         self.detail = detail
 
 
-class DatabaseUnavailable(SessionstreamError):
+class DatabaseError(SessionstreamError):
+    """A call into PostgreSQL failed: the database did not answer (`DatabaseUnavailable`)
+    or refused a statement (`QueryFailed`). The PostgreSQL adapter
+    (`sessionstream.adapters.postgres`) translates the driver's errors into these; `reason`
+    is the failure's own text (the driver's, for a translated error) without what the
+    subclass adds to the message."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class DatabaseUnavailable(DatabaseError):
     """PostgreSQL did not answer; `url` (without password) says where we looked."""
 
     def __init__(self, message: str, *, url: str) -> None:
         super().__init__(
             f"{message}\n  database: {url} (SESSIONSTREAM_DATABASE_URL); "
-            "start the local stack with `make up`."
+            "start the local stack with `make up`.",
+            reason=message,
         )
         self.url = url
 
@@ -170,9 +184,10 @@ class ModelUnavailable(ModelError):
     """The provider did not answer: no connection, or silent for longer than the timeout."""
 
 
-class QueryFailed(SessionstreamError):
-    """A tool's SQL statement failed in the database; `sqlstate` is PostgreSQL's code."""
+class QueryFailed(DatabaseError):
+    """A SQL statement failed in the database; `sqlstate` is PostgreSQL's code (None when
+    the driver refused it before it reached the server)."""
 
     def __init__(self, message: str, *, sqlstate: str | None) -> None:
-        super().__init__(f"query failed ({sqlstate}): {message}")
+        super().__init__(f"query failed ({sqlstate}): {message}", reason=message)
         self.sqlstate = sqlstate

@@ -60,13 +60,12 @@ def _run_seen(session: str, *, latest: bool) -> str | None:
     """The session's active run in the projection (the sink's view, a moment behind the
     log); with `latest`, the most recent run when none is active, so that a command for a
     run that has ended is refused `run_not_active` rather than landing on a newer one."""
-    import psycopg
+    from sessionstream.adapters.postgres import connect, translated
+    from sessionstream.errors import DatabaseError, QueryFailed
 
-    from sessionstream.adapters.postgres import connect
-    from sessionstream.errors import DatabaseUnavailable
-
+    settings = get_settings()
     try:
-        with connect(get_settings()) as conn:
+        with translated(settings.database_conninfo, queries=True), connect(settings) as conn:
             row = conn.execute(
                 "select active_run_id from agent_sessions where session_id = %s", (session,)
             ).fetchone()
@@ -80,9 +79,11 @@ def _run_seen(session: str, *, latest: bool) -> str | None:
                 (session,),
             ).fetchone()
             return None if row is None else str(row[0])
-    except (psycopg.Error, DatabaseUnavailable) as e:
+    except DatabaseError as e:
+        # a refused statement in the driver's own words, without the sqlstate prefix
+        why = e.reason if isinstance(e, QueryFailed) else str(e)
         typer.echo(
-            f"error: cannot look up the active run of {session!r} in PostgreSQL ({e}); "
+            f"error: cannot look up the active run of {session!r} in PostgreSQL ({why}); "
             "name it with --run RUN_ID, or send it session-scoped with --any",
             err=True,
         )

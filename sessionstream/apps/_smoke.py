@@ -26,7 +26,8 @@ from sessionstream.adapters.kafka import (
     new_reader,
     record_failure,
 )
-from sessionstream.errors import KafkaFailed, SessionstreamError
+from sessionstream.adapters.postgres import translated
+from sessionstream.errors import DatabaseError, KafkaFailed, SessionstreamError
 from sessionstream.settings import Settings
 
 __all__ = ["SmokeError", "run_smoke"]
@@ -143,8 +144,12 @@ def _poll_one(consumer: Reader) -> Message:
 def _postgres_round_trip(
     settings: Settings, record: dict[str, Any], echo: Callable[[str], Any]
 ) -> None:
+    conninfo = settings.database_conninfo
     try:
-        with psycopg.connect(settings.database_conninfo, connect_timeout=10) as conn:
+        with (
+            translated(conninfo, queries=True),
+            psycopg.connect(conninfo, connect_timeout=10) as conn,
+        ):
             # Step 5: write the consumed record (table created on first use).
             conn.execute(_DDL)
             conn.execute(
@@ -170,8 +175,8 @@ def _postgres_round_trip(
                 (record["smoke_id"],),
             ).fetchone()
             total = conn.execute("select count(*) from smoke_roundtrip").fetchone()
-    except psycopg.Error as e:
-        raise SmokeError(f"PostgreSQL: {str(e).strip()}") from e
+    except DatabaseError as e:
+        raise SmokeError(f"PostgreSQL: {e.reason}") from e
     expected = (record["topic"], record["partition"], record["offset"], record["payload"])
     if row != expected:
         raise SmokeError(f"PostgreSQL returned {row!r}, expected {expected!r}")

@@ -1,6 +1,6 @@
 """How every process reaches PostgreSQL: one connection, a pool of them (threads or
-asyncio), the schema on the search path, a bounded connect, and connection errors
-translated once into `DatabaseUnavailable`."""
+asyncio), the schema on the search path, a bounded connect, and the driver's errors
+translated once: into `DatabaseUnavailable` (no database to talk to) or `QueryFailed`."""
 
 from __future__ import annotations
 
@@ -13,10 +13,18 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
-from sessionstream.errors import DatabaseUnavailable
+from sessionstream.errors import DatabaseError, DatabaseUnavailable, QueryFailed
 from sessionstream.settings import Settings, redact_conninfo
 
-__all__ = ["Reconnecting", "async_pool", "connect", "connect_kwargs", "pool", "translated"]
+__all__ = [
+    "Reconnecting",
+    "async_pool",
+    "connect",
+    "connect_kwargs",
+    "failure",
+    "pool",
+    "translated",
+]
 
 #: how long a connection attempt may take before the database counts as unavailable
 CONNECT_TIMEOUT_S = 5
@@ -30,15 +38,46 @@ def connect_kwargs(schema: str | None, *, timeout_s: int = CONNECT_TIMEOUT_S) ->
     return kwargs
 
 
+#: sqlstates with which the server ends a connection or will not take one: class 08
+#: (connection exception) and 57P01..57P05 (shut down, crashed, starting up, database
+#: dropped, idle too long). Other operational sqlstates (57014 a statement timeout or
+#: cancel, 40P01 a deadlock, 55P03 a lock not available) are a statement's failure.
+_CONNECTION_SQLSTATES = ("08", "57P")
+
+
+def failure(error: psycopg.Error, conninfo: str) -> DatabaseError:
+    """The driver's error as sessionstream's: `DatabaseUnavailable` when there is no
+    database to talk to (a pool with no connection to give, a connection refused, broken or
+    closed: the driver's OperationalError without a server sqlstate, or one of
+    `_CONNECTION_SQLSTATES`), naming `conninfo`'s database without its password;
+    `QueryFailed` with the sqlstate for every other error (the server refused the
+    statement, or the driver did before sending it)."""
+    reason = str(error).strip()
+    if isinstance(error, psycopg.OperationalError) and (
+        error.sqlstate is None or error.sqlstate.startswith(_CONNECTION_SQLSTATES)
+    ):
+        return DatabaseUnavailable(reason, url=redact_conninfo(conninfo))
+    return QueryFailed(reason, sqlstate=error.sqlstate)
+
+
 @contextmanager
-def translated(conninfo: str) -> Iterator[None]:
-    """The driver's "cannot reach the database" errors (a refused or broken connection, a
-    pool with no connection to give) as `DatabaseUnavailable`, naming `conninfo`'s
-    database without its password. SQL errors pass through as they are."""
+def translated(conninfo: str, *, queries: bool = False) -> Iterator[None]:
+    """Around calls into psycopg (a plain `with` works around `await` too).
+
+    With `queries`, every driver error leaves as `failure` translates it, so a caller
+    handles `DatabaseUnavailable`, `QueryFailed` or both (`DatabaseError`) and never
+    imports the driver. Without it (around connecting, and for callers that let SQL errors
+    go up as they are: `migrate`, the gateway's pool) every OperationalError, whatever the
+    server said, is `DatabaseUnavailable`, as `PoolTimeout` is, and the other errors pass
+    through untranslated."""
     try:
         yield
-    except (psycopg.OperationalError, PoolTimeout) as e:
-        raise DatabaseUnavailable(str(e).strip(), url=redact_conninfo(conninfo)) from e
+    except psycopg.Error as e:
+        if queries:
+            raise failure(e, conninfo) from e
+        if isinstance(e, (psycopg.OperationalError, PoolTimeout)):
+            raise DatabaseUnavailable(str(e).strip(), url=redact_conninfo(conninfo)) from e
+        raise
 
 
 def connect(

@@ -1,18 +1,16 @@
 """Step results over the log's inline bound, in PostgreSQL (`step_results`, migration
 0009): the `StepStore` a worker uses by default when it has a database. `put` returns a
 pointer `pg:{idempotency id}#{digest}`; `get` reads it back. Connection errors are
-`DatabaseUnavailable`, a pointer with no row is `QueryFailed`."""
+`DatabaseUnavailable`; a failed statement, and a pointer with no row, `QueryFailed`."""
 
 from __future__ import annotations
 
 import hashlib
 
-import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from sessionstream.adapters.postgres.datastore import async_pool
-from sessionstream.errors import DatabaseUnavailable, QueryFailed
-from sessionstream.settings import redact_conninfo
+from sessionstream.adapters.postgres.datastore import async_pool, translated
+from sessionstream.errors import QueryFailed
 
 __all__ = ["POINTER_PREFIX", "PostgresStepStore"]
 
@@ -59,11 +57,7 @@ class PostgresStepStore:
 
     async def _run(self, sql: str, params: tuple[str, ...]) -> list[tuple[object, ...]]:
         assert self._pool is not None, "step store not opened"
-        try:
+        with translated(self.conninfo, queries=True):
             async with self._pool.connection() as conn, conn.cursor() as cur:
                 await cur.execute(sql, params)
                 return await cur.fetchall() if cur.description is not None else []
-        except psycopg.OperationalError as e:
-            raise DatabaseUnavailable(str(e).strip(), url=redact_conninfo(self.conninfo)) from e
-        except psycopg.Error as e:
-            raise QueryFailed(str(e).strip(), sqlstate=e.sqlstate) from e

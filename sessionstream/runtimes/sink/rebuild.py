@@ -34,10 +34,10 @@ from sessionstream.adapters.kafka import (
     partitions_of,
     read_messages,
 )
-from sessionstream.adapters.postgres import connect
+from sessionstream.adapters.postgres import connect, translated
 from sessionstream.adapters.postgres.migrate import migrate
 from sessionstream.adapters.registry import reader_codec
-from sessionstream.errors import SessionstreamError, SingleWriterViolation
+from sessionstream.errors import DatabaseError, SessionstreamError, SingleWriterViolation
 from sessionstream.runtimes.sink.projection import Projection
 from sessionstream.runtimes.sink.writer import EVENT_COLS, RUN_COLS, RUN_TIMES, ts
 from sessionstream.settings import Settings
@@ -201,7 +201,11 @@ def rebuild(
             t3 = time.perf_counter()
     except BaseException:
         if not keep:  # a failed rebuild leaves nothing behind, unless asked to keep it
-            with contextlib.suppress(psycopg.Error):  # the database may be what failed
+            # the database may be what failed: its error must not hide the rebuild's
+            with (
+                contextlib.suppress(DatabaseError),
+                translated(settings.database_conninfo, queries=True),
+            ):
                 _drop_schema(settings, schema)
         raise
     if not keep:

@@ -30,7 +30,8 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
-from sessionstream.adapters.postgres import async_pool
+from sessionstream.adapters.postgres import async_pool, translated
+from sessionstream.errors import DatabaseError
 from sessionstream.runtimes.worker._signal import RunFenced
 
 __all__ = ["ActionExecutor", "ActionFn", "ActionRun", "ActionTarget"]
@@ -113,10 +114,13 @@ class ActionExecutor:
         answer is logged, not fatal (each action raises it again)."""
         assert self._pool is not None, "executor not opened"
         try:
-            async with self._pool.connection() as conn, conn.transaction():
-                await _fence(conn, run_id, generation)
-        except psycopg.Error as e:
-            log.warning("run %s: fence of generation %s not raised: %s", run_id, generation, e)
+            with translated(self.database_url, queries=True):
+                async with self._pool.connection() as conn, conn.transaction():
+                    await _fence(conn, run_id, generation)
+        except DatabaseError as e:
+            log.warning(
+                "run %s: fence of generation %s not raised: %s", run_id, generation, e.reason
+            )
 
     async def execute(
         self, target: ActionTarget, kind: str, key: str, fn: ActionFn, *, transactional: bool

@@ -18,10 +18,10 @@ from typing import Any, LiteralString, TypeAlias
 import psycopg
 from psycopg import sql
 from psycopg.abc import Params
-from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import tuple_row
 
-from sessionstream.errors import DatabaseUnavailable, QueryFailed
+from sessionstream.adapters.postgres import translated
+from sessionstream.errors import DatabaseError
 from sessionstream.runtimes.worker._signal import AbortSignal, RunCancelled
 
 __all__ = ["run_query"]
@@ -48,26 +48,30 @@ async def run_query(
     or an open async connection (on one inside a transaction, a cancelled statement leaves
     that transaction failed: the caller's `transaction()` block rolls it back).
     `application_name` shows in `pg_stat_activity`, so operators can tell whose backend
-    it is. RunCancelled on abort; QueryFailed when the statement fails.
+    it is. RunCancelled on abort; QueryFailed when the statement fails, and
+    DatabaseUnavailable when the database cannot be reached or is lost meanwhile.
     """
     signal.raise_if_aborted()
     if isinstance(db, psycopg.AsyncConnection):
-        return await _execute(db, query, params, signal)
-    try:
+        # its conninfo (without the password) names the database in a translated error
+        return await _execute(db, db.info.dsn, query, params, signal)
+    with translated(db):
         conn = await psycopg.AsyncConnection.connect(
             db,
             autocommit=True,
             application_name=application_name,
             connect_timeout=connect_timeout_s,
         )
-    except psycopg.OperationalError as e:
-        raise DatabaseUnavailable(str(e).strip(), url=_where(db)) from e
     async with conn:
-        return await _execute(conn, query, params, signal)
+        return await _execute(conn, db, query, params, signal)
 
 
 async def _execute(
-    conn: psycopg.AsyncConnection[Any], query: Query, params: Params | None, signal: AbortSignal
+    conn: psycopg.AsyncConnection[Any],
+    conninfo: str,
+    query: Query,
+    params: Params | None,
+    signal: AbortSignal,
 ) -> list[Row]:
     async with conn.cursor(row_factory=tuple_row) as cur:
         statement = asyncio.ensure_future(cur.execute(query, params))
@@ -77,11 +81,12 @@ async def _execute(
             if not statement.done():
                 # Step 1: ask the server to cancel the statement (over a cancel connection)
                 try:
-                    await conn.cancel_safe(timeout=5.0)
-                except psycopg.Error as e:
-                    log.warning("could not cancel the statement in the server: %s", e)
+                    with translated(conninfo, queries=True):
+                        await conn.cancel_safe(timeout=5.0)
+                except DatabaseError as e:
+                    log.warning("could not cancel the statement in the server: %s", e.reason)
                 # Step 2: the statement ends with query_canceled (or had just finished)
-                with contextlib.suppress(psycopg.Error):
+                with contextlib.suppress(DatabaseError), translated(conninfo, queries=True):
                     await statement
                 # Step 3: report the abort, not the driver's error
                 raise RunCancelled(signal.reason or "aborted")
@@ -91,19 +96,11 @@ async def _execute(
                 # our own task was cancelled: psycopg cancels the statement in the server
                 # when its wait is interrupted; let it, before the cursor goes away
                 statement.cancel()
-                with contextlib.suppress(asyncio.CancelledError, psycopg.Error):
+                with (
+                    contextlib.suppress(asyncio.CancelledError, DatabaseError),
+                    translated(conninfo, queries=True),
+                ):
                     await statement
-        try:
+        with translated(conninfo, queries=True):
             statement.result()
             return await cur.fetchall() if cur.description is not None else []
-        except psycopg.Error as e:
-            raise QueryFailed(str(e).strip(), sqlstate=e.sqlstate) from e
-
-
-def _where(conninfo: str) -> str:
-    """host:port/dbname of a conninfo, without its password (for messages)."""
-    try:
-        d = conninfo_to_dict(conninfo)
-    except psycopg.ProgrammingError:
-        return "(unparsable conninfo)"
-    return f"{d.get('host', 'localhost')}:{d.get('port', 5432)}/{d.get('dbname', '')}"
