@@ -1,5 +1,5 @@
 """Run search over HTTP against a real gateway, processor, sink and PostgreSQL (one isolated
-world for the module), written from the spec (issue 40, "Run search and labels"):
+world for the module), written from the spec of run search and labels:
 
 - `GET /v1/runs?status=&actor=&label=&since=&until=&session=&cursor=`, newest first, and the
   same filters on `GET /v1/sessions`; each filter finds exactly its rows;
