@@ -1,11 +1,12 @@
-"""CLI commands that read what was recorded: replay, audit, stats."""
+"""CLI commands that read what was recorded: replay, runs list, audit, stats."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any, NoReturn
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -15,13 +16,17 @@ from rich.table import Table
 from sessionstream.errors import SessionstreamError
 from sessionstream.schemas.codec import Codec
 from sessionstream.schemas.events import Event
-from sessionstream.settings import get_settings
+from sessionstream.settings import Settings, get_settings
+
+if TYPE_CHECKING:
+    from sessionstream.runtimes.sink.cursor import CursorCodec
 
 __all__ = ["register"]
 
 replay_app = typer.Typer(
     help="Replay runs, sessions or offsets; rebuild the projection.", no_args_is_help=True
 )
+runs_app = typer.Typer(help="Search the recorded runs (PostgreSQL).", no_args_is_help=True)
 console = Console()
 
 
@@ -207,6 +212,109 @@ def replay_rebuild(
         raise typer.Exit(code=1)
 
 
+def _cursor_codec(settings: Settings) -> CursorCodec:
+    """`gateway_cursor_secret`'s codec (cursors then pass between the CLI and the gateways
+    when tenant and filters match); unset, one derived from the database credentials: the
+    same on every call, and whoever holds them reads every row without a cursor anyway."""
+    from sessionstream.runtimes.sink.cursor import CursorCodec, derive_key
+
+    secret = settings.gateway_cursor_secret
+    if secret is not None:
+        return CursorCodec(derive_key(secret.get_secret_value()))
+    return CursorCodec(derive_key(settings.database_conninfo, "cli-search-cursor"))
+
+
+@runs_app.command("list")
+def runs_list(
+    status: Annotated[
+        str | None,
+        typer.Option(
+            help="running, compacting, cancelling, completed, cancelled, failed or timed_out;"
+            " several comma-separated (any of them matches)"
+        ),
+    ] = None,
+    actor: Annotated[str | None, typer.Option(help="who started the run")] = None,
+    label: Annotated[
+        list[str] | None, typer.Option(help="key:value; repeat it (every label must match)")
+    ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(
+            help="created at or after this time (RFC 3339, e.g. 2026-12-05T10:00:00Z; no zone:"
+            " UTC; or epoch ms)"
+        ),
+    ] = None,
+    until: Annotated[str | None, typer.Option(help="created before this time")] = None,
+    session: Annotated[
+        str | None,
+        typer.Option(help="only this session's runs: its full id, as `replay session` takes it"),
+    ] = None,
+    tenant: Annotated[
+        str | None, typer.Option(help="only this tenant's runs (default: every tenant's)")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=500, help="runs per page")] = 50,
+    cursor: Annotated[
+        str | None, typer.Option(help="the next cursor a previous call printed (same filters)")
+    ] = None,
+    as_json: JsonDoc = False,
+) -> None:
+    """Runs newest first, filtered, a page at a time: the search of GET /v1/runs, read
+    from PostgreSQL (every tenant's unless --tenant)."""
+    from sessionstream.apps.gateway.views import run_json
+    from sessionstream.runtimes.sink.cursor import CursorError
+    from sessionstream.runtimes.sink.search import Filters, Search, SearchInvalid, find
+
+    settings = get_settings()
+    if tenant is not None and not 1 <= len(tenant) <= 200:
+        _fail("--tenant must be 1-200 characters")
+    try:
+        filters = Filters.of(
+            status=status,
+            actor=actor,
+            labels=label or [],
+            since=since,
+            until=until,
+            session_id=session,
+        )
+    except SearchInvalid as e:
+        _fail(f"--{e}")
+    search = Search("runs", tenant, filters)
+    codec = _cursor_codec(settings)
+    try:
+        after = None if cursor is None else codec.decode(cursor, search.digest())
+    except CursorError as e:
+        _fail(f"--cursor: {e} ({e.code}); start again without --cursor")
+    with _db() as conn:
+        page = find(conn, search, after, limit)
+    runs = [run_json(r, local_ids=False) for r in page.rows]
+    nxt = None if page.next is None else codec.encode(page.next, search.digest())
+    if as_json:
+        typer.echo(json.dumps({"runs": runs, "nextCursor": nxt}))
+        return
+    # an aligned plain table: whole ids (what `replay run` takes) at any terminal width,
+    # one run per line for grep; only the prompt is cut
+    head = ["created (UTC)", "run", "session", "status", "started by", "labels", "prompt"]
+    lines = [head]
+    for r in runs:
+        created = datetime.fromtimestamp(r["createdAt"] / 1000, UTC)
+        prompt = " ".join(r["prompt"].split())
+        lines.append(
+            [
+                created.strftime("%Y-%m-%d %H:%M:%S"),
+                r["runId"],
+                r["sessionId"],
+                r["status"],
+                r["startedBy"] or "-",
+                ",".join(f"{k}:{v}" for k, v in (r["labels"] or {}).items()) or "-",
+                prompt if len(prompt) <= 40 else prompt[:39] + "…",
+            ]
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    for line in lines if runs else []:
+        typer.echo("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
+    typer.echo(f"next: --cursor {nxt}" if nxt else f"({len(runs)} runs, the last page)")
+
+
 def audit(as_json: JsonDoc = False) -> None:
     """Run the pre-launch checklist against the live system; non-zero exit on any FAIL."""
     from sessionstream.runtimes.sink.audit import run_audit
@@ -251,5 +359,6 @@ def stats(as_json: JsonDoc = False) -> None:
 
 def register(app: typer.Typer) -> None:
     app.add_typer(replay_app, name="replay")
+    app.add_typer(runs_app, name="runs")
     app.command()(audit)
     app.command()(stats)

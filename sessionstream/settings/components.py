@@ -442,3 +442,12 @@ class GatewaySettings(Part):
     gateway_analytics_url: str | None = None
     """Where the gateway reads the live analytics (``sessionstream analytics``); default
     ``http://{analytics_host}:{analytics_port}``."""
+
+    gateway_cursor_secret: SecretStr | None = Field(default=None, min_length=32)
+    """Secret the search cursors are signed with (``nextCursor`` of ``GET /v1/runs`` and
+    ``GET /v1/sessions``, and of ``sessionstream runs list``): HMAC-SHA256, so a cursor
+    that was altered, cut or made elsewhere is refused ``400``. At least 32 characters
+    (``openssl rand -base64 32``); give every gateway behind one address the same. Unset:
+    each gateway process draws a random one at start, so its cursors do not survive a
+    restart nor pass to another process (the client starts again from the first page),
+    and ``runs list`` signs with a key derived from its database credentials."""

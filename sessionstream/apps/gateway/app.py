@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sessionstream import __version__
 from sessionstream.adapters._gc import settle_collector
-from sessionstream.apps.gateway import views
+from sessionstream.apps.gateway import search, views
 from sessionstream.apps.gateway.auth import Authenticator, Principal
 from sessionstream.apps.gateway.bridge import CommandBridge, InFlight
 from sessionstream.apps.gateway.commands import (
@@ -39,6 +39,15 @@ from sessionstream.apps.gateway.fanout import EventFanout
 from sessionstream.apps.gateway.fastpath import CommandsFastPath
 from sessionstream.apps.gateway.guard import DOCS_CSP, Guard
 from sessionstream.apps.gateway.limits import StreamCounts
+from sessionstream.apps.gateway.search import (
+    CursorQuery,
+    LabelQuery,
+    LimitQuery,
+    OrderQuery,
+    SinceQuery,
+    StatusQuery,
+    UntilQuery,
+)
 from sessionstream.apps.gateway.sse import (
     CatchUpSlots,
     StreamLimits,
@@ -73,6 +82,7 @@ class Gateway:
         self.db = Database(settings)
         self.auth = Authenticator(settings, self.db)
         self.sessions = Sessions(self.db)
+        self.cursors = search.cursor_codec(settings)
         self.bridge = CommandBridge(settings)
         self.fanout = EventFanout(
             settings,
@@ -245,12 +255,29 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
     app.add_middleware(Guard)
     app.add_middleware(CommandsFastPath, answer=command_answer)
 
-    @app.get("/v1/sessions", summary="The key's tenant's sessions, latest first")
+    @app.get(
+        "/v1/sessions",
+        summary="The key's tenant's sessions: the latest updated, or a search a page at a time",
+    )
     async def get_sessions(
-        who: Caller, limit: Annotated[int, Query(ge=1, le=500)] = 50
+        request: Request,
+        who: Caller,
+        status: StatusQuery = None,
+        actor: Annotated[str | None, Query(description="the session's user")] = None,
+        label: LabelQuery = None,
+        since: SinceQuery = None,
+        until: UntilQuery = None,
+        order: OrderQuery = None,
+        limit: LimitQuery = search.DEFAULT_LIMIT,
+        cursor: CursorQuery = None,
     ) -> dict[str, Any]:
-        rows = await gw.db.run(views.list_sessions, who.tenant_id, limit)
-        return {"sessions": rows}
+        search.check_parameters(request.query_params.multi_items(), search.SESSION_PARAMETERS)
+        if search.as_before(order, status, actor, label, since, until, cursor):
+            return {"sessions": await gw.db.run(views.list_sessions, who.tenant_id, limit)}
+        wanted = search.search_of(
+            "sessions", who.tenant_id, status, actor, label or [], since, until
+        )
+        return await search.answer(gw.db, gw.cursors, wanted, cursor, limit)
 
     @app.get("/v1/sessions/{sessionId}", summary="A session's state, as the sink last wrote it")
     async def get_session(session_id: SessionId, who: Caller) -> dict[str, Any]:
@@ -341,6 +368,29 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
             # where the next page starts (null: the range is read to its end)
             "next": pos if pos < end else None,
         }
+
+    @app.get("/v1/runs", summary="The key's tenant's runs, newest first, filtered, paged")
+    async def get_runs(
+        request: Request,
+        who: Caller,
+        status: StatusQuery = None,
+        actor: Annotated[str | None, Query(description="who started the run")] = None,
+        label: LabelQuery = None,
+        since: SinceQuery = None,
+        until: UntilQuery = None,
+        session: Annotated[
+            str | None,
+            Query(min_length=1, max_length=MAX_ID_CHARS, pattern=_ID_TEXT, description="its runs"),
+        ] = None,
+        limit: LimitQuery = search.DEFAULT_LIMIT,
+        cursor: CursorQuery = None,
+    ) -> dict[str, Any]:
+        search.check_parameters(request.query_params.multi_items(), search.RUN_PARAMETERS)
+        full = None if session is None else await gw.sessions.full_id(who.tenant_id, session)
+        wanted = search.search_of(
+            "runs", who.tenant_id, status, actor, label or [], since, until, full
+        )
+        return await search.answer(gw.db, gw.cursors, wanted, cursor, limit)
 
     @app.get("/v1/runs/{runId}", summary="A run, from PostgreSQL")
     async def get_run(run_id: RunId, who: Caller) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import psycopg
 from sessionstream.core.decider import evolve
 from sessionstream.core.state import SessionState
 from sessionstream.runtimes.sink.replay import events_of_session, offsets_of_run
+from sessionstream.runtimes.sink.search import RUN_COLUMNS
 from sessionstream.schemas.codec import Codec
 from sessionstream.schemas.events import SESSION_LOG, Event
 from sessionstream.schemas.sessions import NAMESPACE_SEP, local_session_id
@@ -29,15 +30,13 @@ __all__ = [
     "event_json",
     "list_sessions",
     "run_events",
+    "run_json",
     "run_view",
+    "session_json",
     "session_view",
 ]
 
-_RUN_COLUMNS = (
-    "run_id, session_id, tenant_id, status, generation, lease_owner, lease_expires_at,"
-    " timeout_at, cancel_requested_at, terminal_status, terminal_at, prompt, last_seq,"
-    " created_at, updated_at, started_by, cancelled_by, retryable, retry_of"
-)
+_RUN_COLUMNS = ", ".join(RUN_COLUMNS)
 
 
 def _ms(t: datetime | None) -> int | None:
@@ -53,10 +52,12 @@ def event_json(e: Event, offset: int | None = None) -> dict[str, Any]:
     return out
 
 
-def _run(r: tuple[Any, ...]) -> dict[str, Any]:
+def run_json(r: tuple[Any, ...], *, local_ids: bool = True) -> dict[str, Any]:
+    """A row of `RUN_COLUMNS` as the API shows a run; `local_ids=False` keeps the session's
+    full id (the CLI's view of the database)."""
     return {
         "runId": r[0],
-        "sessionId": local_session_id(r[2], r[1]),
+        "sessionId": local_session_id(r[2], r[1]) if local_ids else r[1],
         "tenantId": r[2],
         "status": r[3],
         "generation": r[4],
@@ -74,6 +75,19 @@ def _run(r: tuple[Any, ...]) -> dict[str, Any]:
         "cancelledBy": r[16],
         "retryable": r[17],
         "retryOf": r[18],
+        "labels": r[19],
+    }
+
+
+def session_json(r: tuple[Any, ...], tenant_id: str) -> dict[str, Any]:
+    """A row of `SESSION_COLUMNS` as the API shows a session of `tenant_id`."""
+    return {
+        "sessionId": local_session_id(tenant_id, r[0]),
+        "activeRunId": r[2],
+        "status": r[6] or "idle",
+        "createdAt": _ms(r[3]),
+        "updatedAt": _ms(r[4]),
+        "userId": r[5],
     }
 
 
@@ -83,7 +97,8 @@ def list_sessions(
     """A tenant's sessions the gateway reaches (in its namespace, or aliased), most
     recently updated first, with their active run's status."""
     rows = conn.execute(
-        "select s.session_id, s.active_run_id, s.created_at, s.updated_at, s.user_id, r.status"
+        "select s.session_id, s.tenant_id, s.active_run_id, s.created_at, s.updated_at,"
+        " s.user_id, r.status"
         " from agent_sessions s left join agent_runs r on r.run_id = s.active_run_id"
         " where s.tenant_id = %s and (starts_with(s.session_id, %s) or exists (select 1"
         " from session_aliases a where a.tenant_id = s.tenant_id"
@@ -92,17 +107,7 @@ def list_sessions(
         (tenant_id, f"{tenant_id}{NAMESPACE_SEP}", limit),
     ).fetchall()
     conn.rollback()
-    return [
-        {
-            "sessionId": local_session_id(tenant_id, r[0]),
-            "activeRunId": r[1],
-            "status": r[5] or "idle",
-            "createdAt": _ms(r[2]),
-            "updatedAt": _ms(r[3]),
-            "userId": r[4],
-        }
-        for r in rows
-    ]
+    return [session_json(r, tenant_id) for r in rows]
 
 
 def session_view(
@@ -160,7 +165,7 @@ def session_view(
             {"sourceCommandId": q.source_command_id, "kind": q.kind, "text": q.text}
             for q in state.queue
         ],
-        "runs": [_run(r) for r in recent],
+        "runs": [run_json(r) for r in recent],
         # resume the live stream after this (GET .../events with Last-Event-ID)
         "lastEventId": None if last is None or last[0] is None else int(last[0]),
         "eventCount": len(events),
@@ -176,7 +181,7 @@ def run_view(conn: psycopg.Connection[Any], run_id: str, tenant_id: str) -> dict
     conn.rollback()
     if row is None or row[2] != tenant_id:
         return None
-    run = _run(row)
+    run = run_json(row)
     usage = conn.execute(
         "select model_requests, input_tokens, output_tokens, cost_usd, model_ms"
         " from run_model_usage where run_id = %s",
