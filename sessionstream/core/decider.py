@@ -56,6 +56,7 @@ from sessionstream.schemas.commands import (
     SteerPayload,
     StepRecordPayload,
     TimerFiredPayload,
+    json_text,
 )
 from sessionstream.schemas.events import (
     REJECTION_REASONS,
@@ -227,6 +228,7 @@ def evolve(
                 timeout_ms=q.timeout_ms,
                 actor=q.actor,
                 retry_of=q.retry_of,
+                input_json=q.input,
             )
             update["queue"] = (entry, *state.queue) if q.front else (*state.queue, entry)
         # command.rejected, action.denied for finished runs: recorded outcomes that change
@@ -246,6 +248,7 @@ def evolve(
             context_ref=p.context_ref,
             source_command_id=p.source_command_id,
             actor=p.actor,
+            input_json=p.input,
         )
         update["runs_started"] = state.runs_started + 1
         update["queue"] = tuple(
@@ -569,6 +572,7 @@ def _start_run(
     timeout_ms: int | None,
     actor: str | None,
     retry_of: str | None = None,
+    input: str | None = None,
 ) -> None:
     state = em.state
     from_checkpoint = context_ref == LATEST_CHECKPOINT_REF
@@ -590,6 +594,7 @@ def _start_run(
             actor=actor,
             retry_of=retry_of,
             from_checkpoint=from_checkpoint,
+            input=input,
         ),
     )
 
@@ -659,11 +664,13 @@ def _finish(
             timeout_ms=nxt.timeout_ms,
             actor=nxt.actor,
             retry_of=nxt.retry_of,
+            input=nxt.input_json,
         )
 
 
-def _room_for(em: _Emitter, text: str, *, queue: bool) -> bool:
-    """The bounds of what producers may make the session hold; rejects `queue_full`."""
+def _room_for(em: _Emitter, text: str, *, queue: bool, input: str | None = None) -> bool:
+    """The bounds of what producers may make the session hold (a prompt's typed input is
+    held text too); rejects `queue_full`."""
     state, cfg = em.state, em.config
     if queue and len(state.queue) >= cfg.max_queue:
         em.reject("queue_full", f"{len(state.queue)} tasks waiting (maxQueue {cfg.max_queue})")
@@ -675,6 +682,8 @@ def _room_for(em: _Emitter, text: str, *, queue: bool) -> bool:
         )
         return False
     held = state.held_bytes() + len(text.encode())
+    if input is not None:
+        held += len(input.encode())
     if held > cfg.max_held_bytes:
         em.reject("queue_full", f"{held} bytes of text held > maxHeldBytes {cfg.max_held_bytes}")
         return False
@@ -690,8 +699,9 @@ def _enqueue(
     context_ref: str | None = None,
     timeout_ms: int | None = None,
     retry_of: str | None = None,
+    input: str | None = None,
 ) -> bool:
-    if not _room_for(em, text, queue=True):
+    if not _room_for(em, text, queue=True, input=input):
         return False
     em.emit(
         SESSION_LOG,
@@ -706,6 +716,7 @@ def _enqueue(
             timeout_ms=timeout_ms,
             actor=em.cmd.actor,
             retry_of=retry_of,
+            input=input,
         ),
     )
     return True
@@ -735,6 +746,9 @@ def _prompt(em: _Emitter, cmd: Command) -> None:
     p = cmd.payload_as(PromptPayload)
     if p.retry_of is not None and not _retryable(em, p.retry_of):
         return
+    # the input travels and is held as its compact JSON text: nothing after this parses it
+    # (a retry carries its own: the session keeps nothing of a finished run's prompt)
+    input = None if p.input is None else json_text(p.input)
     run = em.state.active
     if run is None:
         _start_run(
@@ -746,6 +760,7 @@ def _prompt(em: _Emitter, cmd: Command) -> None:
             timeout_ms=p.timeout_ms,
             actor=cmd.actor,
             retry_of=p.retry_of,
+            input=input,
         )
     elif p.policy == "reject":
         reason: RejectionReason = (
@@ -760,6 +775,7 @@ def _prompt(em: _Emitter, cmd: Command) -> None:
             context_ref=p.context_ref,
             timeout_ms=p.timeout_ms,
             retry_of=p.retry_of,
+            input=input,
         )
     else:  # interrupt: queue in front, then cancel the active run
         queued = _enqueue(
@@ -770,6 +786,7 @@ def _prompt(em: _Emitter, cmd: Command) -> None:
             context_ref=p.context_ref,
             timeout_ms=p.timeout_ms,
             retry_of=p.retry_of,
+            input=input,
         )
         if queued and run.status != "cancelling":
             _request_cancel(em, "interrupted")

@@ -42,5 +42,6 @@ def open_run(state: SessionState | None) -> OpenRun | None:
         checkpoint_ref=run.checkpoint_ref,
         previous_holder=run.last_holder,
         actor=run.actor,
+        input=run.input_json,
         opened_at=state.clock,
     )

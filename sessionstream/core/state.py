@@ -58,6 +58,9 @@ class QueueEntry(_State, frozen=True, kw_only=True):
     timeout_ms: int | None = None
     actor: str | None = None
     retry_of: str | None = None
+    #: a prompt's typed input, its compact JSON text (held as text: the decider never
+    #: parses it)
+    input_json: str | None = None
 
 
 class PendingInput(_State, frozen=True, kw_only=True):
@@ -138,6 +141,9 @@ class RunState(_State, frozen=True, kw_only=True):
     open_calls: tuple[OpenCall, ...] = ()
     #: who asked for the run (the starting command's actor), handed to every holder
     actor: str | None = None
+    #: the prompt's typed input, compact JSON text, handed to every holder (not one of
+    #: the pending `inputs`: those are steers and follow-ups)
+    input_json: str | None = None
 
     def step(self, step_id: str) -> StepRecord | None:
         for st in self.steps:
@@ -187,12 +193,20 @@ class SessionState(_State, frozen=True, kw_only=True):
         return None
 
     def held_bytes(self) -> int:
-        """UTF-8 bytes of producer text the state holds: the active prompt, its pending
-        inputs and the queue. Bounded by `DeciderConfig.max_held_bytes`."""
-        n = sum(len(q.text.encode()) for q in self.queue)
-        if self.active is not None:
-            n += len(self.active.prompt.encode())
-            n += sum(len(i.text.encode()) for i in self.active.inputs)
+        """UTF-8 bytes of producer text the state holds: the active prompt and its typed
+        input, its pending inputs, and the queue's texts and typed inputs. Bounded by
+        `DeciderConfig.max_held_bytes`."""
+        n = 0
+        for q in self.queue:
+            n += len(q.text.encode())
+            if q.input_json is not None:
+                n += len(q.input_json.encode())
+        a = self.active
+        if a is not None:
+            n += len(a.prompt.encode())
+            if a.input_json is not None:
+                n += len(a.input_json.encode())
+            n += sum(len(i.text.encode()) for i in a.inputs)
         return n
 
 

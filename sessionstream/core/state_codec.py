@@ -4,12 +4,13 @@ The state table (`session.state` and the processor's local store) holds one reco
 session, written on every batch that changes the session. The record is MessagePack
 (msgspec) of the state's fields **by position**, behind a one-byte format tag:
 
-    0x03 | msgpack [session_id, tenant_id, active, queue, log_seq, runs_started, clock,
+    0x04 | msgpack [session_id, tenant_id, active, queue, log_seq, runs_started, clock,
                     finished, last_checkpoint]
 
-(Still read: 0x02, the same without the active run's `actor` at its end; 0x01, also without
-the fields durable steps added: the active run's `checkpoint_ref`, `steps` and
-`open_calls`, and the session's `last_checkpoint`.)
+(Still read: 0x03, the same without the typed `input` at the end of the active run and of
+each queued task; 0x02, also without the active run's `actor`; 0x01, also without the
+fields durable steps added: the active run's `checkpoint_ref`, `steps` and `open_calls`,
+and the session's `last_checkpoint`.)
 
 Field names are not written; statuses and kinds are small integers (their index in the
 `Literal` they come from); run ids that are canonical UUIDs (every run id the decider makes)
@@ -45,6 +46,7 @@ __all__ = [
     "FORMAT_V1",
     "FORMAT_V2",
     "FORMAT_V3",
+    "FORMAT_V4",
     "STATE_FIELDS",
     "decode_if_active",
     "decode_state",
@@ -57,8 +59,10 @@ FORMAT_V1: Final = 0x01
 FORMAT_V2: Final = 0x02
 #: v2 + the active run's actor
 FORMAT_V3: Final = 0x03
-_TAG: Final = bytes([FORMAT_V3])
-_READABLE: Final = frozenset({bytes([FORMAT_V1]), bytes([FORMAT_V2]), _TAG})
+#: v3 + the typed input of the active run and of each queued task
+FORMAT_V4: Final = 0x04
+_TAG: Final = bytes([FORMAT_V4])
+_READABLE: Final = frozenset({bytes([FORMAT_V1]), bytes([FORMAT_V2]), bytes([FORMAT_V3]), _TAG})
 
 #: the fields each tuple holds, in order: what a unit test holds the models to
 STATE_FIELDS: Final[dict[type, tuple[str, ...]]] = {
@@ -94,6 +98,7 @@ STATE_FIELDS: Final[dict[type, tuple[str, ...]]] = {
         "steps",
         "open_calls",
         "actor",
+        "input_json",
     ),
     OpenCall: ("kind", "name", "call_id"),
     StepRecord: (
@@ -115,6 +120,7 @@ STATE_FIELDS: Final[dict[type, tuple[str, ...]]] = {
         "timeout_ms",
         "actor",
         "retry_of",
+        "input_json",
     ),
     FinishedRun: ("run_id", "status", "generation", "retryable"),
 }
@@ -210,6 +216,7 @@ def encode_state(state: SessionState) -> bytes:
             ],
             [(_CALL_KIND_I[c.kind], c.name, c.call_id) for c in a.open_calls],
             a.actor,
+            a.input_json,
         )
     return _TAG + _encoder.encode(
         (
@@ -225,6 +232,7 @@ def encode_state(state: SessionState) -> bytes:
                     q.timeout_ms,
                     q.actor,
                     q.retry_of,
+                    q.input_json,
                 )
                 for q in state.queue
             ],
@@ -291,6 +299,8 @@ def _session(t: list[Any]) -> SessionState:
                 timeout_ms=q[4],
                 actor=q[5],
                 retry_of=q[6],
+                # a task queued before format 4 has no input
+                input_json=q[7] if len(q) > 7 else None,
             )
             for q in queue
         ),
@@ -354,4 +364,6 @@ def _run(a: list[Any]) -> RunState:
         ),
         # a v1 or v2 record's run ends before it: no actor
         actor=a[19] if len(a) > 19 else None,
+        # a v1, v2 or v3 record's run ends before it: no input
+        input_json=a[20] if len(a) > 20 else None,
     )

@@ -16,9 +16,13 @@ from typing import Any, Literal, get_args, get_origin
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from sessionstream.schemas._base import Payload
+from sessionstream.schemas._base import AvroJsonText, Payload
 
 NAMESPACE = "sessionstream"
+
+#: a JSON value as its JSON text: Avro readers that do not know the logical type read the
+#: string (the Avro spec: an unknown logical type is its underlying type)
+JSON_TEXT: dict[str, str] = {"type": "string", "logicalType": "json"}
 
 _PRIMITIVES: dict[Any, str] = {str: "string", int: "long", bool: "boolean", float: "double"}
 
@@ -44,7 +48,11 @@ def _avro_type(annotation: Any) -> tuple[Any, bool]:
 
 
 def _field(name: str, info: FieldInfo) -> dict[str, Any]:
-    avro_type, nullable = _avro_type(info.annotation)
+    if any(isinstance(m, AvroJsonText) for m in info.metadata):
+        # any JSON value, null among them: null is the union's null, the rest their text
+        avro_type, nullable = ["null", dict(JSON_TEXT)], True
+    else:
+        avro_type, nullable = _avro_type(info.annotation)
     field: dict[str, Any] = {"name": info.alias or name, "type": avro_type}
     if info.default_factory is not None:
         field["default"] = info.default_factory()  # type: ignore[call-arg]

@@ -3,8 +3,10 @@
 fastavro walks the schema for every record (a dict lookup per field, a union search per
 payload); these functions are generated once per payload type from the same schema, so a
 record is a straight run of field writes or reads. They cover the subset of Avro our
-envelopes use — null, boolean, int, long, double, string, arrays, `["null", X]` unions and a
-union of payload records — and `compile_envelope` raises `Unsupported` for anything else,
+envelopes use — null, boolean, int, long, double, string, arrays, `["null", X]` unions, a
+union of payload records, and strings of `logicalType: json` (a JSON value the model holds
+parsed, written as its compact text) — and `compile_envelope` raises `Unsupported` for
+anything else,
 so the codec keeps fastavro for that schema. The bytes are fastavro's exactly (a unit test
 compares the two on every payload type with generated values); the codec still reads every
 writer schema it does not own with fastavro's schema resolution.
@@ -19,6 +21,7 @@ back to the validating path, which says what is wrong.
 from __future__ import annotations
 
 import functools
+import json
 import struct
 from collections.abc import Callable
 from typing import Any, Final
@@ -28,7 +31,7 @@ from pydantic import BaseModel
 from sessionstream.errors import SessionstreamError
 from sessionstream.schemas._base import construct
 
-__all__ = ["Envelope", "ReadError", "Record", "Unsupported"]
+__all__ = ["Envelope", "ReadError", "Record", "Unsupported", "json_text", "json_value"]
 
 _DOUBLE: Final = struct.Struct("<d")
 
@@ -107,6 +110,19 @@ def _r_str(b: bytes, i: int) -> tuple[str, int]:
     return b[i:j].decode(), j
 
 
+def json_text(value: Any) -> str:
+    """The text a `logicalType: json` string holds: compact, non-ASCII kept, no NaN."""
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def json_value(text: str) -> Any:
+    """The value a `logicalType: json` string holds; ReadError if it is no JSON."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise ReadError(f"a JSON field holds no JSON: {e}") from None
+
+
 _RUNTIME: Final[dict[str, Any]] = {
     "_w_long": _w_long,
     "_varint": _varint,
@@ -114,6 +130,8 @@ _RUNTIME: Final[dict[str, Any]] = {
     "_r_str": _r_str,
     "_DOUBLE": _DOUBLE,
     "ReadError": ReadError,
+    "_json_text": json_text,
+    "_json_value": json_value,
 }
 
 
@@ -162,6 +180,8 @@ class _Gen:
             self.emit(d, "else:")
             self.emit(d + 1, "out.append(2)")
             self.write(t[1], v, d + 1)
+        elif _is_json(t):
+            self.write("string", f"_json_text({expr})", d)
         elif isinstance(t, dict) and t.get("type") == "array":
             v, x = self.var(), self.var()
             self.emit(d, f"{v} = {expr}")
@@ -215,6 +235,10 @@ class _Gen:
             self.read(t[1], target, d + 1)
             self.emit(d, "else:")
             self.emit(d + 1, "raise ReadError('union index out of range')")
+        elif _is_json(t):
+            text = self.var()
+            self.read("string", text, d)
+            self.emit(d, f"{target} = _json_value({text})")
         elif isinstance(t, dict) and t.get("type") == "array":
             lst, cnt, item = self.var(), self.var(), self.var()
             self.emit(d, f"{lst} = []")
@@ -236,6 +260,10 @@ class _Gen:
 
 
 _PRIMITIVE_NAMES: Final = {"null", "boolean", "int", "long", "double", "string"}
+
+
+def _is_json(t: Any) -> bool:
+    return isinstance(t, dict) and t.get("type") == "string" and t.get("logicalType") == "json"
 
 
 def _zigzag(n: int) -> bytearray:

@@ -71,6 +71,11 @@ def replace(model: _M, update: dict[str, Any]) -> _M:
     return construct(type(model), values, model.__pydantic_fields_set__ | update.keys())
 
 
+class AvroJsonText:
+    """Field metadata: a JSON value the model holds parsed, which Avro carries as its JSON
+    text (a string, `logicalType: json`): Avro has no type for any JSON value."""
+
+
 class WireModel(BaseModel):
     """A frozen model whose JSON/Avro field names are camelCase (the seed's wire format)."""
 

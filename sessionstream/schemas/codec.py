@@ -25,11 +25,20 @@ from importlib import resources
 from typing import Any, Final, Protocol
 
 import fastavro
+import fastavro.read
+import fastavro.write
 from fastavro.schema import to_parsing_canonical_form
 from pydantic import ValidationError
 
 from sessionstream.schemas._avro import command_schema, event_schema, outcome_schema
-from sessionstream.schemas._avro_compiled import Envelope, ReadError, Record, Unsupported
+from sessionstream.schemas._avro_compiled import (
+    Envelope,
+    ReadError,
+    Record,
+    Unsupported,
+    json_text,
+    json_value,
+)
 from sessionstream.schemas._base import Payload, WireModel
 from sessionstream.schemas.commands import COMMAND_PAYLOADS, Command
 from sessionstream.schemas.errors import (
@@ -60,6 +69,13 @@ CONFLUENT_MAGIC: Final = b"\x00"
 DEFAULT_MAX_RECORD_BYTES: Final = 900 * 1024
 
 _EMPTY64: Final = 0xC15D213AA4D7A795
+
+# fastavro (the path for writer schemas other than the current one, and for anything the
+# compiled code refuses) reads and writes a `logicalType: json` string as the compiled code
+# does: the model's JSON value <-> its text. Registered in fastavro's own tables of logical
+# types, as its documentation describes custom ones.
+fastavro.write.LOGICAL_WRITERS["string-json"] = lambda datum, schema: json_text(datum)
+fastavro.read.LOGICAL_READERS["string-json"] = lambda data, writer, reader: json_value(data)
 
 
 def _crc_table() -> list[int]:

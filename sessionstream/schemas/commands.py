@@ -9,11 +9,18 @@ information only: the decider's "now" is the broker's append time of the command
 from __future__ import annotations
 
 import builtins
-from typing import Any, Final, Literal, TypeVar
+from typing import Annotated, Any, Final, Literal, TypeVar
 
-from pydantic import Field, SerializeAsAny, model_validator
+from pydantic import (
+    AfterValidator,
+    Field,
+    JsonValue,
+    SerializeAsAny,
+    TypeAdapter,
+    model_validator,
+)
 
-from sessionstream.schemas._base import Payload, WireModel
+from sessionstream.schemas._base import AvroJsonText, Payload, WireModel
 from sessionstream.schemas.sessions import MAX_SESSION_ID_CHARS, session_id_problem
 
 __all__ = [
@@ -21,6 +28,7 @@ __all__ = [
     "COMMAND_PAYLOADS",
     "LATEST_CHECKPOINT_REF",
     "MAX_ID_CHARS",
+    "MAX_INPUT_DEPTH",
     "MAX_REF_CHARS",
     "MAX_WIRE_INT",
     "PRODUCER_COMMAND_TYPES",
@@ -36,6 +44,7 @@ __all__ = [
     "CompactFinishPayload",
     "CompactStartPayload",
     "FollowUpPayload",
+    "JsonInput",
     "LeaseAcquirePayload",
     "LeaseReleasePayload",
     "LeaseRenewPayload",
@@ -51,6 +60,7 @@ __all__ = [
     "TimerFiredPayload",
     "TimerKind",
     "command_class",
+    "json_text",
 ]
 
 #: longest id on the wire (command, session, tenant, run, worker ids, actors, idempotency keys)
@@ -68,6 +78,42 @@ LATEST_CHECKPOINT_REF: Final = "sessionstream:checkpoint/latest"
 #: exactly, and small enough that `ts + leaseMs` and the like stay an Avro `long`
 MAX_WIRE_INT: Final = 2**53 - 1
 
+#: how deeply a prompt's input may nest objects and arrays inside each other
+MAX_INPUT_DEPTH: Final = 64
+
+
+def _json_input(value: JsonValue) -> JsonValue:
+    """Numbers JSON can write (no NaN, no Infinity: PostgreSQL's jsonb and JSON readers
+    take neither), nesting at most `MAX_INPUT_DEPTH` deep."""
+    todo: list[tuple[JsonValue, int]] = [(value, 1)]
+    while todo:
+        v, depth = todo.pop()
+        if isinstance(v, float) and v - v != 0:  # inf - inf and nan - nan are nan, not 0
+            raise ValueError(f"the input holds {v}, a number JSON cannot carry")
+        if isinstance(v, dict | list):
+            if depth > MAX_INPUT_DEPTH:
+                raise ValueError(f"the input nests deeper than {MAX_INPUT_DEPTH} levels")
+            todo.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return value
+
+
+#: a prompt's typed input: any JSON value (null: none), held parsed; Avro carries its
+#: JSON text
+JsonInput = Annotated[JsonValue, AfterValidator(_json_input), AvroJsonText()]
+
+_JSON: Final = TypeAdapter(JsonValue)
+
+
+def json_text(value: JsonValue) -> str:
+    """A JSON value's compact text (no spaces, non-ASCII kept, object keys in their order):
+    what the state, the events and the open-runs record hold of a prompt's input."""
+    return _JSON.dump_json(value).decode()
+
+
+def _absent(value: object) -> bool:
+    return value is None
+
+
 PromptPolicy = Literal["reject", "enqueue", "interrupt"]
 TimerKind = Literal["lease_expiry", "run_deadline", "cancel_deadline"]
 #: a durable step: a model call or a tool call
@@ -84,13 +130,18 @@ ProgressKind = Literal[
 
 class PromptPayload(Payload):
     """A new task. `policy` says what happens while a run is active. `retryOf` names a
-    recent run that ended retryable (`timed_out`, or `failed` with `retryable`)."""
+    recent run that ended retryable (`timed_out`, or `failed` with `retryable`). `input` is
+    the task's typed input, any JSON value, validated by the worker against the type its
+    handler declares."""
 
     text: str
     policy: PromptPolicy = "reject"
     context_ref: str | None = Field(default=None, max_length=MAX_REF_CHARS)
     timeout_ms: int | None = Field(default=None, gt=0, le=MAX_WIRE_INT)
     retry_of: str | None = Field(default=None, min_length=1, max_length=MAX_ID_CHARS)
+    #: left out of the payload's JSON when null, so the digest of every prompt decided
+    #: before the field existed stays what it was (a re-send is still a duplicate)
+    input: JsonInput = Field(default=None, exclude_if=_absent)
 
 
 class SteerPayload(Payload):

@@ -43,6 +43,8 @@ class OpenRun(WireModel):
     previous_holder: str | None = None
     #: who asked for the run (the starting command's actor)
     actor: str | None = None
+    #: the prompt's typed input, its compact JSON text (null: none); the worker parses it
+    input: str | None = None
     #: the decider's clock when it opened (epoch ms)
     opened_at: int
 

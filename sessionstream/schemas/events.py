@@ -110,7 +110,8 @@ REJECTION_REASONS: Final[frozenset[str]] = frozenset(get_args(RejectionReason))
 
 class RunStarted(Payload):
     """`actor` asked for the run (the starting command's, also for a queued one); `retryOf`
-    is the retryable run this one retries."""
+    is the retryable run this one retries; `input` is the prompt's typed input as its
+    compact JSON text (null: none)."""
 
     prompt: str
     origin: Literal["prompt", "follow_up", "send", "queued"]
@@ -121,10 +122,13 @@ class RunStarted(Payload):
     retry_of: str | None = None
     #: the task asked for the session's latest checkpoint (`contextRef` is what it was)
     from_checkpoint: bool = False
+    input: str | None = None
 
 
 class RunQueued(Payload):
-    """A prompt or follow-up waiting for the session to be free (session log)."""
+    """A prompt or follow-up waiting for the session to be free (session log).
+
+    A queued prompt keeps its typed `input` (compact JSON text) until it starts."""
 
     source_command_id: str
     kind: Literal["prompt", "follow_up"]
@@ -134,6 +138,7 @@ class RunQueued(Payload):
     timeout_ms: int | None = None
     actor: str | None = None
     retry_of: str | None = None
+    input: str | None = None
 
 
 class LeaseGranted(Payload):

@@ -17,7 +17,12 @@ would and fails on anything the protocol forbids:
 - queued work started out of arrival order (interrupts go first), or anything starting a
   run that was never queued; a follow-up turning into a run without being queued;
 - a retry naming a run that did not end retryable; `timed_out` not retryable;
-- more waiting tasks, pending inputs or held text than the bounds allow;
+- typed input (docs/protocol.md#producer-commands): a run or a queued task whose input is
+  not its prompt's (when the model is shown the command); a queued task that starts with
+  another input than it was queued with; a run started by a follow-up or a `send` with an
+  input; an input that is not JSON text;
+- more waiting tasks, pending inputs or held text (prompts, typed inputs, steers and
+  follow-ups) than the bounds allow;
 - durable steps (docs/protocol.md#durable-steps): a step recorded by anyone but the holder
   of the current generation, or outside an active run; a step id recorded twice in a run;
   a record with both a result and a pointer, an inline result over its bound, more
@@ -34,9 +39,11 @@ would and fails on anything the protocol forbids:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from sessionstream.schemas.commands import Command
 from sessionstream.schemas.events import SESSION_LOG, Event
 
 SESSION_LOG_TYPES = {"command.rejected", "run.queued", "action.denied"}
@@ -91,6 +98,17 @@ class Waiting:
     text: str
     actor: str | None
     retry_of: str | None
+    #: the typed input it was queued with (JSON text), or None
+    input: str | None = None
+
+
+def _input_of(p: dict[str, Any]) -> str | None:
+    """A `run.started` / `run.queued` payload's typed input, checked to be JSON text."""
+    text = p["input"]
+    if text is not None:
+        assert isinstance(text, str), f"input {text!r} is not JSON text"
+        json.loads(text)  # raises if it is not JSON
+    return text
 
 
 @dataclass
@@ -102,6 +120,8 @@ class RunModel:
     generation: int
     timeout_at: int
     prompt: str
+    #: the prompt's typed input (JSON text), or None
+    input: str | None = None
     holder: str | None = None
     expires_at: int = 0
     decided: set[str] = field(default_factory=set)
@@ -146,11 +166,34 @@ class LogModel:
         self.checkpoint: str | None = None
 
     # -- per command ----------------------------------------------------------------------------
-    def feed(self, events: list[Event]) -> None:
+    def feed(self, events: list[Event], command: Command | None = None) -> None:
+        """One command's events; with the `command` itself, also what its events must
+        carry of it."""
         self.rounds(events)
         for e in events:
             self.event(e)
+        if command is not None:
+            self.carried(command, events)
         self.between_commands()
+
+    @staticmethod
+    def carried(command: Command, events: list[Event]) -> None:
+        """A prompt's run (started now, or queued for later) carries the prompt's typed
+        input: the same JSON value, null when it had none."""
+        if command.type != "prompt":
+            return
+        want = command.payload.model_dump().get("input")  # left out when null
+        for e in events:
+            if e.type not in ("run.started", "run.queued"):
+                continue
+            p = e.payload.model_dump()
+            if p["source_command_id"] != command.command_id:
+                continue  # a queued task of an earlier command that started now
+            text = p["input"]
+            got = None if text is None else json.loads(text)
+            assert (text is None) == (want is None) and got == want, (
+                f"{e.type} carries the input {text!r}, the prompt had {want!r}"
+            )
 
     @staticmethod
     def rounds(events: list[Event]) -> None:
@@ -189,9 +232,10 @@ class LogModel:
         if b.max_inputs is not None and run is not None:
             assert len(run.pending) <= b.max_inputs, f"{len(run.pending)} inputs pending"
         if b.max_held_bytes is not None:
-            held = sum(_size(w.text) for w in self.queue)
+            held = sum(_size(w.text) + _size(w.input or "") for w in self.queue)
             if run is not None:
-                held += _size(run.prompt) + sum(_size(t) for _k, t in run.pending.values())
+                held += _size(run.prompt) + _size(run.input or "")
+                held += sum(_size(t) for _k, t in run.pending.values())
             assert held <= b.max_held_bytes, f"{held} bytes of text held"
 
     # -- per event ------------------------------------------------------------------------------
@@ -217,7 +261,16 @@ class LogModel:
         assert e.type in SESSION_LOG_TYPES, e.type
         assert e.generation == 0
         if e.type == "run.queued":
-            w = Waiting(p["source_command_id"], p["kind"], p["text"], p["actor"], p["retry_of"])
+            w = Waiting(
+                p["source_command_id"],
+                p["kind"],
+                p["text"],
+                p["actor"],
+                p["retry_of"],
+                _input_of(p),
+            )
+            if w.kind == "follow_up":
+                assert w.input is None, "a follow-up queued with a typed input"
             requeued = [r for r in self.runs.values() if w.source in r.requeued]
             if requeued:
                 assert w.kind == "follow_up" and not p["front"]
@@ -232,11 +285,12 @@ class LogModel:
             assert self.queue, "a queued run started with nothing queued"
             first = self.queue.pop(0)
             assert first.source == p["source_command_id"], "queued work started out of order"
-            assert (first.text, first.actor, first.retry_of) == (
+            assert (first.text, first.actor, first.retry_of, first.input) == (
                 p["prompt"],
                 p["actor"],
                 p["retry_of"],
-            ), "a queued run started with another task's text, actor or retry link"
+                _input_of(p),
+            ), "a queued run started with another task's text, actor, retry link or input"
         else:
             assert not self.queue, "a new run jumped the queue"
         if p["retry_of"] is not None:
@@ -244,7 +298,9 @@ class LogModel:
             assert ended is not None and ended[1], "a retry of a run that did not end retryable"
         if p["from_checkpoint"]:
             assert p["context_ref"] == self.checkpoint, "not started from the latest checkpoint"
-        run = RunModel(e.run_id, "running", 1, p["timeout_at"], p["prompt"])
+        if p["origin"] in ("follow_up", "send"):
+            assert p["input"] is None, f"a run started by a {p['origin']} with a typed input"
+        run = RunModel(e.run_id, "running", 1, p["timeout_at"], p["prompt"], _input_of(p))
         self.active = self.runs[e.run_id] = run
         self.last_run = e.run_id
 

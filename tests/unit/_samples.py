@@ -51,6 +51,7 @@ _COMMANDS: dict[str, tuple[dict[str, Any], bool]] = {
             "context_ref": "ctx://1",
             "timeout_ms": 5_000,
             "retry_of": "r-0",
+            "input": {"to": "LIS", "nights": 3, "flex": [1.5, None, True], "note": "é"},
         },
         False,
     ),
@@ -133,6 +134,7 @@ _PAYLOADS: dict[type[Payload], Payload] = {
         actor="user:ana",
         retry_of="r-0",
         from_checkpoint=True,
+        input='{"to":"LIS"}',
     ),
     RunQueued: RunQueued(
         source_command_id="c-2",
@@ -143,6 +145,7 @@ _PAYLOADS: dict[type[Payload], Payload] = {
         timeout_ms=5,
         actor="user:bo",
         retry_of="r-9",
+        input="[1,2]",
     ),
     LeaseGranted: LeaseGranted(
         worker_id="w-1",

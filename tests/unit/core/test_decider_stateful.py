@@ -79,6 +79,10 @@ CODEC = Codec()
 WORKERS = st.sampled_from(["holder", "holder", "w1", "w2", "w3"])
 KEYS = st.sampled_from(["k1", "k2", "k3"])
 TEXT = st.sampled_from(["a", "b", "look at the last 7 days", "é✓", "x" * 300])
+#: a prompt's typed input: none, small JSON values of every kind, one near the payload bound
+INPUT = st.sampled_from(
+    [None, None, {"sku": "A-1", "qty": 2}, [1, 2.5, "é"], "x", 0, False, {"n": "y" * 250}]
+)
 #: producer clock offsets: in sync, 20 min behind, an hour ahead, and a clock in seconds
 SKEW = st.sampled_from([0, 0, -20 * 60_000, 3_600_000, "seconds"])
 #: steps a worker records in a row: (step id, kind, result JSON or "ref" for a pointer)
@@ -165,7 +169,7 @@ class SessionMachine(RuleBasedStateMachine):
             self.state = evolve(self.state, e, CONFIG)
         assert d.state == self.state, "the processor's state is not the fold of its events"
         self.check_outcome(cmd, pre, events, via)
-        self.model.feed(events)
+        self.model.feed(events, cmd)
         if d.remember is not None:
             assert cmd.command_id not in self.decided or self.decided[cmd.command_id] is None
             self.decided[cmd.command_id] = cmd
@@ -281,9 +285,14 @@ class SessionMachine(RuleBasedStateMachine):
         skew=SKEW,
         which=TARGET,
         retry=st.booleans(),
+        typed=INPUT,
     )
-    def prompt(self, text: str, policy: str, skew: Any, which: str, retry: bool) -> None:
+    def prompt(
+        self, text: str, policy: str, skew: Any, which: str, retry: bool, typed: Any
+    ) -> None:
         payload: dict[str, Any] = {"text": text, "policy": policy}
+        if typed is not None:
+            payload["input"] = typed
         if retry:
             payload["retry_of"] = self.finished_runs[-1] if self.finished_runs else "r-never"
         self.producer("prompt", payload, skew, which)
@@ -370,6 +379,17 @@ class SessionMachine(RuleBasedStateMachine):
         first = self.decided[ids[i % len(ids)]]
         other = "steer" if first.type != "steer" else "send"
         self.apply(self.cmd(other, {"text": text + "!"}, command_id=first.command_id))
+
+    @precondition(lambda self: any(c.type == "prompt" for c in self.decided.values() if c))
+    @rule(i=st.integers(min_value=0), typed=INPUT)
+    def reinput(self, i: int, typed: Any) -> None:
+        """A prompt the session decided, sent again under its id with another typed input
+        (or the same: then it is an exact re-send)."""
+        prompts = sorted(c.command_id for c in self.decided.values() if c and c.type == "prompt")
+        first = self.decided[prompts[i % len(prompts)]]
+        payload = {**first.payload.model_dump(), "input": typed}
+        again = first.model_copy(update={"payload": first.payload.model_validate(payload)})
+        self.apply(again)
 
     # -- workers ------------------------------------------------------------------------------
     @rule(worker=WORKERS, lease_ms=st.sampled_from([5_000, 30_000, 10**12]))
@@ -558,8 +578,12 @@ def _h(cmd: Command) -> int:
 
 
 def _same(a: Command, b: Command) -> bool:
-    """The same command, re-sent (its producer may have stamped it again)."""
-    return a.model_copy(update={"ts": 0}) == b.model_copy(update={"ts": 0})
+    """The same command, re-sent (its producer may have stamped it again). Compared as
+    JSON, as the digest compares it: an input of 0 and one of false are equal in Python,
+    not on the wire."""
+    return Codec.command_to_json(a.model_copy(update={"ts": 0})) == Codec.command_to_json(
+        b.model_copy(update={"ts": 0})
+    )
 
 
 def _reasons(events: list[Event]) -> list[str]:

@@ -92,7 +92,28 @@ def test_the_required_stories_are_there() -> None:
         "ids_tenants_and_reuse",
         "fates_compaction_and_retry",
         "durable_steps",
+        "typed_input",
     } <= names
+
+
+def test_typed_input_story_gives_each_run_its_own_prompts_input() -> None:
+    """Written from the protocol's text: a run starts with its prompt's input, a queued
+    prompt keeps its own until it starts, a retry carries its own, the reused id and the
+    refused prompts change nothing, and a follow-up (a send) carries none."""
+    _, log, _ = replay(load(GOLDEN / "typed_input.jsonl"))
+    runs = [e.payload.model_dump() for e in log if e.type == "run.started"]
+    assert [(r["origin"], json.loads(r["input"])) for r in runs] == [
+        ("prompt", {"sku": "A-1", "qty": 2, "giftWrap": False, "note": "leave at the door ✉"}),
+        ("queued", ["B-2", 1]),
+        ("prompt", ["B-2", 1, "retry"]),
+    ]
+    assert runs[2]["retry_of"] == log[[e.type for e in log].index("run.started", 1)].run_id
+    refused = [e.payload.model_dump()["reason"] for e in log if e.type == "command.rejected"]
+    assert refused == ["command_id_reused", "session_busy", "tenant_mismatch"]
+    queued = next(e.payload.model_dump() for e in log if e.type == "run.queued")
+    assert json.loads(queued["input"]) == ["B-2", 1]
+    follow_up = next(e.payload.model_dump() for e in log if e.type == "run.follow_up_queued")
+    assert "input" not in follow_up
 
 
 def test_durable_steps_story_hands_each_finished_step_over_once() -> None:

@@ -24,6 +24,7 @@ from sessionstream.core.state import (
 from sessionstream.core.state_codec import (
     FORMAT_V1,
     FORMAT_V2,
+    FORMAT_V3,
     STATE_FIELDS,
     decode_if_active,
     decode_state,
@@ -81,6 +82,7 @@ def _full() -> SessionState:
                 OpenCall(kind="subtask", call_id="s1"),
             ),
             actor="user:ann",
+            input_json='{"to":"LIS","nights":3,"note":"é ✈"}',
         ),
         queue=(
             QueueEntry(
@@ -92,7 +94,9 @@ def _full() -> SessionState:
                 actor="sched",
                 retry_of="r-0",
             ),
-            QueueEntry(source_command_id="c-5", kind="prompt", text="next"),
+            QueueEntry(
+                source_command_id="c-5", kind="prompt", text="next", input_json="[1.5,null]"
+            ),
         ),
         log_seq=4,
         runs_started=9,
@@ -152,10 +156,21 @@ OLD_JSON = (
 )
 
 
+def _full_before_input() -> SessionState:
+    """`_full()` without what format 4 added: the typed input of the run and the tasks."""
+    full = _full()
+    assert full.active is not None
+    return evolved(
+        full,
+        active=evolved(full.active, input_json=None),
+        queue=tuple(evolved(q, input_json=None) for q in full.queue),
+    )
+
+
 def _full_before_steps() -> SessionState:
     """`_full()` without what format 2 added: the run's checkpoint pointer and steps, the
-    session's latest checkpoint."""
-    full = _full()
+    session's latest checkpoint (and what later formats added)."""
+    full = _full_before_input()
     assert full.active is not None
     return evolved(
         full,
@@ -164,28 +179,43 @@ def _full_before_steps() -> SessionState:
     )
 
 
+def _older(tag: int, run_fields: int, session_fields: int = 9) -> bytes:
+    """`_full()`'s record cut to what format `tag` wrote: the active run's first
+    `run_fields`, the queued tasks' first 7 (before format 4), the session's first
+    `session_fields`."""
+    t = msgspec.msgpack.decode(encode_state(_full())[1:])
+    t[2] = t[2][:run_fields]
+    t[3] = [q[:7] for q in t[3]]
+    return bytes([tag]) + msgspec.msgpack.encode(t[:session_fields])
+
+
 def test_the_json_of_earlier_versions_is_still_read() -> None:
     assert decode_state(OLD_JSON.encode()) == _full_before_steps()
     assert decode_state(state_to_json(_full())) == _full()
 
 
+def test_a_format_3_record_is_still_read() -> None:
+    """Format 3 is format 4 without the typed input of the active run and of each queued
+    task: read with none, and written again in format 4."""
+    v3 = _older(FORMAT_V3, 20)
+    assert not is_current(v3)
+    state = decode_state(v3)
+    assert state == _full_before_input()
+    assert is_current(encode_state(state)) and decode_state(encode_state(state)) == state
+
+
 def test_a_format_2_record_is_still_read() -> None:
     """Format 2 is format 3 without the active run's actor."""
-    v3 = msgspec.msgpack.decode(encode_state(_full())[1:])
-    v3[2] = v3[2][:19]
-    v2 = bytes([FORMAT_V2]) + msgspec.msgpack.encode(v3)
+    v2 = _older(FORMAT_V2, 19)
     assert not is_current(v2)
-    full = _full()
+    full = _full_before_input()
     assert full.active is not None
     assert decode_state(v2) == evolved(full, active=evolved(full.active, actor=None))
 
 
 def test_a_format_1_record_is_still_read() -> None:
     """Format 1 is format 2 without the fields durable steps added."""
-    v2 = msgspec.msgpack.decode(encode_state(_full())[1:])
-    v2[2] = v2[2][:16]
-    v2 = v2[:8]
-    v1 = bytes([FORMAT_V1]) + msgspec.msgpack.encode(v2)
+    v1 = _older(FORMAT_V1, 16, session_fields=8)
     assert not is_current(v1)
     assert decode_state(v1) == _full_before_steps()
 
@@ -214,6 +244,7 @@ def test_a_json_record_with_a_value_its_type_refuses_is_no_state(bad: dict) -> N
         b"",
         b"\x02whatever",
         b"\x03whatever",
+        b"\x04whatever",
         b"\x01",
         b"\x01\x93\x01\x02\x03",
         encode_state(_full())[:-3],

@@ -40,7 +40,17 @@ LONGS = st.one_of(
 TEXT = st.one_of(st.text(max_size=70), st.text(min_size=60, max_size=300), st.just(""))
 
 
+#: any JSON value (a `logicalType: json` string holds its text)
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | LONGS | st.floats(allow_nan=False, allow_infinity=False) | TEXT,
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(TEXT, inner, max_size=5),
+    max_leaves=12,
+)
+
+
 def value_for(t: Any) -> st.SearchStrategy[Any]:
+    if isinstance(t, dict) and t.get("logicalType") == "json":
+        return JSON_VALUES
     if t == "string":
         return TEXT
     if t in ("long", "int"):
