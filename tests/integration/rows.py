@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import psycopg
 
 from sessionstream.adapters.kafka import read_topic
@@ -50,7 +52,8 @@ def assert_rows_equal_log(s: Settings) -> int:
             r[0]: r
             for r in conn.execute(
                 "select run_id, status, generation, lease_owner, terminal_status, last_seq, prompt,"
-                " checkpoint_uri, started_by, cancelled_by, retryable, retry_of from agent_runs"
+                " checkpoint_uri, started_by, cancelled_by, retryable, retry_of, input"
+                " from agent_runs"
             ).fetchall()
         }
         offsets = {
@@ -86,5 +89,6 @@ def assert_rows_equal_log(s: Settings) -> int:
             r.cancelled_by,
             r.retryable,
             r.retry_of,
+            None if r.input is None else json.loads(r.input),  # the jsonb's value
         ), run_id
     return len(rows)

@@ -71,7 +71,9 @@ def world(
                         c.wait(c.submit(c.command(sid, t, p, generation=1, **w)), 30).status
                         == "accepted"
                     )
-                assert c.wait(c.prompt(sid, "second"), 30).status == "accepted"
+                # with a typed input: a rebuild projects it the same
+                typed = c.command(sid, "prompt", {"text": "second", "input": {"k": ["v", 1]}})
+                assert c.wait(c.submit(typed), 30).status == "accepted"
                 assert c.wait(c.prompt(sid, "third"), 30).status == "rejected"
                 assert c.wait(c.abort(sid), 30).status == "accepted"
             wait_processed(s, procs=procs)

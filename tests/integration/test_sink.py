@@ -51,8 +51,9 @@ def _load(s: Settings, n: int, sessions: int, stop: threading.Event, pause: floa
 def test_end_to_end_commands_to_rows(iso: Settings, procs: list[Proc]) -> None:
     procs += [processor(iso), sink(iso)]
     sid = f"e2e-{uuid.uuid4().hex[:6]}"
+    order = {"to": "LIS", "nights": 3, "flex": [1.5, None, True], "note": "é ✈"}
     with SessionClient("tenant-a", iso) as c:
-        started = c.wait(c.prompt(sid, "find flights"), 60)
+        started = c.wait(c.submit(c.command(sid, "prompt", {"text": "find", "input": order})), 60)
         run = started.run_id
         assert started.status == "accepted" and run
         w = {"run_id": run, "worker_id": "w1"}
@@ -77,11 +78,16 @@ def test_end_to_end_commands_to_rows(iso: Settings, procs: list[Proc]) -> None:
                 "select status from agent_runs where session_id = %s order by created_at", (sid,)
             )
         ]
-        uri = conn.execute(
-            "select checkpoint_uri from agent_runs where run_id = %s", (run,)
+        uri, typed = conn.execute(
+            "select checkpoint_uri, input from agent_runs where run_id = %s", (run,)
+        ).fetchone() or (None, None)
+        second = conn.execute(
+            "select input from agent_runs where session_id = %s and run_id != %s", (sid, run)
         ).fetchone()
     assert statuses == ["completed", "cancelled"]
-    assert uri == ("s3://ckpt/1",)
+    assert uri == "s3://ckpt/1"
+    # the prompt's typed input, as a jsonb (its JSON value); none for a prompt without one
+    assert typed == order and second == (None,)
 
 
 def test_kill9_sink_mid_batch_three_times(iso: Settings, procs: list[Proc]) -> None:

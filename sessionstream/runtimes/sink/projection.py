@@ -55,6 +55,8 @@ class RunRow(msgspec.Struct, frozen=True, gc=False):
     cancelled_by: str | None = None
     retryable: bool = False
     retry_of: str | None = None
+    #: the prompt's typed input, its JSON text (a `jsonb` column)
+    input: str | None = None
 
     @property
     def active(self) -> bool:
@@ -153,6 +155,7 @@ class Projection:
             updated_at=e.ts,
             started_by=p.actor,
             retry_of=p.retry_of,
+            input=p.input,
         )
         self.changed_runs.add(e.run_id)
         if session is None:

@@ -50,7 +50,11 @@ RUN_COLS = [
     "cancelled_by",
     "retryable",
     "retry_of",
+    "input",
 ]
+#: `RUN_COLS` as a select list: the typed input read back as its JSON text (as the row
+#: holds it), not as the value psycopg would make of a `jsonb`
+_RUN_SELECT = ", ".join("input::text" if c == "input" else c for c in RUN_COLS)
 RUN_TIMES = {
     "lease_expires_at",
     "timeout_at",
@@ -159,7 +163,7 @@ def _load(cur: psycopg.Cursor[tuple[object, ...]], batch: Sequence[PendingEvent]
         )
     if run_ids:
         cur.execute(
-            f"select {', '.join(RUN_COLS)} from agent_runs where run_id = any(%s)"
+            f"select {_RUN_SELECT} from agent_runs where run_id = any(%s)"
             " order by run_id for update",
             (run_ids,),
         )
