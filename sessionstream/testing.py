@@ -49,6 +49,7 @@ from sessionstream.runtimes.worker._signal import RunFenced
 from sessionstream.runtimes.worker._steps import StepStore
 from sessionstream.runtimes.worker.executor import ActionExecutor, ActionFn, ActionRun, ActionTarget
 from sessionstream.runtimes.worker.model import FakeModel, Model
+from sessionstream.schemas._json import jsonable
 from sessionstream.schemas.commands import Command, CommandClass, command_class
 from sessionstream.schemas.events import SESSION_LOG, Event, RunFinished
 
@@ -238,9 +239,12 @@ class AgentHarness:
             self._loop = None
 
     # -- the producer's side ----------
-    async def prompt(self, text: str, **payload: Any) -> str:
-        """Send a prompt; returns its command id. `payload`: the prompt's other fields
-        (`policy`, `contextRef`, `timeoutMs`, ...)."""
+    async def prompt(self, text: str, *, input: Any = None, **payload: Any) -> str:
+        """Send a prompt; returns its command id. `input`: its typed input, any JSON value
+        or a pydantic model (as `SessionClient.prompt` takes it); `payload`: the prompt's
+        other fields (`policy`, `contextRef`, `timeoutMs`, ...)."""
+        if input is not None:
+            payload["input"] = jsonable(input)
         return self._produce("prompt", {"text": text, **payload})
 
     async def steer(self, text: str, run_id: str | None = None) -> str:
@@ -254,9 +258,9 @@ class AgentHarness:
     async def abort(self, reason: str = "user", run_id: str | None = None) -> str:
         return self._produce("abort", {"reason": reason}, run_id=run_id or self._active())
 
-    async def run(self, text: str, **payload: Any) -> RunOutcome:
-        """Prompt and wait for the run it starts to end."""
-        cid = await self.prompt(text, **payload)
+    async def run(self, text: str, *, input: Any = None, **payload: Any) -> RunOutcome:
+        """Prompt (with its typed `input`, if any) and wait for the run it starts to end."""
+        cid = await self.prompt(text, input=input, **payload)
         return await self.finished(await self.run_of(cid))
 
     # -- the worker's side ----------
@@ -420,7 +424,9 @@ class AgentHarness:
         o = open_run(self.state)
         if o is None or o.run_id in self._executions:
             return
-        spec = RunSpec(o.session_id, o.tenant_id, o.run_id, 0, o.prompt, o.context_ref, o.actor)
+        spec = RunSpec(
+            o.session_id, o.tenant_id, o.run_id, 0, o.prompt, o.context_ref, o.actor, o.input
+        )
         ex = Execution(self._worker, spec)
         self._executions[o.run_id] = (ex, asyncio.get_running_loop().create_task(ex.main()))
 

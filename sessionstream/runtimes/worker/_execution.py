@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import json
 import logging
 import time
@@ -24,7 +23,16 @@ from pydantic import ValidationError
 
 from sessionstream.adapters import metrics
 from sessionstream.runtimes.worker._deltas import DeltaKey
-from sessionstream.runtimes.worker._handler import Handler, ResultRefused, RunResult, result_text
+from sessionstream.runtimes.worker._handler import (
+    Handler,
+    InputRefused,
+    ResultRefused,
+    RunResult,
+    call_handler,
+    first_error,
+    result_text,
+    storable,
+)
 from sessionstream.runtimes.worker._signal import RunAborted, RunFenced
 from sessionstream.runtimes.worker._steps import StepBook, StepStore
 from sessionstream.runtimes.worker.context import FollowUp, RunContext, Steer
@@ -87,16 +95,6 @@ class Host(Protocol):
     def forget(self, ex: Execution) -> None: ...
 
 
-def _storable(text: str) -> str:
-    """`text` with what no command may carry (NUL, lone surrogates) spelled out."""
-    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def _first_error(e: ValidationError) -> str:
-    errors = e.errors()
-    return str(errors[0]["msg"]) if errors else str(e)
-
-
 #: rejections of our own writes that mean "this generation may not write any more"
 FENCING_REASONS = frozenset({"stale_generation", "not_lease_holder", "run_finished", "unknown_run"})
 
@@ -110,6 +108,8 @@ class RunSpec:
     prompt: str
     context_ref: str | None
     actor: str | None = None
+    #: the prompt's typed input, its compact JSON text (None: none)
+    input_json: str | None = None
 
 
 class Execution:
@@ -269,6 +269,7 @@ class Execution:
             generation=self.generation,
             worker_id=self.w.worker_id,
             prompt=s.prompt,
+            input=None if s.input_json is None else json.loads(s.input_json),
             # a new holder starts from the run's latest checkpoint, if it has one
             context_ref=self.checkpoint_ref or s.context_ref,
             model=self.w.model,
@@ -293,24 +294,17 @@ class Execution:
         finally:
             heartbeat.cancel()
 
-    async def _call_handler(self, ctx: RunContext) -> RunResult:
-        # called inside the handler's task, so that whatever calling it raises (or a call
-        # that returns no awaitable) is the handler's failure, not the execution's
-        out = self.w.handler(ctx)
-        if not inspect.isawaitable(out):
-            raise TypeError(
-                f"the handler returned a {type(out).__name__}, not an awaitable: "
-                "write it `async def run(ctx)`"
-            )
-        return await out
-
     async def _rounds(self, ctx: RunContext) -> None:
         while not self.done.is_set():
             self.steps.begin_round()
             # the follow-ups this round is called for: its completion consumes them, taken
             # or not (else a handler that never takes follow-ups is called for them forever)
             called_for = [f.command_id for f in ctx._follow_ups] if ctx.round else []
-            self._handler = asyncio.create_task(self._call_handler(ctx))
+            # inside the handler's task, so that whatever calling it raises (a call that
+            # returns no awaitable) is the handler's failure, not the execution's; the input
+            # is validated there first, before anything the handler would do
+            call = call_handler(self.w.handler, ctx, self.spec.input_json)
+            self._handler = asyncio.create_task(call)
             try:
                 returned = await self._handler
             except (asyncio.CancelledError, RunAborted) as e:
@@ -327,6 +321,10 @@ class Execution:
                     # nothing stopped the run, yet the handler says it was: a run left like
                     # this would hold its lease, renewed, until its deadline
                     self._fail(f"the handler raised {e!r}, but the run was not cancelled")
+                return
+            except InputRefused as e:  # the handler was not called
+                if not ctx.aborted and not self.cancelling:
+                    self._fail(str(e))
                 return
             except Exception as e:
                 if not ctx.aborted and not self.cancelling:
@@ -360,7 +358,7 @@ class Execution:
             try:
                 self._complete_cmd = self.send("run.complete", complete)
             except ValidationError as e:  # e.g. a NUL character in the result
-                self._fail(f"the result cannot be recorded: {_first_error(e)}")
+                self._fail(f"the result cannot be recorded: {first_error(e)}")
                 return
             metrics.WORKER_RUNS.labels("completed").inc()
             if await self._round_end != "follow_ups":
@@ -370,7 +368,7 @@ class Execution:
 
     def _fail(self, error: str, *, retryable: bool = False) -> None:
         log.warning("run %s: failed: %s", self.run_id, error)
-        self.send("run.fail", {"error": _storable(error)[:2000], "retryable": retryable})
+        self.send("run.fail", {"error": storable(error)[:2000], "retryable": retryable})
         metrics.WORKER_RUNS.labels("failed").inc()
 
     async def _heartbeat(self) -> None:

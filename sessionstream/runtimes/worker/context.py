@@ -294,6 +294,7 @@ class RunContext:
         steps: StepBook | None = None,
         tenant_id: str = "",
         actor: str | None = None,
+        input: Any = None,
     ) -> None:
         self.session_id = session_id
         #: the tenant the session belongs to (`tenant:own-id` session ids name it too)
@@ -305,6 +306,9 @@ class RunContext:
         self.generation = generation
         self.worker_id = worker_id
         self.prompt = prompt
+        #: the prompt's typed input, its JSON value as parsed (None: the prompt had none);
+        #: a handler that declares the input's type gets it validated as its second argument
+        self.input = input
         self.context_ref = context_ref
         self.default_model = model
         #: 0 on the first call of the handler; +1 each time follow-ups re-open the run

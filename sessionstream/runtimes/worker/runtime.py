@@ -424,7 +424,14 @@ class Worker:
     def _start(self, o: _Open) -> None:
         r = o.run
         spec = RunSpec(
-            r.session_id, r.tenant_id, r.run_id, o.partition, r.prompt, r.context_ref, r.actor
+            r.session_id,
+            r.tenant_id,
+            r.run_id,
+            o.partition,
+            r.prompt,
+            r.context_ref,
+            r.actor,
+            r.input,
         )
         ex = Execution(self, spec)
         self.executions[spec.run_id] = ex
