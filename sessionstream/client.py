@@ -56,6 +56,7 @@ from sessionstream.adapters.registry import attach_registry
 from sessionstream.adapters.topics import command_topic
 from sessionstream.core.partitioning import partition_for
 from sessionstream.errors import CommandTimeout, KafkaFailed, KafkaUnavailable, SessionstreamError
+from sessionstream.schemas._json import jsonable
 from sessionstream.schemas.codec import Codec
 from sessionstream.schemas.commands import (
     AbortPayload,
@@ -279,14 +280,19 @@ class SessionClient:
         context_ref: str | None = None,
         timeout_ms: int | None = None,
         retry_of: str | None = None,
+        input: Any = None,
         **fields: Any,
     ) -> CommandHandle:
+        """A new task in `session_id`. `input` is its typed input: any JSON value, or a
+        pydantic model or dataclass (sent as its JSON); the worker validates it against the
+        type its handler declares (docs/workers.md#typed-input)."""
         payload = PromptPayload(
             text=text,
             policy=policy,
             context_ref=context_ref,
             timeout_ms=timeout_ms,
             retry_of=retry_of,
+            input=jsonable(input),
         )
         return self.submit(self.command(session_id, "prompt", payload, **fields))
 

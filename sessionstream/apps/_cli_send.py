@@ -8,6 +8,7 @@ import uuid
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 
 from sessionstream.adapters.registry import reader_codec
@@ -127,6 +128,11 @@ def _submit(
                 _out(as_json, {"commandId": cmd.command_id, "status": "sent"})
                 return
             outcome = client.wait(handle, timeout=wait)
+    except ValidationError as e:  # e.g. an --input JSON has no place for (NaN, too deep)
+        first = e.errors(include_url=False)[0]
+        where = ".".join(str(x) for x in first["loc"])
+        typer.echo(f"error: the {type_} is not valid: {where}: {first['msg']}", err=True)
+        raise typer.Exit(code=2) from e
     except CommandTimeout as e:
         typer.echo(f"error: {e} (is `sessionstream processor` running?)", err=True)
         raise typer.Exit(code=2) from e
@@ -177,6 +183,15 @@ def prompt(
     retry_of: Annotated[
         str | None, typer.Option(help="the run (timed out, or failed retryable) this retries")
     ] = None,
+    input_json: Annotated[
+        str | None,
+        typer.Option(
+            "--input",
+            metavar="JSON",
+            help="the task's typed input, a JSON value (the agent validates it against the "
+            "type its handler declares)",
+        ),
+    ] = None,
     wait: Wait = 10.0,
     as_json: AsJson = False,
     command_id: CommandId = None,
@@ -191,6 +206,12 @@ def prompt(
         payload["timeoutMs"] = timeout_ms
     if retry_of:
         payload["retryOf"] = retry_of
+    if input_json is not None:
+        try:
+            payload["input"] = json.loads(input_json)
+        except ValueError as e:
+            typer.echo(f"error: --input is not JSON: {e}", err=True)
+            raise typer.Exit(code=2) from e
     _submit(session, "prompt", payload, tenant, wait, as_json, command_id, actor)
 
 

@@ -426,6 +426,51 @@ def test_session_state_and_runs_replayed_from_postgres(world: GatewayWorld) -> N
         assert c.get(f"/v1/sessions/{_sid()}").status_code == 404
 
 
+def test_a_typed_input_on_either_route_reaches_the_log_and_the_views(world: GatewayWorld) -> None:
+    """A prompt's `input` (any JSON value) is taken by the fast path and by FastAPI's route
+    (a percent-encoded path goes down the usual stack), carried by its run and its queued
+    task, and shown by the session and run views as the JSON value it is."""
+    sid = _sid()
+    order = {"sku": "A-1", "qty": 2, "note": "é ✈", "tags": [None, 1.5, True]}
+    encoded = sid.replace("-", "%2D", 1)  # the same session, not by the fast path
+    with world.client(world.key("acme")) as c:
+        first = c.post(
+            f"/v1/sessions/{sid}/commands",
+            json={"type": "prompt", "payload": {"text": "one", "input": order}},
+        )
+        assert first.status_code == 200, first.text
+        run_id = first.json()["runId"]
+        [started] = first.json()["events"]
+        assert json.loads(started["payload"]["input"]) == order  # the event: its JSON text
+        queued = c.post(
+            f"/v1/sessions/{encoded}/commands",
+            json={"type": "prompt", "payload": {"text": "two", "policy": "enqueue", "input": "B"}},
+        )
+        assert queued.status_code == 200, queued.text
+        assert queued.json()["sessionId"] == sid
+        assert json.loads(queued.json()["events"][0]["payload"]["input"]) == "B"
+        # what JSON carries and the protocol does not: refused on both routes, 400
+        deep: list[object] = []
+        for _ in range(70):
+            deep = [deep]
+        for path in (sid, encoded):
+            bad = c.post(
+                f"/v1/sessions/{path}/commands",
+                json={"type": "prompt", "payload": {"text": "x", "input": deep}},
+            )
+            assert (bad.status_code, bad.json()["error"]["code"]) == (400, "invalid_command")
+        world.wait_sink(f"acme:{sid}", "run.queued")
+        state = c.get(f"/v1/sessions/{sid}").json()
+        assert state["activeRun"]["input"] == order
+        assert [(q["text"], q["input"]) for q in state["queue"]] == [("two", "B")]
+        c.post(f"/v1/sessions/{sid}/commands", json={"type": "abort", "runId": run_id})
+        world.wait_sink(f"acme:{sid}", "run.finished")
+        assert c.get(f"/v1/runs/{run_id}").json()["input"] == order
+        runs = {r["runId"]: r for r in c.get(f"/v1/sessions/{sid}").json()["runs"]}
+        assert runs[run_id]["input"] == order
+        assert [r["input"] for r in runs.values() if r["runId"] != run_id] == ["B"]
+
+
 def test_the_session_log_is_no_run_and_shows_no_tenant_anothers_events(
     world: GatewayWorld,
 ) -> None:

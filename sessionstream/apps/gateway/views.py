@@ -13,6 +13,7 @@ Session ids are shown as the tenant knows them (`sessionstream.schemas.sessions.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any
 
@@ -52,6 +53,11 @@ def event_json(e: Event, offset: int | None = None) -> dict[str, Any]:
     return out
 
 
+def _input(text: str | None) -> Any:
+    """A typed input as its JSON value (the state holds its text)."""
+    return None if text is None else json.loads(text)
+
+
 def run_json(r: tuple[Any, ...], *, local_ids: bool = True) -> dict[str, Any]:
     """A row of `RUN_COLUMNS` as the API shows a run; `local_ids=False` keeps the session's
     full id (the CLI's view of the database)."""
@@ -76,6 +82,8 @@ def run_json(r: tuple[Any, ...], *, local_ids: bool = True) -> dict[str, Any]:
         "retryable": r[17],
         "retryOf": r[18],
         "labels": r[19],
+        # the prompt's typed input (a jsonb: its JSON value), null when it had none
+        "input": r[20],
     }
 
 
@@ -156,13 +164,19 @@ def session_view(
             "timeoutAt": active.timeout_at,
             "cancelRequestedAt": active.cancel_requested_at,
             "prompt": active.prompt,
+            "input": _input(active.input_json),
             "pendingInputs": [
                 {"sourceCommandId": i.source_command_id, "kind": i.kind, "text": i.text}
                 for i in active.inputs
             ],
         },
         "queue": [
-            {"sourceCommandId": q.source_command_id, "kind": q.kind, "text": q.text}
+            {
+                "sourceCommandId": q.source_command_id,
+                "kind": q.kind,
+                "text": q.text,
+                "input": _input(q.input_json),
+            }
             for q in state.queue
         ],
         "runs": [run_json(r) for r in recent],

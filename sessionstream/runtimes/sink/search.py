@@ -87,6 +87,8 @@ RUN_COLUMNS = (
     "retryable",
     "retry_of",
     "labels",
+    # the prompt's typed input (jsonb), shown with the run
+    "input",
 )
 SESSION_COLUMNS = (
     "session_id",

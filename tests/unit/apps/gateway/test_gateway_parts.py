@@ -20,11 +20,22 @@ from sessionstream.apps.gateway.sse import parse_last_event_id
 from sessionstream.client import CommandHandle, Outcome
 from sessionstream.errors import SessionstreamError
 from sessionstream.schemas.codec import Codec
-from sessionstream.schemas.commands import Command
+from sessionstream.schemas.commands import MAX_INPUT_DEPTH, Command
 from sessionstream.schemas.events import Event
 from sessionstream.settings import Settings
 
 WHO = Principal("abcdef012345", "acme", "alice")
+
+
+def _nested(depth: int) -> list[object]:
+    out: list[object] = []
+    for _ in range(depth - 1):
+        out = [out]
+    return out
+
+
+#: a typed input nested one level deeper than the protocol takes
+DEEP = _nested(MAX_INPUT_DEPTH + 1)
 
 
 def test_keys_have_a_visible_id_and_are_hashed_whole() -> None:
@@ -68,8 +79,26 @@ def test_a_body_becomes_a_command_of_the_keys_tenant_and_actor() -> None:
 
 
 @pytest.mark.parametrize(
+    "given", [{"sku": "A-1", "qty": 2, "tags": ["x", None]}, ["a", 1], "text", 3.5, False]
+)
+def test_a_prompt_body_carries_its_typed_input_as_the_json_value_it_is(given: object) -> None:
+    c = build_command("s1", {"type": "prompt", "payload": {"text": "hi", "input": given}}, WHO)
+    assert c.payload.model_dump()["input"] == given
+    assert c.payload.model_dump()["input"].__class__ is given.__class__  # 3.5 no str, False no int
+
+
+@pytest.mark.parametrize(
     ("body", "code"),
     [
+        # a typed input JSON can carry and the protocol cannot: NaN (json.loads reads it),
+        # nesting past 64 levels, a NUL, an input on a send
+        ({"type": "prompt", "payload": {"text": "x", "input": float("nan")}}, "invalid_command"),
+        ({"type": "prompt", "payload": {"text": "x", "input": DEEP}}, "invalid_command"),
+        (
+            {"type": "prompt", "payload": {"text": "x", "input": {"k": "a\u0000"}}},
+            "invalid_command",
+        ),
+        ({"type": "send", "payload": {"text": "x", "input": {"k": 1}}}, "invalid_command"),
         ({"type": "prompt", "payload": {"text": "x"}, "tenantId": "globex"}, "forbidden_field"),
         ({"type": "prompt", "payload": {"text": "x"}, "actor": "root"}, "forbidden_field"),
         ({"type": "lease.acquire", "payload": {}}, "unknown_type"),
