@@ -11,6 +11,7 @@ import uuid
 import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
+from pydantic import BaseModel, Field
 
 from sessionstream.adapters.kafka import read_topic
 from sessionstream.adapters.postgres.migrate import migrate
@@ -31,6 +32,14 @@ def db(iso: Settings, database_url: str) -> str:
     """A conninfo on the test's own schema, where its workers record their actions."""
     migrate(database_url, schema=iso.database_schema)
     return make_conninfo(database_url, options=f"-c search_path={iso.database_schema}")
+
+
+class Order(BaseModel):
+    """The typed input of the typed-input test's agent (at the module's top level: the
+    handler's annotation is a string here, resolved where the handler was written)."""
+
+    sku: str
+    qty: int = Field(gt=0)
 
 
 def start_worker(s: Settings, worker_id: str, lease_ms: int = 3000) -> Proc:
@@ -533,3 +542,105 @@ def test_a_dict_result_completes_the_run_as_json_after_its_action_ran_once(
     assert outbox(db, run_id) == [(f"{run_id}:email", "report")]
     assert actions(db, run_id) == [(f"{run_id}:email", 1, "done")]
     assert [e.generation for e in run_events(iso, run_id) if e.type == "run.lease_granted"] == [1]
+
+
+def test_a_typed_input_reaches_the_handler_and_one_that_does_not_fit_fails_before_its_action(
+    iso: Settings, db: str, procs: list[Proc]
+) -> None:
+    """A prompt sent with an input through the SDK (a pydantic model) and through the CLI
+    (`--input JSON`): the handler gets the JSON value as `ctx.input` and the validated
+    `Order` as its second argument, its action runs once and its dict result completes the
+    run. A prompt whose input does not fit `Order` fails its run at once, saying why: the
+    handler is not called, no action is asked for, the outbox stays empty."""
+    import asyncio
+    import json
+    import subprocess
+    import sys
+
+    from sessionstream.adapters.topics import ensure_topics
+    from sessionstream.apps._procs import settings_env
+    from sessionstream.runtimes.worker.context import RunContext
+    from sessionstream.runtimes.worker.executor import ActionRun
+    from sessionstream.runtimes.worker.runtime import Worker
+    from sessionstream.schemas.events import RunStarted
+
+    ensure_topics(iso)
+    procs.append(processor(iso))
+    seen: list[tuple[object, Order]] = []
+
+    async def write(a: ActionRun) -> str:
+        assert a.conn is not None
+        await a.conn.execute(
+            "insert into agent_outbox (idempotency_key, session_id, run_id, recipient,"
+            " subject, body) values (%s, %s, %s, %s, %s, %s)",
+            (a.idempotency_key, a.session_id, a.run_id, "shop@example.com", "order", "ok"),
+        )
+        return "booked"
+
+    async def handler(ctx: RunContext, order: Order) -> dict[str, object]:
+        seen.append((ctx.input, order))
+        booked = await ctx.action("order", f"{ctx.run_id}:book", write)
+        return {"sku": order.sku, "qty": order.qty, "total": order.qty * 2.5, "state": booked}
+
+    w = Worker(iso, handler, "w-typed", database_url=db)
+
+    def send(sid: str, given: object) -> str:
+        with SessionClient("tenant-w", iso) as c:
+            out = c.wait(c.prompt(sid, "book it", input=given), timeout=60)
+        assert out.status == "accepted" and out.run_id, out
+        return out.run_id
+
+    cli = [sys.executable, "-c", "from sessionstream.apps.cli import main; main()"]
+
+    def send_by_cli(sid: str, given: str) -> str:
+        done = subprocess.run(
+            [*cli, "prompt", sid, "book it", "--tenant", "tenant-w", "--input", given, "--json"],
+            env=settings_env(iso),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        out = json.loads(done.stdout)
+        assert out["status"] == "accepted", out
+        return str(out["runId"])
+
+    async def main() -> tuple[list[str], dict[str, RunFinished]]:
+        stop = asyncio.Event()
+        running = asyncio.create_task(w.run(stop))
+        await asyncio.wait_for(w.ready.wait(), 60)
+        runs = [
+            await asyncio.to_thread(send, "typed-a", Order(sku="A-1", qty=2)),
+            await asyncio.to_thread(send_by_cli, "typed-c", '{"sku": "C-3", "qty": 1}'),
+            await asyncio.to_thread(send, "typed-b", {"sku": "B-2", "qty": "lots"}),
+        ]
+        out = {}
+        for run_id in runs:
+            e = await asyncio.to_thread(wait_event, iso, run_id, "run.finished", 60.0, procs)
+            out[run_id] = e.payload_as(RunFinished)
+        stop.set()
+        await asyncio.wait_for(running, 30)
+        return runs, out
+
+    (good, by_cli, bad), ended = asyncio.run(main())
+    assert seen == [
+        ({"sku": "A-1", "qty": 2}, Order(sku="A-1", qty=2)),
+        ({"sku": "C-3", "qty": 1}, Order(sku="C-3", qty=1)),
+    ]
+    for run_id, (sku, qty) in ((good, ("A-1", 2)), (by_cli, ("C-3", 1))):
+        done = ended[run_id]
+        assert done.terminal_status == "completed", done
+        result = {"sku": sku, "qty": qty, "total": qty * 2.5, "state": "booked"}
+        assert json.loads(done.result or "") == result
+        assert outbox(db, run_id) == [(f"{run_id}:book", "order")]
+        started = run_events(iso, run_id)[0].payload_as(RunStarted)
+        assert json.loads(started.input or "") == {"sku": sku, "qty": qty}
+    failed = ended[bad]
+    assert failed.terminal_status == "failed" and not failed.retryable
+    assert (failed.error or "").startswith("the input does not match Order: qty: Input should"), (
+        failed.error
+    )
+    types = [e.type for e in run_events(iso, bad)]
+    assert types == ["run.started", "run.lease_granted", "run.finished"], types
+    assert outbox(db, bad) == [] and actions(db, bad) == []
