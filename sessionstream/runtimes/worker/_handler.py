@@ -87,6 +87,10 @@ class InputParameter:
     required: bool
 
 
+#: what `check_handler` found of each handler's input parameter (None: it takes none)
+_PARAMETERS: weakref.WeakKeyDictionary[Any, InputParameter | None] = weakref.WeakKeyDictionary()
+
+
 def _is_async(fn: Callable[..., object]) -> bool:
     # a function (or functools.partial of one), or an instance whose __call__ is async
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
@@ -112,10 +116,6 @@ def check_handler(handler: object, name: str | None = None) -> Handler:
     with contextlib.suppress(TypeError):  # an object no weak reference can name
         _PARAMETERS[handler] = found
     return cast(Handler, handler)
-
-
-#: what `check_handler` found of each handler's input parameter (None: it takes none)
-_PARAMETERS: weakref.WeakKeyDictionary[Any, InputParameter | None] = weakref.WeakKeyDictionary()
 
 
 def input_parameter(handler: object) -> InputParameter | None:
@@ -187,6 +187,8 @@ def _inspect(handler: object, what: str) -> InputParameter | None:
     type_name = _type_name(annotation)
     try:
         adapter: TypeAdapter[Any] = TypeAdapter(annotation)
+        # a model that names a type not defined yet is built only when first used: now
+        adapter.rebuild(raise_errors=True)
     except Exception as e:  # PydanticSchemaGenerationError, PydanticUserError, TypeError...
         raise ConfigurationError(
             f"agent {what!r}: the type of its input parameter `{param.name}: {type_name}` is "

@@ -259,6 +259,14 @@ async def unresolved(ctx: RunContext, order: NotDefinedAnywhere) -> None:  # typ
     return None
 
 
+class Incomplete(BaseModel):
+    lines: list[NotDefinedYet]  # type: ignore[name-defined]  # noqa: F821
+
+
+async def incomplete(ctx: RunContext, order: Incomplete) -> None:
+    return None
+
+
 async def three(ctx: RunContext, order: Order, extra: int) -> None:
     return None
 
@@ -280,6 +288,7 @@ async def nothing() -> None:
         ),
         (opaque, r"`order: NotValidatable` is not one pydantic can validate.*pydantic model"),
         (unresolved, r"`order: NotDefinedAnywhere` cannot be resolved \(NameError"),
+        (incomplete, r"`order: Incomplete` is not one pydantic can validate.*NotDefinedYet"),
         (three, r"requires the parameters ctx, order, extra.*order: Order"),
         (keyword_only, r"requires the parameters ctx, order"),
         (nothing, r"takes no parameter for the context"),
@@ -288,6 +297,7 @@ async def nothing() -> None:
         "unannotated",
         "not validatable",
         "unresolvable",
+        "not fully defined",
         "three required",
         "keyword-only",
         "none",
