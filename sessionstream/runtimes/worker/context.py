@@ -299,16 +299,13 @@ class RunContext:
         self.session_id = session_id
         #: the tenant the session belongs to (`tenant:own-id` session ids name it too)
         self.tenant_id = tenant_id
-        #: who asked for the run (the starting command's actor: an API key's actor at the
-        #: gateway, `SessionClient(actor=...)`); None when the command named none
+        #: who asked for the run: the starting command's actor (None when it named none)
         self.actor = actor
         self.run_id = run_id
         self.generation = generation
         self.worker_id = worker_id
         self.prompt = prompt
-        #: the prompt's typed input, its JSON value as parsed (None: the prompt had none);
-        #: a handler that declares the input's type gets it validated as its second argument
-        self.input = input
+        self.input = input  #: the prompt's typed input, as parsed JSON (None: it had none)
         self.context_ref = context_ref
         self.default_model = model
         #: 0 on the first call of the handler; +1 each time follow-ups re-open the run
