@@ -22,6 +22,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from sessionstream.core.approvals import needs_approval
 from sessionstream.core.state import (
     ActionRecord,
     FinishedRun,
@@ -39,6 +40,8 @@ from sessionstream.schemas.commands import (
     LATEST_CHECKPOINT_REF,
     PRODUCER_COMMAND_TYPES,
     AbortPayload,
+    ActionApprovePayload,
+    ActionDenyPayload,
     ActionRequestPayload,
     ActionResultPayload,
     CancelAckPayload,
@@ -64,6 +67,7 @@ from sessionstream.schemas.events import (
     ActionCompleted,
     ActionDecision,
     ActionDecisionReplayed,
+    ActionPending,
     CancelAcknowledged,
     CancelRequested,
     CommandRejected,
@@ -126,6 +130,11 @@ def run_id_for(name: str) -> str:
 
 #: the gate's refusal once a run has asked for `max_actions` keys; not recorded per key
 _TOO_MANY_ACTIONS: Final = "too_many_actions"
+#: a repeat of a key that needed approval, with other arguments; not recorded either
+_DIGEST_MISMATCH: Final = "digest_mismatch"
+_UNRECORDED: Final = frozenset({_TOO_MANY_ACTIONS, _DIGEST_MISMATCH})
+#: a pending key whose holder lost the lease: the next holder may ask for it again
+_LEASE_LOST: Final = "lease_lost"
 
 
 @dataclass(frozen=True)
@@ -161,6 +170,11 @@ class DeciderConfig:
     max_run_step_bytes: int = 128 * 1024
     #: calls started and not finished the run tracks, to close them when the lease is lost
     max_open_calls: int = 32
+    #: (tenant, kind) pairs whose actions wait for a person (`*`: any), from
+    #: `SESSIONSTREAM_APPROVAL_KINDS` (`sessionstream.core.approvals`); empty: none do
+    approval_policy: tuple[tuple[str, str], ...] = ()
+    #: how long a pending approval waits for a person (by the decider's clock)
+    approval_ttl_ms: int = 15 * 60 * 1000
 
 
 DEFAULT_CONFIG: Final = DeciderConfig()
@@ -229,6 +243,7 @@ def evolve(
                 actor=q.actor,
                 retry_of=q.retry_of,
                 input_json=q.input,
+                approval_kinds=tuple(q.approval_kinds),
             )
             update["queue"] = (entry, *state.queue) if q.front else (*state.queue, entry)
         # command.rejected, action.denied for finished runs: recorded outcomes that change
@@ -249,6 +264,7 @@ def evolve(
             source_command_id=p.source_command_id,
             actor=p.actor,
             input_json=p.input,
+            approval_kinds=tuple(p.approval_kinds),
         )
         update["runs_started"] = state.runs_started + 1
         update["queue"] = tuple(
@@ -315,18 +331,40 @@ def evolve(
         r["status"] = "compacting"
     elif t in ("run.compaction_finished", "run.compaction_abandoned"):
         r["status"] = "running"
+    elif t == "action.pending":
+        ap = event.payload_as(ActionPending)
+        r["actions"] = {
+            **run.actions,
+            ap.idempotency_key: ActionRecord(
+                kind=ap.kind,
+                decision="pending",
+                args_digest=ap.args_digest,
+                expires_at=ap.expires_at,
+                generation=event.generation,
+            ),
+        }
     elif t in ("action.approved", "action.denied"):
         d = event.payload_as(ActionDecision)
-        # only a key's first decision is recorded (a retry refused while cancelling is
-        # not, nor the refusal of a run that asked for too many keys)
-        if d.idempotency_key not in run.actions and d.reason != _TOO_MANY_ACTIONS:
+        prev = run.actions.get(d.idempotency_key)
+        # a key is decided once: its first decision, or the one that ends its wait for a
+        # person (a pending key, or one whose holder lost the lease while it was pending).
+        # A retry refused while cancelling is not recorded, nor the refusal of a run that
+        # asked for too many keys, nor a repeat with other arguments
+        if d.reason not in _UNRECORDED and (
+            prev is None
+            or prev.decision == "pending"
+            or (prev.decision == "denied" and prev.reason == _LEASE_LOST)
+        ):
             decision: Literal["approved", "denied"] = (
                 "approved" if t == "action.approved" else "denied"
             )
-            r["actions"] = {
-                **run.actions,
-                d.idempotency_key: ActionRecord(kind=d.kind, decision=decision),
-            }
+            reason = d.reason if decision == "denied" else None
+            action = (
+                ActionRecord(kind=d.kind, decision=decision, reason=reason)
+                if prev is None
+                else evolved(prev, decision=decision, reason=reason)
+            )
+            r["actions"] = {**run.actions, d.idempotency_key: action}
     elif t == "action.completed":
         key = event.payload_as(ActionCompleted).idempotency_key
         r["actions"] = {**run.actions, key: evolved(run.actions[key], completed=True)}
@@ -573,6 +611,7 @@ def _start_run(
     actor: str | None,
     retry_of: str | None = None,
     input: str | None = None,
+    approval_kinds: tuple[str, ...] | list[str] = (),
 ) -> None:
     state = em.state
     from_checkpoint = context_ref == LATEST_CHECKPOINT_REF
@@ -595,6 +634,7 @@ def _start_run(
             retry_of=retry_of,
             from_checkpoint=from_checkpoint,
             input=input,
+            approval_kinds=list(approval_kinds),
         ),
     )
 
@@ -609,6 +649,7 @@ def _finish(
 ) -> None:
     """Give every pending input its fate, write the terminal event, then start the next
     waiting task, in order."""
+    _resolve_pending(em, "run_finished")
     run = em.state.active
     assert run is not None
     requeue: list[PendingInput] = []
@@ -665,29 +706,33 @@ def _finish(
             actor=nxt.actor,
             retry_of=nxt.retry_of,
             input=nxt.input_json,
+            approval_kinds=nxt.approval_kinds,
         )
 
 
 def _room_for(em: _Emitter, text: str, *, queue: bool, input: str | None = None) -> bool:
     """The bounds of what producers may make the session hold (a prompt's typed input is
     held text too); rejects `queue_full`."""
+    problem = _no_room(em, text, queue=queue, input=input)
+    if problem is not None:
+        em.reject("queue_full", problem)
+        return False
+    return True
+
+
+def _no_room(em: _Emitter, text: str, *, queue: bool, input: str | None = None) -> str | None:
+    """Why the session cannot hold this text (None: it can)."""
     state, cfg = em.state, em.config
     if queue and len(state.queue) >= cfg.max_queue:
-        em.reject("queue_full", f"{len(state.queue)} tasks waiting (maxQueue {cfg.max_queue})")
-        return False
+        return f"{len(state.queue)} tasks waiting (maxQueue {cfg.max_queue})"
     if not queue and state.active is not None and len(state.active.inputs) >= cfg.max_inputs:
-        em.reject(
-            "queue_full",
-            f"{len(state.active.inputs)} steers/follow-ups pending (maxInputs {cfg.max_inputs})",
-        )
-        return False
+        return f"{len(state.active.inputs)} steers/follow-ups pending (maxInputs {cfg.max_inputs})"
     held = state.held_bytes() + len(text.encode())
     if input is not None:
         held += len(input.encode())
     if held > cfg.max_held_bytes:
-        em.reject("queue_full", f"{held} bytes of text held > maxHeldBytes {cfg.max_held_bytes}")
-        return False
-    return True
+        return f"{held} bytes of text held > maxHeldBytes {cfg.max_held_bytes}"
+    return None
 
 
 def _enqueue(
@@ -700,6 +745,7 @@ def _enqueue(
     timeout_ms: int | None = None,
     retry_of: str | None = None,
     input: str | None = None,
+    approval_kinds: list[str] | None = None,
 ) -> bool:
     if not _room_for(em, text, queue=True, input=input):
         return False
@@ -717,12 +763,16 @@ def _enqueue(
             actor=em.cmd.actor,
             retry_of=retry_of,
             input=input,
+            approval_kinds=approval_kinds or [],
         ),
     )
     return True
 
 
 def _request_cancel(em: _Emitter, reason: str) -> None:
+    # every approval still waiting for a person is refused first: nothing of a run being
+    # cancelled may be approved later
+    _resolve_pending(em, "cancelling")
     run = em.state.active
     assert run is not None
     em.on_run(
@@ -761,6 +811,7 @@ def _prompt(em: _Emitter, cmd: Command) -> None:
             actor=cmd.actor,
             retry_of=p.retry_of,
             input=input,
+            approval_kinds=p.approval_kinds,
         )
     elif p.policy == "reject":
         reason: RejectionReason = (
@@ -776,8 +827,12 @@ def _prompt(em: _Emitter, cmd: Command) -> None:
             timeout_ms=p.timeout_ms,
             retry_of=p.retry_of,
             input=input,
+            approval_kinds=p.approval_kinds,
         )
     else:  # interrupt: queue in front, then cancel the active run
+        if run.status != "cancelling" and _no_room(em, p.text, queue=True, input=input) is None:
+            # the cancel's refusals of pending approvals come before all else it decides
+            _resolve_pending(em, "cancelling")
         queued = _enqueue(
             em,
             "prompt",
@@ -787,6 +842,7 @@ def _prompt(em: _Emitter, cmd: Command) -> None:
             timeout_ms=p.timeout_ms,
             retry_of=p.retry_of,
             input=input,
+            approval_kinds=p.approval_kinds,
         )
         if queued and run.status != "cancelling":
             _request_cancel(em, "interrupted")
@@ -923,6 +979,22 @@ def _timer(em: _Emitter, cmd: Command) -> None:
         )
         if run.status == "cancelling":
             _finish(em, "cancelled")
+    elif p.kind == "approval_expiry":
+        due = [(k, a) for k, a in run.pending_actions() if (a.expires_at or 0) <= now]
+        if not due:
+            em.reject("timer_stale", f"no pending approval has expired at {now}")
+            return
+        for key, a in due:
+            em.on_run(
+                "action.denied",
+                make(
+                    ActionDecision,
+                    idempotency_key=key,
+                    kind=a.kind,
+                    reason="approval_expired",
+                    detail=f"no decision by {a.expires_at}",
+                ),
+            )
     elif p.kind == "run_deadline":
         if run.timeout_at > now:
             em.reject("timer_stale", f"deadline {run.timeout_at} not reached at {now}")
@@ -937,6 +1009,7 @@ def _timer(em: _Emitter, cmd: Command) -> None:
             em.reject("timer_stale", f"run not cancelling or cancel deadline not reached at {now}")
             return
         if run.lease_owner is not None:
+            _resolve_pending(em, _LEASE_LOST)
             em.on_run(
                 "run.lease_expired",
                 make(LeaseExpired, worker_id=run.lease_owner, reason="cancel_deadline"),
@@ -948,7 +1021,9 @@ def _timer(em: _Emitter, cmd: Command) -> None:
 
 def _lose_lease(em: _Emitter, run: RunState, type_: str, payload: Payload) -> None:
     """The holder is gone (released or expired): the generation moves on, fencing it. A
-    compaction it had begun is abandoned, so the next holder finds the run `running`."""
+    compaction it had begun is abandoned, so the next holder finds the run `running`. Its
+    approvals still waiting are refused first (`lease_lost`): the next holder asks again."""
+    _resolve_pending(em, _LEASE_LOST)
     em.on_run(type_, payload, generation=run.generation + 1)
     if run.status == "compacting":
         em.on_run(
@@ -956,6 +1031,24 @@ def _lose_lease(em: _Emitter, run: RunState, type_: str, payload: Payload) -> No
             make(CompactionAbandoned, worker_id=run.lease_owner or "", reason="lease_lost"),
         )
     _close_open_calls(em, run)
+
+
+def _resolve_pending(em: _Emitter, reason: str) -> None:
+    """Every key of the active run still waiting for a person is denied, in the order the
+    keys were first asked: before anything else the cancel, the loss or the end decides."""
+    run = em.state.active
+    assert run is not None
+    for key, a in run.pending_actions():
+        em.on_run(
+            "action.denied",
+            make(
+                ActionDecision,
+                idempotency_key=key,
+                kind=a.kind,
+                reason=reason,
+                detail=f"pending approval resolved: {reason}",
+            ),
+        )
 
 
 def _close_open_calls(em: _Emitter, run: RunState) -> None:
@@ -1159,7 +1252,8 @@ def _compact_finish(em: _Emitter, cmd: Command, run: RunState) -> None:
 
 def _action_request(em: _Emitter, cmd: Command, run: RunState) -> None:
     p = cmd.payload_as(ActionRequestPayload)
-    first = run.actions.get(p.idempotency_key)
+    key = p.idempotency_key
+    first = run.actions.get(key)
     if (
         first is not None
         and run.status == "cancelling"
@@ -1169,53 +1263,137 @@ def _action_request(em: _Emitter, cmd: Command, run: RunState) -> None:
         # a worker retrying an approved action it has not finished (it crashed, or lost the
         # result) must not act once the run is being cancelled: the email that arrives
         # minutes after the user pressed stop is what the gate exists to prevent
-        em.on_run(
-            "action.denied",
-            make(
-                ActionDecision,
-                idempotency_key=p.idempotency_key,
-                kind=first.kind,
-                reason="cancelling",
-                detail="approved before the cancel; not retried",
-            ),
+        _deny(em, key, first.kind, "cancelling", "approved before the cancel; not retried")
+    elif first is not None and first.needed_approval and p.args_digest != first.args_digest:
+        # a person approved (or is asked to approve) these arguments, not others
+        _deny(
+            em,
+            key,
+            first.kind,
+            _DIGEST_MISMATCH,
+            f"argsDigest {p.args_digest!r} is not the key's {first.args_digest!r}",
         )
+    elif first is not None and first.decision == "denied" and first.reason == _LEASE_LOST:
+        _ask_again(em, run, key, first, p.detail)
     elif first is not None:
         em.on_run(
             "action.decision_replayed",
             make(
                 ActionDecisionReplayed,
-                idempotency_key=p.idempotency_key,
+                idempotency_key=key,
                 kind=first.kind,
                 decision=first.decision,
             ),
         )
     elif len(run.actions) >= em.config.max_actions:
-        em.on_run(
-            "action.denied",
-            make(
-                ActionDecision,
-                idempotency_key=p.idempotency_key,
-                kind=p.kind,
-                reason=_TOO_MANY_ACTIONS,
-                detail=f"the run has asked for {len(run.actions)} keys (maxActions)",
-            ),
+        _deny(
+            em,
+            key,
+            p.kind,
+            _TOO_MANY_ACTIONS,
+            f"the run has asked for {len(run.actions)} keys (maxActions)",
         )
     elif run.status == "running":
+        cfg = em.config
+        if needs_approval(cfg.approval_policy, em.state.tenant_id, p.kind, run.approval_kinds):
+            _pending(em, key, p.kind, p.args_digest, p.detail, em.now + cfg.approval_ttl_ms)
+        else:
+            em.on_run(
+                "action.approved",
+                make(ActionDecision, idempotency_key=key, kind=p.kind, detail=p.detail),
+            )
+    else:
+        _deny(em, key, p.kind, run.status, p.detail)
+
+
+def _ask_again(
+    em: _Emitter, run: RunState, key: str, first: ActionRecord, detail: str | None
+) -> None:
+    """The next holder asks for a key its predecessor was waiting on when it lost the
+    lease: pending again, for the new generation, within the same window (a takeover never
+    extends a person's time)."""
+    expires_at = first.expires_at or 0
+    if run.status != "running":
+        _deny(em, key, first.kind, run.status, detail)
+    elif em.now >= expires_at:
+        _deny(em, key, first.kind, "approval_expired", f"no decision by {expires_at}")
+    else:
+        _pending(em, key, first.kind, first.args_digest, detail, expires_at)
+
+
+def _pending(
+    em: _Emitter,
+    key: str,
+    kind: str,
+    args_digest: str | None,
+    detail: str | None,
+    expires_at: int,
+) -> None:
+    em.on_run(
+        "action.pending",
+        make(
+            ActionPending,
+            idempotency_key=key,
+            kind=kind,
+            args_digest=args_digest,
+            detail=detail,
+            expires_at=expires_at,
+        ),
+    )
+
+
+def _deny(
+    em: _Emitter,
+    key: str,
+    kind: str,
+    reason: str,
+    detail: str | None,
+    decided_by: str | None = None,
+) -> None:
+    em.on_run(
+        "action.denied",
+        make(
+            ActionDecision,
+            idempotency_key=key,
+            kind=kind,
+            reason=reason,
+            detail=detail,
+            decided_by=decided_by,
+        ),
+    )
+
+
+def _decide_action(em: _Emitter, cmd: Command) -> None:
+    """`action.approve` / `action.deny`: a person decides a key of the run the command
+    names (checked active already) that is waiting for them, for the request they saw."""
+    p = cmd.payload
+    assert isinstance(p, ActionApprovePayload | ActionDenyPayload)
+    run = em.state.active
+    assert run is not None
+    key = p.idempotency_key
+    rec = run.actions.get(key)
+    if rec is None:
+        em.reject("unknown_action", f"run {run.run_id} never asked for {key!r}")
+    elif rec.decision != "pending":
+        why = f"{rec.decision} ({rec.reason})" if rec.reason else rec.decision
+        em.reject("action_not_pending", f"{key!r} is {why}")
+    elif p.generation is not None and p.generation != rec.generation:
+        em.reject(
+            "approval_stale",
+            f"the pending request of {key!r} is generation {rec.generation}, not {p.generation}",
+        )
+    elif p.args_digest != rec.args_digest:
+        em.reject("digest_mismatch", f"argsDigest {p.args_digest!r} is not the pending request's")
+    elif em.now >= (rec.expires_at or 0):
+        # the state is the timer's to change: it denies every expired key at once
+        em.reject("approval_expired", f"the approval window closed at {rec.expires_at}")
+    elif isinstance(p, ActionApprovePayload):
         em.on_run(
             "action.approved",
-            make(ActionDecision, idempotency_key=p.idempotency_key, kind=p.kind, detail=p.detail),
+            make(ActionDecision, idempotency_key=key, kind=rec.kind, decided_by=cmd.actor),
         )
     else:
-        em.on_run(
-            "action.denied",
-            make(
-                ActionDecision,
-                idempotency_key=p.idempotency_key,
-                kind=p.kind,
-                reason=run.status,
-                detail=p.detail,
-            ),
-        )
+        _deny(em, key, rec.kind, "denied", p.reason, decided_by=cmd.actor)
 
 
 def _action_result(em: _Emitter, cmd: Command, run: RunState) -> None:
@@ -1261,6 +1439,9 @@ def _complete(em: _Emitter, cmd: Command, run: RunState) -> None:
         em.reject(reason, f"run.complete while {run.status}")
         return
     consumed = {*p.consumed_follow_ups, *p.consumed_steers}
+    if not any(i.kind == "follow_up" and i.source_command_id not in consumed for i in run.inputs):
+        # the run ends with this completion: its approvals still waiting go first
+        _resolve_pending(em, "run_finished")
     for i in run.inputs:
         if i.source_command_id in consumed:
             em.on_run(
@@ -1348,6 +1529,8 @@ _HANDLERS = {
     "steer": _steer,
     "follow_up": _follow_up,
     "abort": _abort,
+    "action.approve": _decide_action,
+    "action.deny": _decide_action,
     "timer.fired": _timer,
 }
 

@@ -61,6 +61,8 @@ class QueueEntry(_State, frozen=True, kw_only=True):
     #: a prompt's typed input, its compact JSON text (held as text: the decider never
     #: parses it)
     input_json: str | None = None
+    #: action kinds the prompt said need approval in its run (at most 16)
+    approval_kinds: tuple[str, ...] = ()
 
 
 class PendingInput(_State, frozen=True, kw_only=True):
@@ -75,11 +77,26 @@ class PendingInput(_State, frozen=True, kw_only=True):
 
 
 class ActionRecord(_State, frozen=True, kw_only=True):
-    """The gate's first decision for an idempotency key; never decided twice."""
+    """The gate's decision for an idempotency key; never decided twice. A key whose kind
+    needs approval is `pending` until a person decides, it expires, or the run's holder,
+    status or end resolves it; one denied `lease_lost` may be asked again by the next
+    holder (same digest, same `expires_at`)."""
 
     kind: str
-    decision: Literal["approved", "denied"]
+    decision: Literal["approved", "denied", "pending"]
     completed: bool = False
+    #: keys that needed approval: the arguments' digest asked for, and when the person's
+    #: window closes (None: the key needed no approval)
+    args_digest: str | None = None
+    expires_at: int | None = None
+    #: the generation whose request is (or was last) pending
+    generation: int | None = None
+    #: a denial's reason (`lease_lost`: the next holder may ask again)
+    reason: str | None = None
+
+    @property
+    def needed_approval(self) -> bool:
+        return self.expires_at is not None
 
 
 class StepRecord(_State, frozen=True, kw_only=True):
@@ -144,6 +161,8 @@ class RunState(_State, frozen=True, kw_only=True):
     #: the prompt's typed input, compact JSON text, handed to every holder (not one of
     #: the pending `inputs`: those are steers and follow-ups)
     input_json: str | None = None
+    #: action kinds the run's prompt said need approval (at most 16)
+    approval_kinds: tuple[str, ...] = ()
 
     def step(self, step_id: str) -> StepRecord | None:
         for st in self.steps:
@@ -156,6 +175,10 @@ class RunState(_State, frozen=True, kw_only=True):
             if i.source_command_id == source_command_id:
                 return i
         return None
+
+    def pending_actions(self) -> list[tuple[str, ActionRecord]]:
+        """Keys waiting for a person, in the order they were first asked."""
+        return [(k, r) for k, r in self.actions.items() if r.decision == "pending"]
 
 
 class FinishedRun(_State, frozen=True, kw_only=True):

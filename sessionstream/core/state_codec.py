@@ -4,10 +4,12 @@ The state table (`session.state` and the processor's local store) holds one reco
 session, written on every batch that changes the session. The record is MessagePack
 (msgspec) of the state's fields **by position**, behind a one-byte format tag:
 
-    0x04 | msgpack [session_id, tenant_id, active, queue, log_seq, runs_started, clock,
+    0x05 | msgpack [session_id, tenant_id, active, queue, log_seq, runs_started, clock,
                     finished, last_checkpoint]
 
-(Still read: 0x03, the same without the typed `input` at the end of the active run and of
+(Still read: 0x04, the same without approvals: each action key's digest, expiry,
+generation and reason, and the approval kinds of the active run and of each queued task;
+0x03, the same without the typed `input` at the end of the active run and of
 each queued task; 0x02, also without the active run's `actor`; 0x01, also without the
 fields durable steps added: the active run's `checkpoint_ref`, `steps` and `open_calls`,
 and the session's `last_checkpoint`.)
@@ -47,6 +49,7 @@ __all__ = [
     "FORMAT_V2",
     "FORMAT_V3",
     "FORMAT_V4",
+    "FORMAT_V5",
     "STATE_FIELDS",
     "decode_if_active",
     "decode_state",
@@ -61,8 +64,13 @@ FORMAT_V2: Final = 0x02
 FORMAT_V3: Final = 0x03
 #: v3 + the typed input of the active run and of each queued task
 FORMAT_V4: Final = 0x04
-_TAG: Final = bytes([FORMAT_V4])
-_READABLE: Final = frozenset({bytes([FORMAT_V1]), bytes([FORMAT_V2]), bytes([FORMAT_V3]), _TAG})
+#: v4 + approvals: each action record's digest, expiry, generation and reason; the approval
+#: kinds of the active run and of each queued task
+FORMAT_V5: Final = 0x05
+_TAG: Final = bytes([FORMAT_V5])
+_READABLE: Final = frozenset(
+    {bytes([FORMAT_V1]), bytes([FORMAT_V2]), bytes([FORMAT_V3]), bytes([FORMAT_V4]), _TAG}
+)
 
 #: the fields each tuple holds, in order: what a unit test holds the models to
 STATE_FIELDS: Final[dict[type, tuple[str, ...]]] = {
@@ -99,6 +107,7 @@ STATE_FIELDS: Final[dict[type, tuple[str, ...]]] = {
         "open_calls",
         "actor",
         "input_json",
+        "approval_kinds",
     ),
     OpenCall: ("kind", "name", "call_id"),
     StepRecord: (
@@ -110,7 +119,15 @@ STATE_FIELDS: Final[dict[type, tuple[str, ...]]] = {
         "result_ref",
         "generation",
     ),
-    ActionRecord: ("kind", "decision", "completed"),
+    ActionRecord: (
+        "kind",
+        "decision",
+        "completed",
+        "args_digest",
+        "expires_at",
+        "generation",
+        "reason",
+    ),
     PendingInput: ("source_command_id", "kind", "text", "on_run_end", "actor"),
     QueueEntry: (
         "source_command_id",
@@ -121,6 +138,7 @@ STATE_FIELDS: Final[dict[type, tuple[str, ...]]] = {
         "actor",
         "retry_of",
         "input_json",
+        "approval_kinds",
     ),
     FinishedRun: ("run_id", "status", "generation", "retryable"),
 }
@@ -190,7 +208,19 @@ def encode_state(state: SessionState) -> bytes:
             a.prompt,
             a.context_ref,
             a.source_command_id,
-            [(k, r.kind, _DECISION_I[r.decision], r.completed) for k, r in a.actions.items()],
+            [
+                (
+                    k,
+                    r.kind,
+                    _DECISION_I[r.decision],
+                    r.completed,
+                    r.args_digest,
+                    r.expires_at,
+                    r.generation,
+                    r.reason,
+                )
+                for k, r in a.actions.items()
+            ],
             [
                 (
                     i.source_command_id,
@@ -217,6 +247,7 @@ def encode_state(state: SessionState) -> bytes:
             [(_CALL_KIND_I[c.kind], c.name, c.call_id) for c in a.open_calls],
             a.actor,
             a.input_json,
+            a.approval_kinds,
         )
     return _TAG + _encoder.encode(
         (
@@ -233,6 +264,7 @@ def encode_state(state: SessionState) -> bytes:
                     q.actor,
                     q.retry_of,
                     q.input_json,
+                    q.approval_kinds,
                 )
                 for q in state.queue
             ],
@@ -301,6 +333,8 @@ def _session(t: list[Any]) -> SessionState:
                 retry_of=q[6],
                 # a task queued before format 4 has no input
                 input_json=q[7] if len(q) > 7 else None,
+                # nor approval kinds before format 5
+                approval_kinds=tuple(q[8]) if len(q) > 8 else (),
             )
             for q in queue
         ),
@@ -331,9 +365,7 @@ def _run(a: list[Any]) -> RunState:
         prompt=a[11],
         context_ref=a[12],
         source_command_id=a[13],
-        actions={
-            r[0]: ActionRecord(kind=r[1], decision=_DECISION[r[2]], completed=r[3]) for r in a[14]
-        },
+        actions={r[0]: _action(r) for r in a[14]},
         inputs=tuple(
             PendingInput(
                 source_command_id=i[0],
@@ -366,4 +398,20 @@ def _run(a: list[Any]) -> RunState:
         actor=a[19] if len(a) > 19 else None,
         # a v1, v2 or v3 record's run ends before it: no input
         input_json=a[20] if len(a) > 20 else None,
+        # a record before format 5: no approval kinds
+        approval_kinds=tuple(a[21]) if len(a) > 21 else (),
+    )
+
+
+def _action(r: list[Any]) -> ActionRecord:
+    if len(r) == 4:  # before format 5: no approvals
+        return ActionRecord(kind=r[1], decision=_DECISION[r[2]], completed=r[3])
+    return ActionRecord(
+        kind=r[1],
+        decision=_DECISION[r[2]],
+        completed=r[3],
+        args_digest=r[4],
+        expires_at=r[5],
+        generation=r[6],
+        reason=r[7],
     )

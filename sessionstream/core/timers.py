@@ -34,6 +34,11 @@ def due_timers(state: SessionState) -> list[DueTimer]:
         out.append(DueTimer(run.lease_expires_at, "lease_expiry", run.run_id, run.generation))
     if run.status == "cancelling" and run.cancel_deadline_at is not None:
         out.append(DueTimer(run.cancel_deadline_at, "cancel_deadline", run.run_id, run.generation))
+    # the earliest window of an approval waiting for a person: one timer denies every
+    # key expired by then, the next one is set for the next window
+    waits = [a.expires_at for _k, a in run.pending_actions() if a.expires_at is not None]
+    if waits:
+        out.append(DueTimer(min(waits), "approval_expiry", run.run_id, run.generation))
     return sorted(out)
 
 

@@ -27,14 +27,19 @@ __all__ = [
     "COMMAND_CLASSES",
     "COMMAND_PAYLOADS",
     "LATEST_CHECKPOINT_REF",
+    "MAX_APPROVAL_KINDS",
+    "MAX_DENY_REASON_CHARS",
     "MAX_ID_CHARS",
     "MAX_INPUT_DEPTH",
     "MAX_REF_CHARS",
     "MAX_WIRE_INT",
     "PRODUCER_COMMAND_TYPES",
+    "RUN_SCOPED_PRODUCER_TYPES",
     "TIMER_COMMAND_TYPES",
     "WORKER_COMMAND_TYPES",
     "AbortPayload",
+    "ActionApprovePayload",
+    "ActionDenyPayload",
     "ActionRequestPayload",
     "ActionResultPayload",
     "CancelAckPayload",
@@ -78,6 +83,12 @@ LATEST_CHECKPOINT_REF: Final = "sessionstream:checkpoint/latest"
 #: exactly, and small enough that `ts + leaseMs` and the like stay an Avro `long`
 MAX_WIRE_INT: Final = 2**53 - 1
 
+#: longest reason a person gives when denying an action
+MAX_DENY_REASON_CHARS: Final = 500
+
+#: how many action kinds a prompt may add to its run's approval policy
+MAX_APPROVAL_KINDS: Final = 16
+
 #: how deeply a prompt's input may nest objects and arrays inside each other
 MAX_INPUT_DEPTH: Final = 64
 
@@ -114,8 +125,12 @@ def _absent(value: object) -> bool:
     return value is None
 
 
+def _empty(value: object) -> bool:
+    return not value
+
+
 PromptPolicy = Literal["reject", "enqueue", "interrupt"]
-TimerKind = Literal["lease_expiry", "run_deadline", "cancel_deadline"]
+TimerKind = Literal["lease_expiry", "run_deadline", "cancel_deadline", "approval_expiry"]
 #: a durable step: a model call or a tool call
 StepKind = Literal["model", "tool"]
 ProgressKind = Literal[
@@ -142,6 +157,18 @@ class PromptPayload(Payload):
     #: left out of the payload's JSON when null, so the digest of every prompt decided
     #: before the field existed stays what it was (a re-send is still a duplicate)
     input: JsonInput = Field(default=None, exclude_if=_absent)
+    #: action kinds this run's actions need a person's approval for, on top of the
+    #: settings' (`*`: every kind); left out of the payload's JSON when empty (digests)
+    approval_kinds: list[str] = Field(
+        default_factory=list, max_length=MAX_APPROVAL_KINDS, exclude_if=_empty
+    )
+
+    @model_validator(mode="after")
+    def _kinds_are_names(self) -> PromptPayload:
+        for k in self.approval_kinds:
+            if not 1 <= len(k) <= MAX_ID_CHARS:
+                raise ValueError(f"an approval kind is 1-{MAX_ID_CHARS} characters")
+        return self
 
 
 class SteerPayload(Payload):
@@ -237,11 +264,34 @@ class RunProgressPayload(Payload):
 
 
 class ActionRequestPayload(Payload):
-    """Ask the gate for permission to perform an external action (email, write, ...)."""
+    """Ask the gate for permission to perform an external action (email, write, ...).
+    `argsDigest` names the action's arguments (the SDK: `sha256:` + hex of their canonical
+    JSON): what a person approves, and what a repeat of the key must carry again."""
 
     idempotency_key: str = Field(min_length=1, max_length=MAX_ID_CHARS)
     kind: str = Field(max_length=MAX_ID_CHARS)
     detail: str | None = None
+    #: left out of the payload's JSON when null, so requests decided before the field
+    #: existed digest as they did
+    args_digest: str | None = Field(default=None, max_length=MAX_ID_CHARS, exclude_if=_absent)
+
+
+class ActionApprovePayload(Payload):
+    """A person approves a pending action of the run the envelope names: the key and the
+    digest of the arguments they saw; `generation`, when given, the request's generation."""
+
+    idempotency_key: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    args_digest: str | None = Field(default=None, max_length=MAX_ID_CHARS)
+    generation: int | None = Field(default=None, ge=1, le=MAX_WIRE_INT)
+
+
+class ActionDenyPayload(Payload):
+    """A person denies a pending action; `reason` is theirs, in their words."""
+
+    idempotency_key: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    args_digest: str | None = Field(default=None, max_length=MAX_ID_CHARS)
+    generation: int | None = Field(default=None, ge=1, le=MAX_WIRE_INT)
+    reason: str | None = Field(default=None, max_length=MAX_DENY_REASON_CHARS)
 
 
 class ActionResultPayload(Payload):
@@ -312,6 +362,8 @@ CommandType = Literal[
     "follow_up",
     "send",
     "abort",
+    "action.approve",
+    "action.deny",
     "compact.start",
     "compact.finish",
     "lease.acquire",
@@ -334,6 +386,8 @@ COMMAND_PAYLOADS: Final[dict[str, type[Payload]]] = {
     "follow_up": FollowUpPayload,
     "send": SendPayload,
     "abort": AbortPayload,
+    "action.approve": ActionApprovePayload,
+    "action.deny": ActionDenyPayload,
     "compact.start": CompactStartPayload,
     "compact.finish": CompactFinishPayload,
     "lease.acquire": LeaseAcquirePayload,
@@ -352,8 +406,12 @@ COMMAND_PAYLOADS: Final[dict[str, type[Payload]]] = {
 #: commands written by producers (UI, scheduler, gateway, ...); `runId` on one of these names
 #: the run it is meant for, and it is rejected `run_not_active` if that run is not active
 PRODUCER_COMMAND_TYPES: Final[frozenset[str]] = frozenset(
-    {"prompt", "steer", "follow_up", "send", "abort"}
+    {"prompt", "steer", "follow_up", "send", "abort", "action.approve", "action.deny"}
 )
+
+#: producer commands that act on one run only: without `runId` they are refused (dead
+#: letter `schema_violation`), since a person decides an action they saw on a run
+RUN_SCOPED_PRODUCER_TYPES: Final[frozenset[str]] = frozenset({"action.approve", "action.deny"})
 
 #: commands written by the worker that holds (or asks for) a run's lease
 WORKER_COMMAND_TYPES: Final[frozenset[str]] = frozenset(
@@ -488,6 +546,8 @@ class Command(WireModel):
             problem = session_id_problem(self.tenant_id, self.session_id)
             if problem is not None:
                 raise ValueError(problem)
+            if self.type in RUN_SCOPED_PRODUCER_TYPES and not self.run_id:
+                raise ValueError(f"{self.type} needs runId: the run whose action it decides")
         elif self.type in WORKER_COMMAND_TYPES:
             if not self.run_id or not self.worker_id:
                 raise ValueError(f"{self.type} needs runId and workerId")

@@ -28,6 +28,7 @@ __all__ = [
     "ActionCompleted",
     "ActionDecision",
     "ActionDecisionReplayed",
+    "ActionPending",
     "CancelAcknowledged",
     "CancelRequested",
     "CommandRejected",
@@ -104,6 +105,10 @@ RejectionReason = Literal[
     "step_already_recorded",
     "step_too_large",
     "too_many_steps",
+    "action_not_pending",
+    "approval_stale",
+    "digest_mismatch",
+    "approval_expired",
 ]
 REJECTION_REASONS: Final[frozenset[str]] = frozenset(get_args(RejectionReason))
 
@@ -123,6 +128,8 @@ class RunStarted(Payload):
     #: the task asked for the session's latest checkpoint (`contextRef` is what it was)
     from_checkpoint: bool = False
     input: str | None = None
+    #: action kinds the prompt said need approval in this run (beyond the settings')
+    approval_kinds: list[str] = Field(default_factory=list)
 
 
 class RunQueued(Payload):
@@ -139,6 +146,7 @@ class RunQueued(Payload):
     actor: str | None = None
     retry_of: str | None = None
     input: str | None = None
+    approval_kinds: list[str] = Field(default_factory=list)
 
 
 class LeaseGranted(Payload):
@@ -304,20 +312,34 @@ class CompactionAbandoned(Payload):
 
 
 class ActionDecision(Payload):
-    """action.approved / action.denied."""
+    """action.approved / action.denied. `decidedBy` is the person (the approving or
+    denying command's actor) when one decided; null when the gate did."""
 
     idempotency_key: str
     kind: str
     reason: str | None = None
     detail: str | None = None
+    decided_by: str | None = None
 
 
-class ActionDecisionReplayed(Payload):
-    """A repeated idempotency key: the first decision, again — never a second approval."""
+class ActionPending(Payload):
+    """The action's kind needs a person: it waits for `action.approve` / `action.deny`
+    until `expiresAt` (the decider's clock). `argsDigest` is what the person approves."""
 
     idempotency_key: str
     kind: str
-    decision: Literal["approved", "denied"]
+    args_digest: str | None = None
+    detail: str | None = None
+    expires_at: int
+
+
+class ActionDecisionReplayed(Payload):
+    """A repeated idempotency key: the first decision, again — never a second approval
+    (`pending`: still waiting for a person)."""
+
+    idempotency_key: str
+    kind: str
+    decision: Literal["approved", "denied", "pending"]
 
 
 class ActionCompleted(Payload):
@@ -399,6 +421,7 @@ EventType = Literal[
     "run.compaction_abandoned",
     "action.approved",
     "action.denied",
+    "action.pending",
     "action.decision_replayed",
     "action.completed",
     "run.cancel_requested",
@@ -438,6 +461,7 @@ EVENT_PAYLOADS: Final[dict[str, type[Payload]]] = {
     "run.compaction_abandoned": CompactionAbandoned,
     "action.approved": ActionDecision,
     "action.denied": ActionDecision,
+    "action.pending": ActionPending,
     "action.decision_replayed": ActionDecisionReplayed,
     "action.completed": ActionCompleted,
     "run.cancel_requested": CancelRequested,

@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
+from sessionstream.core.approvals import parse_approval_kinds
 from sessionstream.settings._base import LIBRDKAFKA_DEBUG_CONTEXTS, Part, check_instance_id
 
 
@@ -256,6 +257,22 @@ class LimitSettings(Part):
     max_lease_ms: int = Field(default=300_000, ge=1000)
     """Longest lease the processor grants; a worker asking for more gets this much, and the
     grant says it was capped. A dead holder blocks a takeover at most this long."""
+
+    approval_kinds: str = ""
+    """Action kinds that wait for a person's approval at the gate: comma-separated ``kind``
+    (every tenant) or ``tenant:kind`` entries, ``*`` a wildcard on either side (e.g.
+    ``send_email,acme:payment``). Empty: none (a prompt may still add kinds for its run).
+    Part of the decider's input: changing it changes what a replay decides."""
+
+    approval_ttl_ms: int = Field(default=900_000, ge=1000)
+    """How long a pending approval waits for a person, by the log's clock; then it is denied
+    ``approval_expired``."""
+
+    @field_validator("approval_kinds")
+    @classmethod
+    def _approval_kinds(cls, value: str) -> str:
+        parse_approval_kinds(value)  # raises on an entry without a tenant or a kind
+        return value
 
 
 class SinkSettings(Part):

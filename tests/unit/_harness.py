@@ -45,6 +45,13 @@ TENANT = "acme"
 T0 = 1_000_000
 
 
+#: denials the approval rules give, shown with their reason (the gate's own keep the
+#: plain token they always had)
+_APPROVAL_DENIALS = frozenset(
+    {"denied", "approval_expired", "lease_lost", "digest_mismatch", "run_finished_pending"}
+)
+
+
 def token(e: Event) -> str:
     """A readable summary of one event: its type, plus the detail a transition is about."""
     p: Any = e.payload
@@ -58,6 +65,8 @@ def token(e: Event) -> str:
         return f"run.lease_expired:{p.reason}"
     if e.type == "action.decision_replayed":
         return f"action.decision_replayed:{p.decision}"
+    if e.type == "action.denied" and p.reason in _APPROVAL_DENIALS:
+        return f"action.denied:{p.reason}"
     return e.type
 
 
@@ -167,6 +176,33 @@ class Harness:
 
     def abort(self, reason: str = "user") -> list[Event]:
         return self.do("abort", {"reason": reason})
+
+    def approve(
+        self,
+        key: str = "k1",
+        digest: str | None = "sha256:aa",
+        *,
+        generation: int | None = None,
+        actor: str = "user:bo",
+        **kw: Any,
+    ) -> list[Event]:
+        """A person approves the key on the active (or last) run."""
+        payload = {"idempotency_key": key, "args_digest": digest, "generation": generation}
+        kw.setdefault("run_id", self.state.active.run_id if self.state.active else self.last_run)
+        return self.do("action.approve", payload, actor=actor, **kw)
+
+    def deny(
+        self,
+        key: str = "k1",
+        digest: str | None = "sha256:aa",
+        *,
+        reason: str | None = "not now",
+        actor: str = "user:bo",
+        **kw: Any,
+    ) -> list[Event]:
+        payload = {"idempotency_key": key, "args_digest": digest, "reason": reason}
+        kw.setdefault("run_id", self.state.active.run_id if self.state.active else self.last_run)
+        return self.do("action.deny", payload, actor=actor, **kw)
 
     # -- workers --------------------------------------------------------------------------------
     def acquire(self, worker: str = "w1", lease_ms: int = 30_000) -> list[Event]:

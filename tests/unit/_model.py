@@ -34,7 +34,19 @@ would and fails on anything the protocol forbids:
   checkpoint (`fromCheckpoint`) and did not get it as its `contextRef`;
 - a model request, tool call or sub-task (with a call id) left open by a holder that lost
   the lease and not closed right after the loss (after a compaction's abandonment), in
-  start order, as `abandoned: lease_lost` by that holder.
+  start order, as `abandoned: lease_lost` by that holder;
+- approvals (docs/protocol.md#approvals, and the feature's own text): an action waits for a person
+  (`action.pending`) only while the run is `running` and held, and its window ends after
+  it was asked; a pending key is decided at most once, by a person before its window
+  closes (`action.approved` / `action.denied {denied}`) or by the window's end
+  (`approval_expired`, not before), or is resolved by a cancel (`cancelling`), a lease
+  loss (`lease_lost`) or the run's end (`run_finished`) — every pending key, **first**, in
+  the same decision, before anything else it decides; nothing of the run is pending after
+  a cancel, a loss or the end; a person's decision belongs to the pending request's
+  generation; a key denied `lease_lost` is asked again only by a later generation, for the
+  same kind and digest and with the same window (a takeover never extends it), never
+  approved a second time; an action completed without an approval, or one that needed a
+  person completed without a person's approval.
 """
 
 from __future__ import annotations
@@ -83,6 +95,8 @@ class Bounds:
     max_run_step_bytes: int | None = None
     #: calls tracked open per run (beyond it a started call is not closed on a loss)
     max_open_calls: int | None = None
+    #: how long a pending approval waits for a person
+    approval_ttl_ms: int | None = None
 
 
 def _size(text: str) -> int:
@@ -109,6 +123,27 @@ def _input_of(p: dict[str, Any]) -> str | None:
         assert isinstance(text, str), f"input {text!r} is not JSON text"
         json.loads(text)  # raises if it is not JSON
     return text
+
+
+@dataclass
+class Approval:
+    """A key that waited (or waits) for a person."""
+
+    kind: str
+    digest: str | None
+    expires_at: int
+    generation: int
+    state: str = "pending"  # pending | approved | denied
+    reason: str | None = None
+
+
+#: what resolves every pending approval, and the reason it gives them
+RESOLVERS = {
+    "run.cancel_requested": "cancelling",
+    "run.lease_released": "lease_lost",
+    "run.lease_expired": "lease_lost",
+    "run.finished": "run_finished",
+}
 
 
 @dataclass
@@ -146,6 +181,13 @@ class RunModel:
     #: after a lease loss: the calls still to be closed as abandoned, and by whom
     to_close: list[tuple[str, str]] = field(default_factory=list)
     lost_holder: str | None = None
+    #: keys the gate (or a person) approved
+    approved: set[str] = field(default_factory=set)
+    #: keys that waited for a person
+    approvals: dict[str, Approval] = field(default_factory=dict)
+
+    def pending_keys(self) -> list[str]:
+        return [k for k, a in self.approvals.items() if a.state == "pending"]
 
 
 class LogModel:
@@ -170,6 +212,7 @@ class LogModel:
         """One command's events; with the `command` itself, also what its events must
         carry of it."""
         self.rounds(events)
+        self.resolution_first(events)
         for e in events:
             self.event(e)
         if command is not None:
@@ -194,6 +237,32 @@ class LogModel:
             assert (text is None) == (want is None) and got == want, (
                 f"{e.type} carries the input {text!r}, the prompt had {want!r}"
             )
+            kinds = command.payload.model_dump().get("approval_kinds", [])
+            assert p["approval_kinds"] == kinds, (
+                f"{e.type} carries the approval kinds {p['approval_kinds']}, the prompt {kinds}"
+            )
+
+    def resolution_first(self, events: list[Event]) -> None:
+        """A cancel, a lease loss or the run's end denies every pending approval of the
+        run first: the decision's first events are those denials, with that reason."""
+        run = self.active
+        pending = run.pending_keys() if run is not None else []
+        if run is None or not pending:
+            return
+        ends = [e.type for e in events if e.run_id == run.run_id and e.type in RESOLVERS]
+        if not ends:
+            return
+        head = events[: len(pending)]
+        assert [e.type for e in head] == ["action.denied"] * len(pending), (
+            f"{ends[0]} with approvals pending, not denied first: {[e.type for e in events]}"
+        )
+        got = [
+            (e.payload.model_dump()["idempotency_key"], e.payload.model_dump()["reason"])
+            for e in head
+        ]
+        assert got == [(k, RESOLVERS[ends[0]]) for k in pending], (
+            f"pending approvals resolved as {got} by {ends[0]}"
+        )
 
     @staticmethod
     def rounds(events: list[Event]) -> None:
@@ -329,6 +398,8 @@ class LogModel:
                 run.open_calls.remove(key)
         if t in ("run.compaction_started", "run.cancel_acknowledged", "action.approved"):
             assert run.holder is not None, f"{t} without a holder"
+        if t in RESOLVERS:
+            assert not run.pending_keys(), f"{t} with approvals still pending"
         if t in ("run.lease_granted", "run.lease_renewed"):
             self.lease(run, e, p)
         elif lost:
@@ -346,17 +417,44 @@ class LogModel:
                     "compaction abandoned without the lease being lost"
                 )
             run.status = after
+        elif t == "action.pending":
+            self.pending(run, e, p)
         elif t in ("action.approved", "action.denied"):
             key = p["idempotency_key"]
-            refusal = t == "action.denied" and (
-                run.status == "cancelling" or p["reason"] == "too_many_actions"
-            )
-            assert refusal or key not in run.decided, "an idempotency key decided twice"
-            assert (t == "action.approved") == (run.status == "running") or refusal
-            if p["reason"] != "too_many_actions":
-                run.decided.add(key)
+            a = run.approvals.get(key)
+            if p["reason"] == "digest_mismatch":
+                # a repeat with other arguments: refused, and the key keeps its record
+                assert t == "action.denied" and key in run.decided, "other arguments, no key"
+            elif a is not None and a.state == "pending":
+                self.resolve(run, e, p, a)
+            elif a is not None and a.reason == "lease_lost" and t == "action.denied":
+                # the next holder asked again: refused (not running, or the window closed)
+                assert p["reason"] in ("compacting", "cancelling", "approval_expired")
+                if p["reason"] == "approval_expired":
+                    assert e.ts >= a.expires_at, "expired before its window closed"
+                a.reason = p["reason"]
+            else:
+                refusal = t == "action.denied" and (
+                    run.status == "cancelling" or p["reason"] == "too_many_actions"
+                )
+                assert refusal or key not in run.decided, "an idempotency key decided twice"
+                assert (t == "action.approved") == (run.status == "running") or refusal
+                if p["reason"] != "too_many_actions":
+                    run.decided.add(key)
+                if t == "action.approved":
+                    run.approved.add(key)
         elif t == "action.decision_replayed":
-            assert p["idempotency_key"] in run.decided
+            key = p["idempotency_key"]
+            assert key in run.decided
+            a = run.approvals.get(key)
+            if p["decision"] == "pending":
+                assert a is not None and a.state == "pending", "replayed a wait that is over"
+                assert a.generation == e.generation
+        elif t == "action.completed":
+            key = p["idempotency_key"]
+            assert key in run.approved, f"action {key} completed without an approval"
+            a = run.approvals.get(key)
+            assert a is None or a.state == "approved", f"{key} ran without a person's approval"
         elif t in ("run.steered", "run.follow_up_queued"):
             assert run.status != "cancelling", f"{t} while cancelling"
             src = p["source_command_id"] or e.command_id
@@ -393,6 +491,55 @@ class LogModel:
         elif t == "run.finished":
             self.finish(run, e, p)
         run.last = t
+
+    def pending(self, run: RunModel, e: Event, p: dict[str, Any]) -> None:
+        """An action waits for a person: asked while running, by the holder; or asked again
+        by a later holder after a lease loss, for the same thing, in the same window."""
+        assert run.status == "running" and run.holder is not None, (
+            f"an approval asked for while {run.status}, held by {run.holder}"
+        )
+        key = p["idempotency_key"]
+        assert p["expires_at"] > e.ts, "a pending approval whose window is already closed"
+        a = run.approvals.get(key)
+        if a is None:
+            assert key not in run.decided, f"{key} was decided before it waited"
+            ttl = self.bounds.approval_ttl_ms
+            if ttl is not None:
+                assert p["expires_at"] == e.ts + ttl, "the window is not counted from now"
+            run.approvals[key] = Approval(
+                p["kind"], p["args_digest"], p["expires_at"], e.generation
+            )
+            run.decided.add(key)
+            return
+        assert a.state == "denied" and a.reason == "lease_lost", (
+            f"{key} asked of a person again after it was {a.state} ({a.reason})"
+        )
+        assert e.generation > a.generation, "asked again by the generation that lost it"
+        assert (p["kind"], p["args_digest"], p["expires_at"]) == (a.kind, a.digest, a.expires_at), (
+            "a takeover asked for another action, or extended the person's window"
+        )
+        a.state, a.reason, a.generation = "pending", None, e.generation
+
+    @staticmethod
+    def resolve(run: RunModel, e: Event, p: dict[str, Any], a: Approval) -> None:
+        """A pending key's one decision."""
+        key = p["idempotency_key"]
+        assert e.generation == a.generation, "decided for another generation's request"
+        if e.type == "action.approved":
+            assert run.status in ("running", "compacting"), f"approved while {run.status}"
+            assert e.ts < a.expires_at, "approved after its window closed"
+            a.state = "approved"
+            run.approved.add(key)
+            return
+        reason = p["reason"]
+        if reason == "denied":
+            assert e.ts < a.expires_at, "a person's denial after the window closed"
+        elif reason == "approval_expired":
+            assert e.ts >= a.expires_at, "expired before its window closed"
+        else:
+            # the cancel's, the loss's or the end's: checked to come first (resolution_first)
+            assert reason in ("cancelling", "lease_lost", "run_finished"), reason
+        a.state, a.reason = "denied", reason
 
     def step_recorded(self, run: RunModel, e: Event, p: dict[str, Any]) -> None:
         """Only the holder of the current generation records, each step id once, within

@@ -11,6 +11,7 @@ from sessionstream.schemas.events import (
     ActionCompleted,
     ActionDecision,
     ActionDecisionReplayed,
+    ActionPending,
     CancelAcknowledged,
     CancelRequested,
     CommandRejected,
@@ -52,6 +53,7 @@ _COMMANDS: dict[str, tuple[dict[str, Any], bool]] = {
             "timeout_ms": 5_000,
             "retry_of": "r-0",
             "input": {"to": "LIS", "nights": 3, "flex": [1.5, None, True], "note": "é"},
+            "approval_kinds": ["payment", "*"],
         },
         False,
     ),
@@ -62,6 +64,14 @@ _COMMANDS: dict[str, tuple[dict[str, Any], bool]] = {
     ),
     "send": ({"text": "hi", "context_ref": "ctx://2", "timeout_ms": 9_000}, False),
     "abort": ({"reason": "deadline"}, False),
+    "action.approve": (
+        {"idempotency_key": "k-1", "args_digest": "sha256:ab", "generation": 2},
+        False,
+    ),
+    "action.deny": (
+        {"idempotency_key": "k-1", "args_digest": "sha256:ab", "reason": "not this one"},
+        False,
+    ),
     "compact.start": ({}, True),
     "compact.finish": ({"checkpoint_uri": "s3://ck/1", "tokens": 1234}, True),
     "lease.acquire": ({"lease_ms": 1_000}, True),
@@ -71,7 +81,10 @@ _COMMANDS: dict[str, tuple[dict[str, Any], bool]] = {
         {"kind": "tool.started", "name": "web", "call_id": "call-1", "detail": "q=x"},
         True,
     ),
-    "action.request": ({"idempotency_key": "k-1", "kind": "email", "detail": "to bob"}, True),
+    "action.request": (
+        {"idempotency_key": "k-1", "kind": "email", "detail": "to bob", "args_digest": "sha256:ab"},
+        True,
+    ),
     "action.result": ({"idempotency_key": "k-1", "ok": False, "result": "bounced"}, True),
     "cancel.ack": (
         {
@@ -108,6 +121,8 @@ def command(type_: str) -> Command:
     extra: dict[str, Any] = dict(_WORKER) if worker else {}
     if type_ == "timer.fired":
         extra = {"run_id": "r-1", "generation": 2}
+    if type_ in ("action.approve", "action.deny"):
+        extra = {"run_id": "r-1"}
     return Command(
         command_id=f"cmd-{type_}",
         session_id="s-1",
@@ -123,7 +138,9 @@ def command(type_: str) -> Command:
 COMMAND_TYPES = sorted(_COMMANDS)
 
 _PROGRESS = Progress(worker_id="w-1", name="web", call_id="call-1", detail="q=x")
-_DECISION = ActionDecision(idempotency_key="k-1", kind="email", reason="cancelling", detail="d")
+_DECISION = ActionDecision(
+    idempotency_key="k-1", kind="email", reason="denied", detail="d", decided_by="user:bo"
+)
 _PAYLOADS: dict[type[Payload], Payload] = {
     RunStarted: RunStarted(
         prompt="p",
@@ -135,6 +152,7 @@ _PAYLOADS: dict[type[Payload], Payload] = {
         retry_of="r-0",
         from_checkpoint=True,
         input='{"to":"LIS"}',
+        approval_kinds=["payment"],
     ),
     RunQueued: RunQueued(
         source_command_id="c-2",
@@ -146,6 +164,7 @@ _PAYLOADS: dict[type[Payload], Payload] = {
         actor="user:bo",
         retry_of="r-9",
         input="[1,2]",
+        approval_kinds=["*"],
     ),
     LeaseGranted: LeaseGranted(
         worker_id="w-1",
@@ -178,6 +197,9 @@ _PAYLOADS: dict[type[Payload], Payload] = {
     CompactionFinished: CompactionFinished(uri="s3://ck/1"),
     CompactionAbandoned: CompactionAbandoned(worker_id="w-1", reason="lease_lost"),
     ActionDecision: _DECISION,
+    ActionPending: ActionPending(
+        idempotency_key="k-1", kind="payment", args_digest="sha256:ab", detail="d", expires_at=9
+    ),
     ActionDecisionReplayed: ActionDecisionReplayed(
         idempotency_key="k", kind="e", decision="denied"
     ),

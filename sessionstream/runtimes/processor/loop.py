@@ -73,6 +73,7 @@ from sessionstream.adapters.kafka.transactions import (
 )
 from sessionstream.adapters.registry import attach_registry
 from sessionstream.adapters.topics import check_topics, ensure_topics
+from sessionstream.core.approvals import parse_approval_kinds
 from sessionstream.core.decider import DeciderConfig
 from sessionstream.core.step import CommandStep
 from sessionstream.errors import KafkaFailed
@@ -151,7 +152,10 @@ class TransactionalProcessor(Recovery):
         #: input topic -> the class of commands it may carry
         self.classes = input_classes(settings)
         self.config = config or DeciderConfig(
-            max_payload_bytes=settings.max_payload_bytes, max_lease_ms=settings.max_lease_ms
+            max_payload_bytes=settings.max_payload_bytes,
+            max_lease_ms=settings.max_lease_ms,
+            approval_policy=parse_approval_kinds(settings.approval_kinds),
+            approval_ttl_ms=settings.approval_ttl_ms,
         )
         self.batch_size = batch_size or settings.processor_batch_size
         self.linger_s = settings.processor_linger_ms / 1000

@@ -18,7 +18,7 @@ from tests.unit._harness import Harness, cancelling, compacting, idle, leased, r
 from tests.unit._samples import COMMAND_TYPES, command
 
 SPEC: dict[str, set[str]] = {
-    "producer": {"prompt", "steer", "follow_up", "send", "abort"},
+    "producer": {"prompt", "steer", "follow_up", "send", "abort", "action.approve", "action.deny"},
     "worker": {
         "lease.acquire",
         "lease.renew",

@@ -61,6 +61,8 @@ CONFIG = DeciderConfig(
     max_steps=3,
     max_run_step_bytes=250,
     max_open_calls=2,
+    approval_policy=(("*", "payment"), ("intruder", "email")),
+    approval_ttl_ms=10_000,
 )
 BOUNDS = Bounds(
     max_queue=CONFIG.max_queue,
@@ -71,6 +73,7 @@ BOUNDS = Bounds(
     max_steps=CONFIG.max_steps,
     max_run_step_bytes=CONFIG.max_run_step_bytes,
     max_open_calls=CONFIG.max_open_calls,
+    approval_ttl_ms=CONFIG.approval_ttl_ms,
 )
 #: the largest state record these bounds allow (JSON; generous for the ids and metadata)
 MAX_STATE_BYTES = 2 * CONFIG.max_held_bytes + 12_000
@@ -95,6 +98,13 @@ STEPS = st.lists(
     min_size=1,
     max_size=4,
 )
+#: an action's kind (payments wait for a person), and the digest of its arguments
+ACTION_KINDS = st.sampled_from(["email", "email", "payment"])
+DIGESTS = st.sampled_from(["sha256:aa", "sha256:aa", "sha256:bb", None])
+#: kinds a prompt adds to its run's approval policy
+PROMPT_KINDS = st.sampled_from([[], [], ["email"], ["*"]])
+#: which generation a person's decision names: none, the current one, an older one
+DECISION_GEN = st.sampled_from(["none", "none", "current", "older"])
 #: which run a producer command names
 TARGET = st.sampled_from(["none", "none", "active", "old"])
 
@@ -286,13 +296,23 @@ class SessionMachine(RuleBasedStateMachine):
         which=TARGET,
         retry=st.booleans(),
         typed=INPUT,
+        kinds=PROMPT_KINDS,
     )
     def prompt(
-        self, text: str, policy: str, skew: Any, which: str, retry: bool, typed: Any
+        self,
+        text: str,
+        policy: str,
+        skew: Any,
+        which: str,
+        retry: bool,
+        typed: Any,
+        kinds: list[str],
     ) -> None:
         payload: dict[str, Any] = {"text": text, "policy": policy}
         if typed is not None:
             payload["input"] = typed
+        if kinds:
+            payload["approval_kinds"] = kinds
         if retry:
             payload["retry_of"] = self.finished_runs[-1] if self.finished_runs else "r-never"
         self.producer("prompt", payload, skew, which)
@@ -319,6 +339,51 @@ class SessionMachine(RuleBasedStateMachine):
     @rule(skew=SKEW, which=TARGET)
     def abort(self, skew: Any, which: str) -> None:
         self.producer("abort", {"reason": "user"}, skew, which)
+
+    @precondition(lambda self: self.model.last_run is not None)
+    @rule(
+        approve=st.booleans(),
+        key=KEYS,
+        digest=DIGESTS,
+        gen=DECISION_GEN,
+        which=st.sampled_from(["active", "active", "active", "old"]),
+        skew=SKEW,
+    )
+    def decide_action(
+        self, approve: bool, key: str, digest: str | None, gen: str, which: str, skew: Any
+    ) -> None:
+        """A person approves or denies a key: pending or not, with the digest they saw or
+        another, for the request's generation or an older one, on the run or an old one."""
+        run_id = self.target(which) or self.model.last_run
+        generation = None
+        if gen != "none" and self.state.active is not None:
+            generation = self.state.active.generation - (gen == "older")
+        payload: dict[str, Any] = {
+            "idempotency_key": key,
+            "args_digest": digest,
+            "generation": generation if generation and generation > 0 else None,
+        }
+        if not approve:
+            payload["reason"] = "not this one"
+        pre = self.state
+        rec = pre.active.actions.get(key) if pre.active and pre.active.run_id == run_id else None
+        events = self.apply(
+            self.cmd(
+                "action.approve" if approve else "action.deny",
+                payload,
+                skew,
+                run_id=run_id,
+                actor="user:bo",
+            )
+        )
+        if self.decided.get(events[0].command_id if events else "") is None:
+            return
+        decided = [e for e in events if e.type in ("action.approved", "action.denied")]
+        if decided:
+            # only a key waiting for a person, for the digest they saw, within its window
+            assert rec is not None and rec.decision == "pending"
+            assert rec.args_digest == digest and self.now < (rec.expires_at or 0)
+            assert decided[0].payload.model_dump()["decided_by"] == "user:bo"
 
     @precondition(lambda self: self.state.tenant_id == TENANT)
     @rule(text=TEXT, type_=st.sampled_from(["prompt", "abort", "steer"]))
@@ -444,9 +509,12 @@ class SessionMachine(RuleBasedStateMachine):
         self.work(worker, "compact.finish", {"checkpoint_uri": f"s3://ck/{self.n}"})
 
     @precondition(lambda self: self.model.last_run is not None)
-    @rule(worker=WORKERS, key=KEYS)
-    def action_request(self, worker: str, key: str) -> None:
-        self.work(worker, "action.request", {"idempotency_key": key, "kind": "email"})
+    @rule(worker=WORKERS, key=KEYS, kind=ACTION_KINDS, digest=DIGESTS)
+    def action_request(self, worker: str, key: str, kind: str, digest: str | None) -> None:
+        payload: dict[str, Any] = {"idempotency_key": key, "kind": kind}
+        if digest is not None:
+            payload["args_digest"] = digest
+        self.work(worker, "action.request", payload)
 
     @precondition(lambda self: self.model.last_run is not None)
     @rule(worker=WORKERS, key=KEYS, ok=st.booleans())
@@ -460,6 +528,51 @@ class SessionMachine(RuleBasedStateMachine):
     )
     def step_record(self, worker: str, steps: list[tuple[str, str, str | None]]) -> None:
         self.record_steps(worker, steps)
+
+    @precondition(lambda self: self.state.active and self.state.active.lease_owner)
+    @rule(key=KEYS, approve=st.booleans())
+    def holder_asks_and_a_person_decides(self, key: str, approve: bool) -> None:
+        """The common case, made frequent: the holder asks for a payment, a person sees it
+        and decides with the digest shown (sometimes after its window)."""
+        payload = {"idempotency_key": key, "kind": "payment", "args_digest": "sha256:aa"}
+        self.work("holder", "action.request", payload)
+        run = self.state.active
+        if run is None or run.actions.get(key) is None:
+            return
+        decision = {"idempotency_key": key, "args_digest": "sha256:aa"}
+        self.apply(
+            self.cmd(
+                "action.approve" if approve else "action.deny",
+                decision,
+                run_id=run.run_id,
+                actor="user:bo",
+            )
+        )
+
+    @precondition(lambda self: self.state.active and self.state.active.lease_owner)
+    @rule(key=KEYS, digest=DIGESTS, gen=DECISION_GEN, wait=st.sampled_from([0, 0, 6_000]))
+    def takeover_with_a_pending_approval(
+        self, key: str, digest: str | None, gen: str, wait: int
+    ) -> None:
+        """The holder asks for a payment and gives the run up while it waits; the next
+        holder asks for the key again (the same arguments or others), perhaps after a
+        while; a person then decides, naming a generation or not."""
+        pay = {"idempotency_key": key, "kind": "payment", "args_digest": "sha256:aa"}
+        self.work("holder", "action.request", pay)
+        self.work("holder", "lease.release")
+        run = self.state.active
+        if run is None or run.lease_owner is not None:
+            return
+        old = run.generation - 1
+        self.now += wait
+        self.acquire("w3", 30_000)
+        self.work("w3", "action.request", {**pay, "args_digest": digest})
+        run = self.state.active
+        if run is None:
+            return
+        named = {"none": None, "current": run.generation, "older": old or None}[gen]
+        decision = {"idempotency_key": key, "args_digest": digest, "generation": named}
+        self.apply(self.cmd("action.approve", decision, run_id=run.run_id, actor="user:bo"))
 
     @precondition(lambda self: self.state.active and self.state.active.lease_owner)
     @rule(data=st.data())

@@ -146,6 +146,29 @@ def approve_then(act: Act) -> Act:
 
 
 REQ = {"idempotency_key": "k1", "kind": "email"}
+#: payments wait for a person (the settings' policy); this request asks for one
+APPROVALS = DeciderConfig(approval_policy=(("*", "payment"),), approval_ttl_ms=60_000)
+PAY = {"idempotency_key": "k1", "kind": "payment", "args_digest": "sha256:aa"}
+
+
+def pending_then(act: Act) -> Act:
+    """w1 asks for a payment: pending, waiting for a person; then `act`."""
+
+    def go(h: Harness) -> Any:
+        h.work("action.request", PAY)
+        return act(h)
+
+    return go
+
+
+def past_the_window(act: Act) -> Act:
+    def go(h: Harness) -> Any:
+        h.now += APPROVALS.approval_ttl_ms
+        return act(h)
+
+    return go
+
+
 RES = {"idempotency_key": "k1", "ok": True}
 FIN = "run.finished"
 STEPS2 = DeciderConfig(max_steps=2)
@@ -452,6 +475,47 @@ CASES: list[tuple[str, Callable[[Harness], None], Act, list[str], str | None, De
      ["rejected:unknown_action"], "running", DEFAULT_CONFIG),
     ("action-result-twice", leased, approve_then(twice(lambda h: h.work("action.result", RES))),
      ["rejected:action_already_completed"], "running", DEFAULT_CONFIG),
+    # approvals (docs/protocol.md#approvals)
+    ("running-action-needs-approval", leased, lambda h: h.work("action.request", PAY),
+     ["action.pending"], "running", APPROVALS),
+    ("pending-repeated-key", leased, pending_then(lambda h: h.work("action.request", PAY)),
+     ["action.decision_replayed:pending"], "running", APPROVALS),
+    ("pending-repeated-other-digest", leased,
+     pending_then(lambda h: h.work("action.request", {**PAY, "args_digest": "sha256:bb"})),
+     ["action.denied:digest_mismatch"], "running", APPROVALS),
+    ("approve-pending", leased, pending_then(lambda h: h.approve()), ["action.approved"],
+     "running", APPROVALS),
+    ("deny-pending", leased, pending_then(lambda h: h.deny()), ["action.denied:denied"],
+     "running", APPROVALS),
+    ("approve-unknown-key", leased, lambda h: h.approve("nope"), ["rejected:unknown_action"],
+     "running", APPROVALS),
+    ("approve-twice", leased, pending_then(twice(lambda h: h.approve())),
+     ["rejected:action_not_pending"], "running", APPROVALS),
+    ("approve-stale-generation", leased, pending_then(lambda h: h.approve(generation=7)),
+     ["rejected:approval_stale"], "running", APPROVALS),
+    ("approve-wrong-digest", leased, pending_then(lambda h: h.approve(digest="sha256:bb")),
+     ["rejected:digest_mismatch"], "running", APPROVALS),
+    ("approve-after-expiry", leased, pending_then(past_the_window(lambda h: h.approve())),
+     ["rejected:approval_expired"], "running", APPROVALS),
+    ("approve-idle", idle, lambda h: h.approve(run_id="r-gone"), ["rejected:run_not_active"],
+     None, APPROVALS),
+    ("approval-expiry-timer", leased, pending_then(lambda h: h.fire("approval_expiry")),
+     ["action.denied:approval_expired"], "running", APPROVALS),
+    ("pending-abort", leased, pending_then(lambda h: h.abort()),
+     ["action.denied", "run.cancel_requested"], "cancelling", APPROVALS),
+    ("pending-interrupt", leased, pending_then(lambda h: h.prompt("now", "interrupt")),
+     ["action.denied", "run.queued", "run.cancel_requested"], "cancelling", APPROVALS),
+    ("pending-release", leased, pending_then(lambda h: h.work("lease.release")),
+     ["action.denied:lease_lost", "run.lease_released"], "running", APPROVALS),
+    ("pending-lease-expiry", leased, pending_then(lambda h: h.fire("lease_expiry")),
+     ["action.denied:lease_lost", "run.lease_expired:lease_expiry"], "running", APPROVALS),
+    ("pending-complete", leased, pending_then(lambda h: h.work("run.complete")),
+     ["action.denied", "run.finished:completed"], None, APPROVALS),
+    ("pending-fail", leased, pending_then(lambda h: h.work("run.fail", {"error": "x"})),
+     ["action.denied", "run.finished:failed"], None, APPROVALS),
+    ("pending-run-deadline", leased, pending_then(lambda h: h.fire("run_deadline")),
+     ["action.denied", "run.finished:timed_out"], None,
+     DeciderConfig(approval_policy=(("*", "payment"),), default_run_timeout_ms=30_000)),
     # tenancy and size
     ("tenant-mismatch", leased, lambda h: h.prompt(tenant="evil"), ["rejected:tenant_mismatch"],
      "running", DEFAULT_CONFIG),

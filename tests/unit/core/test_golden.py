@@ -93,7 +93,68 @@ def test_the_required_stories_are_there() -> None:
         "fates_compaction_and_retry",
         "durable_steps",
         "typed_input",
+        "approvals",
     } <= names
+
+
+def test_approvals_story_executes_nothing_without_a_persons_approval() -> None:
+    """Written from the feature's text: a payment waits for a person; a stale digest, another
+    tenant's key, an older generation's decision and a second approval are refused; a lease
+    loss resolves the pending approval first and the new holder sees the same pending
+    decision (same window), approved once; a deny says who; expiry denies; a cancel and the
+    run's end resolve what waits, first."""
+    _, log, _ = replay(load(GOLDEN / "approvals.jsonl"))
+    refused = [e.payload.model_dump()["reason"] for e in log if e.type == "command.rejected"]
+    assert refused == [
+        "digest_mismatch",
+        "tenant_mismatch",
+        "approval_stale",
+        "unknown_action",
+        "action_not_pending",
+        "stale_generation",
+        "approval_stale",
+        "action_not_pending",
+        "approval_expired",
+        "action_not_pending",
+        "run_not_active",
+    ]
+    pending = [(e.generation, e.payload.model_dump()) for e in log if e.type == "action.pending"]
+    first, again = pending[0][1], pending[1][1]
+    assert (pending[0][0], pending[1][0]) == (1, 2)
+    assert (
+        again["expires_at"] == first["expires_at"] and again["args_digest"] == first["args_digest"]
+    )
+    approved = [e.payload.model_dump() for e in log if e.type == "action.approved"]
+    assert [(a["idempotency_key"], a["decided_by"]) for a in approved] == [
+        ("mail-1", None),  # an email needs no person
+        ("pay-1", "user:bo"),  # once, for generation 2
+    ]
+    completed = [
+        e.payload.model_dump()["idempotency_key"] for e in log if e.type == "action.completed"
+    ]
+    assert completed == ["pay-1"]
+    denied = [
+        (e.payload.model_dump()["idempotency_key"], e.payload.model_dump()["reason"])
+        for e in log
+        if e.type == "action.denied"
+    ]
+    assert denied == [
+        ("pay-1", "digest_mismatch"),
+        ("pay-1", "lease_lost"),
+        ("pay-2", "denied"),
+        ("pay-3", "approval_expired"),
+        ("pay-4", "cancelling"),
+        ("del-1", "run_finished"),
+    ]
+    # resolution first: each resolving denial is its command's first event
+    for e in log:
+        if e.type == "action.denied" and e.payload.model_dump()["reason"] in (
+            "lease_lost",
+            "cancelling",
+            "run_finished",
+        ):
+            same = [x for x in log if x.command_id == e.command_id]
+            assert same[0] == e and len(same) > 1
 
 
 def test_typed_input_story_gives_each_run_its_own_prompts_input() -> None:

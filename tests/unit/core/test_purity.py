@@ -25,10 +25,15 @@ PURE = [
     "sessionstream/core/state.py",
     "sessionstream/core/timers.py",
     "sessionstream/core/open_runs.py",
+    "sessionstream/core/approvals.py",
 ]
 #: msgspec: the state structs (C, no I/O; chosen for the fold's speed, sessionstream/core/state.py)
 ALLOWED = {"__future__", "dataclasses", "typing", "uuid", "hashlib", "pydantic", "msgspec"}
-ALLOWED_LOCAL = {"sessionstream.core.state", "sessionstream.core.decider"}
+ALLOWED_LOCAL = {
+    "sessionstream.core.state",
+    "sessionstream.core.decider",
+    "sessionstream.core.approvals",
+}
 #: the schemas modules the decider may lean on, and what they may import in turn
 SCHEMA_ALLOWED = ALLOWED | {"builtins", "pydantic.alias_generators"}
 FORBIDDEN_CALLS = {"open", "__import__", "exec", "eval", "compile", "input", "print"}

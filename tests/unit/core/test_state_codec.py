@@ -25,6 +25,7 @@ from sessionstream.core.state_codec import (
     FORMAT_V1,
     FORMAT_V2,
     FORMAT_V3,
+    FORMAT_V4,
     STATE_FIELDS,
     decode_if_active,
     decode_state,
@@ -58,6 +59,21 @@ def _full() -> SessionState:
             actions={
                 "k1": ActionRecord(kind="email", decision="approved", completed=True),
                 "k2": ActionRecord(kind="pay", decision="denied"),
+                "k3": ActionRecord(
+                    kind="payment",
+                    decision="pending",
+                    args_digest="sha256:ab",
+                    expires_at=1_767_226_500_000,
+                    generation=3,
+                ),
+                "k4": ActionRecord(
+                    kind="payment",
+                    decision="denied",
+                    args_digest="sha256:cd",
+                    expires_at=1_767_226_400_000,
+                    generation=2,
+                    reason="lease_lost",
+                ),
             },
             inputs=(
                 PendingInput(source_command_id="c-2", kind="steer", text="direct", actor="ui"),
@@ -83,6 +99,7 @@ def _full() -> SessionState:
             ),
             actor="user:ann",
             input_json='{"to":"LIS","nights":3,"note":"é ✈"}',
+            approval_kinds=("payment", "*"),
         ),
         queue=(
             QueueEntry(
@@ -95,7 +112,11 @@ def _full() -> SessionState:
                 retry_of="r-0",
             ),
             QueueEntry(
-                source_command_id="c-5", kind="prompt", text="next", input_json="[1.5,null]"
+                source_command_id="c-5",
+                kind="prompt",
+                text="next",
+                input_json="[1.5,null]",
+                approval_kinds=("send_email",),
             ),
         ),
         log_seq=4,
@@ -156,9 +177,27 @@ OLD_JSON = (
 )
 
 
+def _full_before_approvals() -> SessionState:
+    """`_full()` without what format 5 added: approvals (each key's digest, window,
+    generation and reason; the approval kinds of the run and the tasks). Format 4 knew
+    no pending decision and no approvals: its keys were approved or denied by the gate."""
+    full = _full()
+    assert full.active is not None
+    actions = {
+        k: ActionRecord(kind=r.kind, decision=r.decision, completed=r.completed)
+        for k, r in full.active.actions.items()
+        if not r.needed_approval
+    }
+    return evolved(
+        full,
+        active=evolved(full.active, actions=actions, approval_kinds=()),
+        queue=tuple(evolved(q, approval_kinds=()) for q in full.queue),
+    )
+
+
 def _full_before_input() -> SessionState:
     """`_full()` without what format 4 added: the typed input of the run and the tasks."""
-    full = _full()
+    full = _full_before_approvals()
     assert full.active is not None
     return evolved(
         full,
@@ -179,19 +218,31 @@ def _full_before_steps() -> SessionState:
     )
 
 
-def _older(tag: int, run_fields: int, session_fields: int = 9) -> bytes:
-    """`_full()`'s record cut to what format `tag` wrote: the active run's first
-    `run_fields`, the queued tasks' first 7 (before format 4), the session's first
-    `session_fields`."""
-    t = msgspec.msgpack.decode(encode_state(_full())[1:])
+def _older(tag: int, run_fields: int, session_fields: int = 9, queue_fields: int = 7) -> bytes:
+    """`_full_before_approvals()`'s record cut to what format `tag` wrote: the active
+    run's first `run_fields`, each action key's first 4, the queued tasks' first
+    `queue_fields` (7 before format 4), the session's first `session_fields`."""
+    t = msgspec.msgpack.decode(encode_state(_full_before_approvals())[1:])
     t[2] = t[2][:run_fields]
-    t[3] = [q[:7] for q in t[3]]
+    t[2][14] = [r[:4] for r in t[2][14]]
+    t[3] = [q[:queue_fields] for q in t[3]]
     return bytes([tag]) + msgspec.msgpack.encode(t[:session_fields])
 
 
 def test_the_json_of_earlier_versions_is_still_read() -> None:
     assert decode_state(OLD_JSON.encode()) == _full_before_steps()
     assert decode_state(state_to_json(_full())) == _full()
+
+
+def test_a_format_4_record_is_still_read() -> None:
+    """Format 4 is format 5 without approvals: its keys read with no digest, window,
+    generation or reason, its run and tasks with no approval kinds; written again in
+    format 5."""
+    v4 = _older(FORMAT_V4, 21, queue_fields=8)
+    assert not is_current(v4)
+    state = decode_state(v4)
+    assert state == _full_before_approvals()
+    assert is_current(encode_state(state)) and decode_state(encode_state(state)) == state
 
 
 def test_a_format_3_record_is_still_read() -> None:
