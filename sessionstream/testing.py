@@ -258,6 +258,30 @@ class AgentHarness:
     async def abort(self, reason: str = "user", run_id: str | None = None) -> str:
         return self._produce("abort", {"reason": reason}, run_id=run_id or self._active())
 
+    async def approve(
+        self,
+        key: str,
+        args_digest: str | None,
+        *,
+        run_id: str | None = None,
+        generation: int | None = None,
+    ) -> str:
+        """A person (the harness's `actor`) approves a pending action of the active run."""
+        payload = {"idempotencyKey": key, "argsDigest": args_digest, "generation": generation}
+        return self._produce("action.approve", payload, run_id=run_id or self._active())
+
+    async def deny(
+        self,
+        key: str,
+        args_digest: str | None,
+        *,
+        reason: str | None = None,
+        run_id: str | None = None,
+    ) -> str:
+        """A person denies a pending action of the active run."""
+        payload = {"idempotencyKey": key, "argsDigest": args_digest, "reason": reason}
+        return self._produce("action.deny", payload, run_id=run_id or self._active())
+
     async def run(self, text: str, *, input: Any = None, **payload: Any) -> RunOutcome:
         """Prompt (with its typed `input`, if any) and wait for the run it starts to end."""
         cid = await self.prompt(text, input=input, **payload)

@@ -47,9 +47,7 @@ T0 = 1_000_000
 
 #: denials the approval rules give, shown with their reason (the gate's own keep the
 #: plain token they always had)
-_APPROVAL_DENIALS = frozenset(
-    {"denied", "approval_expired", "lease_lost", "digest_mismatch", "run_finished_pending"}
-)
+_APPROVAL_DENIALS = frozenset({"denied", "approval_expired", "lease_lost", "digest_mismatch"})
 
 
 def token(e: Event) -> str:

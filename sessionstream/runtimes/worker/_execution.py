@@ -196,14 +196,15 @@ class Execution:
             ms = lease_ms if lease_ms is not None else self.w.lease_ms
             self.lease_until = max(self.lease_until or 0.0, sent + ms / 1000)
 
-    async def ask_gate(self, kind: str, key: str, detail: str | None) -> tuple[str, str | None]:
+    async def ask_gate(
+        self, kind: str, key: str, detail: str | None, digest: str | None = None
+    ) -> tuple[str, str | None]:
         fut = self._gate.get(key)
         if fut is None or fut.done():
             fut = asyncio.get_running_loop().create_future()
             self._gate[key] = fut
-            cid = self.send(
-                "action.request", {"idempotencyKey": key, "kind": kind, "detail": detail}
-            )
+            ask = {"idempotencyKey": key, "kind": kind, "detail": detail, "argsDigest": digest}
+            cid = self.send("action.request", ask)
             self._gate_cmds[cid] = key
         return await fut
 
@@ -556,9 +557,10 @@ class Execution:
                 and not self._round_end.done()
             ):
                 self._round_end.set_result("follow_ups")
-        elif t in ("action.approved", "action.denied"):
+        elif t in ("action.approved", "action.denied"):  # action.pending: a person decides
             d = e.payload_as(ActionDecision)
-            self._decide(d.idempotency_key, t.removeprefix("action."), d.reason)
+            why = f"{d.reason} by {d.decided_by}" if d.decided_by else d.reason
+            self._decide(d.idempotency_key, t.removeprefix("action."), why)
         elif t == "action.decision_replayed":
             r = e.payload_as(ActionDecisionReplayed)
             self._decide(r.idempotency_key, r.decision, "replayed")
@@ -593,6 +595,6 @@ class Execution:
         return False
 
     def _decide(self, key: str, decision: str, reason: str | None) -> None:
-        fut = self._gate.get(key)
-        if fut is not None and not fut.done():
+        fut = self._gate.get(key)  # still pending (replayed): keep waiting for the person
+        if fut is not None and not fut.done() and decision != "pending":
             fut.set_result((decision, reason))

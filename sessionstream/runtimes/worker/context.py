@@ -19,7 +19,8 @@ from typing import Any, Protocol, TypeVar
 
 from pydantic import ValidationError
 
-from sessionstream.errors import ConfigurationError, SessionstreamError
+from sessionstream.errors import ConfigurationError
+from sessionstream.runtimes.worker._approval import ActionDenied, args_digest
 from sessionstream.runtimes.worker._signal import AbortSignal, RunCancelled, RunFenced
 from sessionstream.runtimes.worker._steps import StepBook
 from sessionstream.runtimes.worker.chat import (
@@ -49,22 +50,15 @@ __all__ = [
 T = TypeVar("T")
 
 
-class ActionDenied(SessionstreamError):
-    """The processor's gate denied the action (e.g. the run is cancelling)."""
-
-    def __init__(self, idempotency_key: str, reason: str | None) -> None:
-        super().__init__(f"action {idempotency_key!r} denied: {reason}")
-        self.idempotency_key = idempotency_key
-        self.reason = reason
-
-
 class RunIO(Protocol):
     """The runtime side of a context: stamped writes and the gate."""
 
     def send(self, type_: str, payload: dict[str, Any]) -> str: ...
 
-    async def ask_gate(self, kind: str, key: str, detail: str | None) -> tuple[str, str | None]:
-        """(decision, reason) — decision is "approved" or "denied"."""
+    async def ask_gate(
+        self, kind: str, key: str, detail: str | None, digest: str | None = None
+    ) -> tuple[str, str | None]:
+        """(decision, reason) — "approved" or "denied", once a person decided if needed."""
         ...
 
     def lease_valid(self) -> bool:
@@ -536,12 +530,18 @@ class RunContext:
         *,
         detail: str | None = None,
         transactional: bool = True,
+        arguments: Any = None,
     ) -> str | None:
-        """Ask the gate; only after approval run `fn` once per key (see executor.py)."""
+        """Ask the gate; only after approval (a person's, for kinds that need one: waits,
+        the lease renewing) run `fn` once per key. `arguments` (JSON) give `argsDigest`."""
         if self.aborted:
             self._report.actions_blocked.append(idempotency_key)
             raise RunCancelled(self.abort_reason or "aborted")
-        decision, reason = await self._io.ask_gate(kind, idempotency_key, detail)
+        digest = None if arguments is None else args_digest(arguments)
+        decision, reason = await self._io.ask_gate(kind, idempotency_key, detail, digest)
+        if decision != "approved" and reason == "cancelling":  # released by the cancel
+            self._report.actions_blocked.append(idempotency_key)
+            raise RunCancelled(self.abort_reason or "cancelling")
         if decision != "approved":
             self._report.actions_blocked.append(idempotency_key)
             raise ActionDenied(idempotency_key, reason)
