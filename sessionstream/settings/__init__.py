@@ -124,9 +124,18 @@ PROCESS_COMPONENTS: dict[str, tuple[str, ...]] = {
     # the sink's group is named after the processor's (`{processor_group}-sink`)
     "sink": ("kafka", "registry", "topics", "database", "processor", "sink", "metrics"),
     "worker": ("kafka", "registry", "topics", "database", "worker", "limits", "model", "metrics"),
-    # the gateway names the access grants' groups (`processor_group`) and reads the live
-    # analytics at their address
-    "gateway": ("kafka", "registry", "topics", "database", "processor", "gateway", "analytics"),
+    # the gateway names the access grants' groups (`processor_group`), reads the live
+    # analytics at their address, and seals and checks new webhook subscriptions
+    "gateway": (
+        "kafka",
+        "registry",
+        "topics",
+        "database",
+        "processor",
+        "gateway",
+        "analytics",
+        "webhooks",
+    ),
     "analytics": ("kafka", "registry", "topics", "analytics"),
     "webhooks": ("kafka", "registry", "topics", "database", "webhooks", "metrics"),
 }
