@@ -256,10 +256,10 @@ def redeliver(
         _fail(str(e), 2)
     ranges = ", ".join(f"{p}:{a}-{b}" for p, (a, b) in sorted((report.ranges or {}).items()))
     typer.echo(
-        f"{subscription}: read {report.read} events ({ranges or 'nothing to read'}), "
-        f"{report.matched} for this webhook: {report.delivered} delivered, "
-        f"{report.dead_letters} dead letters ({report.dead_letters_cleared} earlier dead "
-        "letters cleared)"
+        f"{subscription}: events read: {report.read} ({ranges or 'nothing to read'}), "
+        f"for this webhook: {report.matched}, delivered: {report.delivered}, "
+        f"dead letters: {report.dead_letters} (earlier dead letters cleared: "
+        f"{report.dead_letters_cleared})"
     )
     if report.dead_letters:
         raise typer.Exit(code=3)
