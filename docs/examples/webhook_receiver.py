@@ -151,7 +151,11 @@ def make_handler(
 
 
 def main() -> None:
-    secret = os.environ["WEBHOOK_SECRET"]
+    secret = os.environ["WEBHOOK_SECRET"].strip()
+    try:
+        base64.b64decode(secret.removeprefix("whsec_"), validate=True)
+    except (binascii.Error, ValueError):
+        sys.exit("WEBHOOK_SECRET is not a whsec_... secret")
     port = int(sys.argv[1]) if len(sys.argv) > 1 else 9000
     server = ThreadingHTTPServer(("127.0.0.1", port), make_handler(secret, Inbox()))
     print(f"listening on http://127.0.0.1:{port}/", flush=True)
