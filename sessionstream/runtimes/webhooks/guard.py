@@ -41,6 +41,7 @@ __all__ = [
     "AddressPolicy",
     "CheckedUrl",
     "GuardedBackend",
+    "HostUnresolved",
     "Resolver",
     "UrlRefused",
     "check_url",
@@ -64,11 +65,21 @@ _NAT64: Final = ipaddress.ip_network("64:ff9b::/96")
 
 
 class UrlRefused(SessionstreamError):
-    """A webhook URL (or an address it resolves to) the guard refuses; `reason` says why."""
+    """A webhook URL (or an address it resolves to) the guard refuses; `reason` says why.
+    `final`: asking again cannot help (a refused address is refused again)."""
+
+    final = True
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class HostUnresolved(UrlRefused):
+    """The URL's host resolves to nothing now: refused at creation, retried at delivery
+    (a resolver that does not answer for a while is no reason to give up on an event)."""
+
+    final = False
 
 
 @dataclass(frozen=True)
@@ -168,7 +179,7 @@ async def system_resolver(host: str, port: int) -> list[str]:
     try:
         found = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as e:
-        raise UrlRefused(f"host {host!r} does not resolve ({e})") from None
+        raise HostUnresolved(f"host {host!r} does not resolve ({e})") from None
     out: list[str] = []
     for _family, _type, _proto, _name, sockaddr in found:
         addr = str(sockaddr[0]).split("%", 1)[0]  # an IPv6 zone (fe80::1%eth0) is no address
@@ -184,7 +195,7 @@ async def checked_addresses(
     not, or when there is none."""
     found = await (resolver or system_resolver)(host, port)
     if not found:
-        raise UrlRefused(f"host {host!r} resolves to no address")
+        raise HostUnresolved(f"host {host!r} resolves to no address")
     for addr in found:
         why = refusal(addr, policy)
         if why is not None:

@@ -117,14 +117,17 @@ class Sender:
                         if len(body) >= _BODY_READ:
                             break  # the connection is closed instead of drained
         except UrlRefused as e:
-            return Outcome(False, error=f"refused: {e.reason}", final=True)
+            return Outcome(False, error=f"refused: {e.reason}", final=e.final)
         except TimeoutError:
             return Outcome(False, error=f"no answer within {t:g}s")
         except _NETWORK_ERRORS as e:
             return Outcome(False, error=f"{type(e).__name__}: {e}"[:_ERROR_CHARS])
         if 200 <= status < 300:
             return Outcome(True, status)
-        text = body[:_ERROR_CHARS].decode("utf-8", "replace").strip()
+        # the receiver's words go into logs and the dead letter: one line, printable
+        text = "".join(
+            c if c.isprintable() else " " for c in body[:_ERROR_CHARS].decode("utf-8", "replace")
+        ).strip()
         error = f"HTTP {status}" + (f": {text}" if text else "")
         if status == 410:
             return Outcome(False, status, f"{error} (Gone: the receiver wants no more)", final=True)

@@ -63,7 +63,7 @@ def server() -> Iterator[tuple[int, list[dict[str, Any]]]]:
 
 ANSWERS: dict[str, tuple[int, dict[str, str], bytes, float]] = {
     "/ok": (204, {}, b"", 0),
-    "/fail": (500, {}, b"database is down\n" + b"x" * 5000, 0),
+    "/fail": (500, {}, b"database is down\r\nFAKE LOG LINE\x1b[31m" + b"x" * 5000, 0),
     "/gone": (410, {}, b"", 0),
     "/moved": (301, {"location": "http://169.254.169.254/"}, b"", 0),
     "/busy": (429, {"retry-after": "7"}, b"", 0),
@@ -100,7 +100,8 @@ def test_failures_say_why_and_are_retried(server: tuple[int, list[Any]]) -> None
     port, _ = server
     out = _send(port, "/fail")
     assert (out.ok, out.status, out.final) == (False, 500, False)
-    assert out.error.startswith("HTTP 500: database is down") and len(out.error) < 400
+    assert out.error.startswith("HTTP 500: database is down  FAKE LOG LINE [31m")
+    assert len(out.error) < 400 and out.error.isprintable()
     busy = _send(port, "/busy")
     assert (busy.status, busy.retry_after) == (429, 7.0)
 
@@ -154,3 +155,16 @@ def test_retry_after_as_seconds_or_a_date() -> None:
     assert retry_after_s("120", now) == 120.0
     assert retry_after_s("Thu, 01 Jan 2026 00:01:00 GMT", now) == 60.0
     assert retry_after_s("soon", now) is None and retry_after_s(None, now) is None
+
+
+def test_a_host_that_does_not_resolve_now_is_retried() -> None:
+    async def go() -> Outcome:
+        sender = Sender(LOOPBACK, 1.0)
+        try:
+            target = Target("wh_1", "http://no-such-host.invalid/", secret_bytes(SECRET))
+            return await sender(target, JOB)
+        finally:
+            await sender.aclose()
+
+    out = asyncio.run(go())
+    assert (out.ok, out.final) == (False, False) and "does not resolve" in out.error
