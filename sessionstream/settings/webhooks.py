@@ -70,8 +70,8 @@ class WebhookSettings(Part):
     created and the deliverer does not start."""
 
     webhooks_timeout_s: float = Field(default=10.0, gt=0, le=120)
-    """Longest one delivery attempt may take, connect to last byte of the answer's head;
-    longer is a failed attempt (retried)."""
+    """Longest one delivery attempt may take: connecting, sending, the answer's head and
+    up to 16 KiB of its body; longer is a failed attempt (retried)."""
 
     webhooks_max_attempts: int = Field(default=12, ge=1, le=100)
     """Attempts per event and endpoint before it becomes a dead letter
@@ -91,8 +91,10 @@ class WebhookSettings(Part):
     each session's events still go one after the other."""
 
     webhooks_backlog: int = Field(default=1000, ge=1)
-    """Events one instance holds for one endpoint (waiting, or retrying); more become dead
-    letters at once (``backlog full``), so a slow or dead receiver never stalls the others."""
+    """Events one instance holds for one endpoint (waiting, or retrying). Past it, a
+    failing endpoint's new events become dead letters at once (``backlog full``), so a dead
+    receiver never stalls the others; one that answers, only slower than its events come,
+    makes the instance stop reading until it is down to half (nothing of it is dropped)."""
 
     webhooks_refresh_ms: int = Field(default=20, ge=0, le=10_000)
     """Events are matched against the subscriptions as they were after the events were
