@@ -107,8 +107,8 @@ test: test-unit up browser flink
 # The fault suites at 10x load and rounds: kill -9 loops, broker and PostgreSQL restarts;
 # the 3-node cluster with 3 rounds of leader and coordinator kills and a rolling restart.
 soak: install up
-	SESSIONSTREAM_SOAK=1 $(PY) -m pytest tests/integration/test_faults.py \
-		tests/integration/test_worker_suite.py tests/integration/test_cluster_faults.py -q
+	SESSIONSTREAM_SOAK=1 $(PY) -m pytest tests/integration/stack/test_faults.py \
+		tests/integration/runtimes/worker/test_worker_suite.py tests/integration/stack/test_cluster_faults.py -q
 
 # Both run even when the first fails, so one pass shows every problem.
 lint: install

@@ -90,7 +90,13 @@ def delete_world(worlds: list[Settings], *, schemas: bool = True) -> list[str]:
     groups = [
         g
         for s in worlds
-        for g in (s.processor_group, f"{s.processor_group}-restore", f"{s.processor_group}-sink")
+        for g in (
+            s.processor_group,
+            f"{s.processor_group}-restore",
+            f"{s.processor_group}-sink",
+            # the webhook deliverers' group of a test's world (tests/integration/webhook_world)
+            f"{s.processor_group}-webhooks",
+        )
     ]
     # a world's own analytics app (never the deployment's default one)
     default_app = Settings.model_fields["analytics_app_id"].default

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the processor, the sink and the workers.
+"""Prometheus metrics of the processor, the sink, the workers and the webhook deliverer.
 
 Each process serves them on `--metrics-port` (or SESSIONSTREAM_METRICS_PORT) at `/metrics`;
 nothing is served when neither is set. Names are prefixed `sessionstream_`.
@@ -23,6 +23,13 @@ __all__ = [
     "SINK_EVENTS",
     "SINK_LAG",
     "TRANSACTIONS",
+    "WEBHOOK_ATTEMPTS",
+    "WEBHOOK_ATTEMPT_SECONDS",
+    "WEBHOOK_BACKLOG",
+    "WEBHOOK_DEAD_LETTERS",
+    "WEBHOOK_DELIVERED",
+    "WEBHOOK_LATENCY",
+    "WEBHOOK_RETRIES",
     "WORKER_ACQUIRES",
     "WORKER_CANCEL_SECONDS",
     "WORKER_RUNS",
@@ -96,6 +103,32 @@ WORKER_SELF_FENCES = Counter(
 WORKER_CANCEL_SECONDS = Histogram(
     "sessionstream_worker_cancel_seconds",
     "run.cancel_requested seen -> cancel.ack sent",
+    buckets=_LATENCY_BUCKETS,
+)
+
+# -- webhooks ----------------------------------------------------------------------------
+WEBHOOK_DELIVERED = Counter("sessionstream_webhooks_delivered", "Webhook deliveries answered 2xx")
+WEBHOOK_ATTEMPTS = Counter(
+    "sessionstream_webhooks_attempts", "Webhook delivery attempts, by result", ["result"]
+)  # ok | failed
+WEBHOOK_RETRIES = Counter(
+    "sessionstream_webhooks_retries", "Failed webhook attempts that will be tried again"
+)
+WEBHOOK_DEAD_LETTERS = Counter(
+    "sessionstream_webhooks_dead_letters",
+    "Webhook deliveries given up (tries ran out, backlog full, URL refused, 410 Gone)",
+)
+WEBHOOK_BACKLOG = Gauge(
+    "sessionstream_webhooks_backlog", "Webhook deliveries waiting or retrying in this process"
+)
+WEBHOOK_ATTEMPT_SECONDS = Histogram(
+    "sessionstream_webhooks_attempt_seconds",
+    "One webhook attempt: connect to the answer's head",
+    buckets=_LATENCY_BUCKETS,
+)
+WEBHOOK_LATENCY = Histogram(
+    "sessionstream_webhooks_latency_seconds",
+    "An event appended to the events topic -> its delivery answered 2xx",
     buckets=_LATENCY_BUCKETS,
 )
 

@@ -34,8 +34,8 @@ def show_settings(
     process: Annotated[
         str | None,
         typer.Option(
-            help="only the components this process builds: processor, sink, worker, gateway "
-            "or analytics (it ignores the others' variables)"
+            help="only the components this process builds: processor, sink, worker, gateway, "
+            "analytics or webhooks (it ignores the others' variables)"
         ),
     ] = None,
 ) -> None:
@@ -324,6 +324,10 @@ _register_send(app)
 from sessionstream.apps._cli_gateway import register as _register_gateway  # noqa: E402
 
 _register_gateway(app)
+
+from sessionstream.apps._cli_webhooks import register as _register_webhooks  # noqa: E402
+
+_register_webhooks(app)
 
 from sessionstream.apps._cli_connect import register as _register_connect  # noqa: E402
 

@@ -45,6 +45,7 @@ from sessionstream.settings.components import (
     TopicSettings,
     WorkerSettings,
 )
+from sessionstream.settings.webhooks import WebhookSettings
 
 __all__ = [
     "COMPONENTS",
@@ -64,6 +65,7 @@ __all__ = [
     "Settings",
     "SinkSettings",
     "TopicSettings",
+    "WebhookSettings",
     "WorkerSettings",
     "check_instance_id",
     "get_settings",
@@ -86,6 +88,7 @@ class Settings(
     MetricsSettings,
     AnalyticsSettings,
     GatewaySettings,
+    WebhookSettings,
 ):
     """Every component's settings in one object; field ``x`` is read from ``SESSIONSTREAM_X``.
     A long-running process builds only the components it reads (`settings_for`); the
@@ -111,6 +114,7 @@ COMPONENTS: dict[str, type[Part]] = {
     "metrics": MetricsSettings,
     "analytics": AnalyticsSettings,
     "gateway": GatewaySettings,
+    "webhooks": WebhookSettings,
 }
 
 #: the components each long-running process reads (a unit test derives them from the code
@@ -120,10 +124,20 @@ PROCESS_COMPONENTS: dict[str, tuple[str, ...]] = {
     # the sink's group is named after the processor's (`{processor_group}-sink`)
     "sink": ("kafka", "registry", "topics", "database", "processor", "sink", "metrics"),
     "worker": ("kafka", "registry", "topics", "database", "worker", "limits", "model", "metrics"),
-    # the gateway names the access grants' groups (`processor_group`) and reads the live
-    # analytics at their address
-    "gateway": ("kafka", "registry", "topics", "database", "processor", "gateway", "analytics"),
+    # the gateway names the access grants' groups (`processor_group`), reads the live
+    # analytics at their address, and seals and checks new webhook subscriptions
+    "gateway": (
+        "kafka",
+        "registry",
+        "topics",
+        "database",
+        "processor",
+        "gateway",
+        "analytics",
+        "webhooks",
+    ),
     "analytics": ("kafka", "registry", "topics", "analytics"),
+    "webhooks": ("kafka", "registry", "topics", "database", "webhooks", "metrics"),
 }
 
 

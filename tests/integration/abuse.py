@@ -1,6 +1,7 @@
-"""What an attacker does to the gateway, as functions the abuse tests and the abuse benchmark
-share (`tests/integration/test_gateway_abuse.py`, `bench/bench_gateway_abuse.py`). Every
-target is the loopback gateway of a test world; every attempt is bounded in count and time.
+"""What an attacker does to the gateway, as functions the abuse tests and the abuse
+benchmark share (`tests/integration/apps/gateway/test_gateway_abuse.py`,
+`bench/bench_gateway_abuse.py`). Every target is the loopback gateway of a test world; every
+attempt is bounded in count and time.
 """
 
 from __future__ import annotations

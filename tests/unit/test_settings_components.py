@@ -27,6 +27,7 @@ ROOTS = {
     "worker": "sessionstream.runtimes.worker",
     "gateway": "sessionstream.apps.gateway",
     "analytics": "sessionstream.runtimes.analytics",
+    "webhooks": "sessionstream.runtimes.webhooks",
 }
 #: properties of the settings, and the components whose fields they read
 PROPERTIES = {

@@ -15,7 +15,7 @@ from importlib import resources
 from typing import Annotated, Any
 
 import httpx
-from fastapi import Depends, FastAPI, Header, Path, Query, Request
+from fastapi import FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
@@ -24,8 +24,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from sessionstream import __version__
 from sessionstream.adapters._gc import settle_collector
 from sessionstream.apps.gateway import search, views
-from sessionstream.apps.gateway.auth import Authenticator, Principal
+from sessionstream.apps.gateway.auth import Authenticator
 from sessionstream.apps.gateway.bridge import CommandBridge, InFlight
+from sessionstream.apps.gateway.caller import Caller, client_address
 from sessionstream.apps.gateway.commands import (
     CommandRequest,
     OutcomeResponse,
@@ -55,6 +56,7 @@ from sessionstream.apps.gateway.sse import (
     parse_last_event_id,
 )
 from sessionstream.apps.gateway.tenancy import Sessions
+from sessionstream.apps.gateway.webhooks import add_webhook_routes
 from sessionstream.errors import DatabaseUnavailable, IncompatibleEvent, SessionstreamError
 from sessionstream.runtimes.sink.replay import events_of_command, offsets_for_time, parse_time
 from sessionstream.schemas.commands import MAX_ID_CHARS
@@ -111,23 +113,6 @@ class Gateway:
         self.bridge.close()
         self.db.close()
         await self.http.aclose()
-
-
-def _address(request: Request) -> str | None:
-    return request.client.host if request.client else None
-
-
-async def _caller(
-    request: Request,
-    authorization: Annotated[str | None, Header()] = None,
-    x_api_key: Annotated[str | None, Header()] = None,
-) -> Principal:
-    gw: Gateway = request.app.state.gateway
-    return await gw.auth.principal(authorization, x_api_key, _address(request))
-
-
-#: the authenticated (and rate-limited) caller of a request
-Caller = Annotated[Principal, Depends(_caller)]
 
 
 def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
@@ -218,7 +203,9 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
     async def command_answer(request: Request) -> tuple[int, dict[str, Any]]:
         """The route's HTTP status and JSON body; ApiError for every refusal."""
         h = request.headers
-        who = await gw.auth.principal(h.get("authorization"), h.get("x-api-key"), _address(request))
+        who = await gw.auth.principal(
+            h.get("authorization"), h.get("x-api-key"), client_address(request)
+        )
         local = request.path_params["sessionId"]
         if not 1 <= len(local) <= MAX_ID_CHARS or "\x00" in local:
             raise ApiError(
@@ -411,6 +398,8 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
         who: Caller, minutes: Annotated[int, Query(ge=1, le=24 * 60)] = 60
     ) -> dict[str, Any]:
         return await _stats(gw, who.tenant_id, minutes)
+
+    add_webhook_routes(app, settings, gw.db)
 
     @app.get("/v1/whoami", summary="The tenant and actor of the key")
     async def whoami(who: Caller) -> dict[str, Any]:

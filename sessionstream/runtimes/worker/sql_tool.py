@@ -5,7 +5,7 @@ client only when it next reads from it, so a `pg_sleep(30)` (or a long scan) who
 gave up keeps its backend busy to the end. On abort this tool sends the server a cancel
 request for the statement (`AsyncConnection.cancel_safe`), waits for the statement to end
 with `query_canceled`, and raises `RunCancelled`; the backend is idle again within
-milliseconds (tests/integration/test_adapters.py measures it).
+milliseconds (tests/integration/runtimes/worker/test_adapters.py measures it).
 """
 
 from __future__ import annotations

@@ -15,8 +15,14 @@ from sessionstream.schemas.events import LeaseGranted, RunFinished, StepRecorded
 from sessionstream.settings import Settings
 from tests.integration.helpers import wait_until
 from tests.integration.procs import Proc, processor
-from tests.integration.test_adapters import ThreadedServer
-from tests.integration.test_worker import prompt, ready, run_events, terminal, wait_event
+from tests.integration.runtimes.worker.test_adapters import ThreadedServer
+from tests.integration.runtimes.worker.test_worker import (
+    prompt,
+    ready,
+    run_events,
+    terminal,
+    wait_event,
+)
 
 pytestmark = pytest.mark.integration
 

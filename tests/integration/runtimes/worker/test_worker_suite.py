@@ -29,11 +29,11 @@ from sessionstream.adapters.registry import reader_codec
 from sessionstream.client import SessionClient
 from sessionstream.schemas.events import Event, LeaseGranted, RunFinished
 from sessionstream.settings import Settings, get_settings
-from tests.integration import test_worker as _tw
 from tests.integration.faults import SOAK
 from tests.integration.helpers import check_log, wait_until
 from tests.integration.procs import Proc, processor
-from tests.integration.test_worker import ready, start_worker
+from tests.integration.runtimes.worker import test_worker as _tw
+from tests.integration.runtimes.worker.test_worker import ready, start_worker
 
 pytestmark = pytest.mark.integration
 

@@ -30,7 +30,7 @@ from tests.integration.gateway_world import GatewayWorld, gateway_world
 
 pytestmark = pytest.mark.integration
 
-ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[3] / "artifacts"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 

@@ -16,7 +16,13 @@ from sessionstream.schemas.events import LeaseGranted, StepDelivered, StepRecord
 from sessionstream.settings import Settings
 from tests.integration.helpers import wait_until
 from tests.integration.procs import Proc, processor
-from tests.integration.test_worker import prompt, ready, run_events, terminal, wait_event
+from tests.integration.runtimes.worker.test_worker import (
+    prompt,
+    ready,
+    run_events,
+    terminal,
+    wait_event,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -28,7 +28,7 @@ from tests.integration.helpers import wait_until
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 FOREIGN = "not started by sessionstream"
 
 

@@ -11,10 +11,10 @@ import pytest
 from sessionstream.adapters.kafka import read_topic
 from sessionstream.schemas.events import LeaseGranted, RunFinished, StaleWriteRecorded
 from sessionstream.settings import Settings
-from tests.integration import test_worker as _tw
 from tests.integration.helpers import check_log, wait_until
 from tests.integration.procs import Proc, processor
-from tests.integration.test_worker import (
+from tests.integration.runtimes.worker import test_worker as _tw
+from tests.integration.runtimes.worker.test_worker import (
     actions,
     outbox,
     prompt,

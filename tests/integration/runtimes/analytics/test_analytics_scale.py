@@ -39,7 +39,7 @@ from tests.integration.procs import (
     wait_sink_caught_up,
 )
 from tests.integration.rows import db
-from tests.integration.test_analytics import (
+from tests.integration.runtimes.analytics.test_analytics import (
     ALL_TIME,
     Analytics,
     Events,

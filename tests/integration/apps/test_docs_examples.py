@@ -17,7 +17,7 @@ from tests.integration.procs import Proc, processor
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_the_readme_producer_example_gets_its_outcome(

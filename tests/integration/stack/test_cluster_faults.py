@@ -428,7 +428,7 @@ def _write_results(rows: list[dict[str, object]], counts: dict[str, int], second
         "PostgreSQL equal to the log; no duplicate or gap; at most one active run per session. "
         f"Counts: `{json.dumps(counts, sort_keys=True)}`\n\n"
     )
-    title = "# Cluster faults (tests/integration/test_cluster_faults.py)\n\n"
+    title = "# Cluster faults (tests/integration/stack/test_cluster_faults.py)\n\n"
     intro = (
         "Three KRaft nodes on loopback (`SESSIONSTREAM_KAFKA_BROKERS=3`: RF 3, "
         "min.insync.replicas 2, transaction log RF 3 / min ISR 2, broker session timeout "
