@@ -13,7 +13,6 @@ that much of its body — has `timeout_s`.
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import time
 from collections.abc import Callable
 from typing import Final
@@ -21,6 +20,7 @@ from typing import Final
 import httpcore
 
 from sessionstream import __version__
+from sessionstream.adapters._http import retry_after_s
 from sessionstream.runtimes.webhooks.dispatch import Job, Outcome, Target
 from sessionstream.runtimes.webhooks.guard import (
     AddressPolicy,
@@ -44,20 +44,6 @@ _NETWORK_ERRORS = (
     httpcore.UnsupportedProtocol,
     OSError,
 )
-
-
-def retry_after_s(value: str | None, now: float) -> float | None:
-    """Seconds a ``Retry-After`` asks for (a number of seconds or an HTTP date)."""
-    if not value:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - now)
 
 
 class Sender:

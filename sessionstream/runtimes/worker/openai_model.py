@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import email.utils
 import json
 import logging
 import time
@@ -27,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from sessionstream.adapters._http import retry_after_s
 from sessionstream.errors import ConfigurationError, ModelError, ModelUnavailable
 from sessionstream.runtimes.worker._signal import AbortSignal, RunCancelled
 from sessionstream.runtimes.worker.chat import ToolCall
@@ -315,16 +315,7 @@ def _add_call_piece(
 
 def _retry_after(value: str | None) -> float | None:
     """A Retry-After header's wait in seconds: delta-seconds or an HTTP date (RFC 9110)."""
-    if not value:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
+    return retry_after_s(value, time.time())
 
 
 def _json(raw: bytes, url: str) -> dict[str, Any]:
