@@ -114,6 +114,7 @@ soak: install up
 lint: install
 	@rc=0; \
 	echo "ruff check ."; $(VENV)/bin/ruff check . || rc=1; \
+	echo "ruff format --check ."; $(VENV)/bin/ruff format --check . || rc=1; \
 	echo "mypy"; $(VENV)/bin/mypy || rc=1; \
 	echo "lint-imports"; $(VENV)/bin/lint-imports || rc=1; \
 	exit $$rc
