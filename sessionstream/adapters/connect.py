@@ -34,6 +34,7 @@ from sessionstream.adapters.kafka import (
     new_reader,
 )
 from sessionstream.errors import ConfigurationError, SessionstreamError
+from sessionstream.schemas._avro import event_schema
 from sessionstream.settings import Settings
 
 __all__ = [
@@ -51,8 +52,31 @@ __all__ = [
 CONNECTOR_NAME: Final = "sessionstream-analytics-events"
 DEFAULT_TABLE: Final = "analytics.run_events"
 #: the lists of `run.cancel_acknowledged`'s payload: no optional array column in the sink
-LIST_FIELDS: Final = ("toolsAborted", "subtasksCancelled", "actionsBlocked", "actionsExecuting")
 _CCOMPAT: Final = "/apis/ccompat/v7"
+
+
+def array_columns() -> list[str]:
+    """The flattened names (`payload_{Record}_{field}`) of every array field of the events'
+    payloads, read from the event schema: the JDBC sink can neither add an optional array
+    column nor resolve an array's default, so they are left out (the projection's
+    `agent_run_events.payload` has them)."""
+    out: list[str] = []
+
+    def walk(t: Any) -> None:
+        if isinstance(t, list):
+            for x in t:
+                walk(x)
+        elif isinstance(t, dict) and t.get("type") == "record":
+            for f in t["fields"]:
+                kinds = f["type"] if isinstance(f["type"], list) else [f["type"]]
+                for k in kinds:
+                    if isinstance(k, dict) and k.get("type") == "array":
+                        out.append(f"payload_{t['name']}_{f['name']}")
+                    walk(k)
+
+    payload = next(f for f in event_schema()["fields"] if f["name"] == "payload")
+    walk(payload["type"])
+    return sorted(set(out))
 
 
 class ConnectError(SessionstreamError):
@@ -124,9 +148,7 @@ def connector_config(
         "transforms.flatten.type": "org.apache.kafka.connect.transforms.Flatten$Value",
         "transforms.flatten.delimiter": "_",
         "transforms.lists.type": "org.apache.kafka.connect.transforms.ReplaceField$Value",
-        "transforms.lists.exclude": ",".join(
-            f"payload_CancelAcknowledged_{f}" for f in LIST_FIELDS
-        ),
+        "transforms.lists.exclude": ",".join(array_columns()),
         "transforms.names.type": "io.debezium.connector.jdbc.transforms.FieldNameTransformation",
         "transforms.names.column.naming.style": "snake_case",
         "errors.tolerance": "none",
