@@ -8,7 +8,7 @@ once, in order.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from importlib import resources
 
@@ -61,16 +61,24 @@ def applied_versions(conn: psycopg.Connection) -> set[int]:
 
 
 def migrate(
-    conninfo: str, *, schema: str | None = None, progress: Callable[[Migration], None] | None = None
+    conninfo: str,
+    *,
+    schema: str | None = None,
+    progress: Callable[[Migration], None] | None = None,
+    skip: Collection[int] = (),
 ) -> list[Migration]:
-    """Apply what is missing; returns what was applied (empty when up to date). A database
-    that cannot be reached (or is lost meanwhile) is `DatabaseUnavailable`."""
+    """Apply what is missing, but the versions in `skip` (an upgrade taken in two steps);
+    returns what was applied (empty when up to date). A database that cannot be reached (or
+    is lost meanwhile) is `DatabaseUnavailable`."""
     with translated(conninfo):
-        return _migrate(conninfo, schema, progress)
+        return _migrate(conninfo, schema, progress, skip)
 
 
 def _migrate(
-    conninfo: str, schema: str | None, progress: Callable[[Migration], None] | None
+    conninfo: str,
+    schema: str | None,
+    progress: Callable[[Migration], None] | None,
+    skip: Collection[int] = (),
 ) -> list[Migration]:
     done: list[Migration] = []
     with psycopg.connect(conninfo, autocommit=True, **connect_kwargs(None)) as conn:
@@ -82,6 +90,8 @@ def _migrate(
                 conn.execute(f'create schema if not exists "{schema}"')
             conn.execute(f'set search_path to "{schema}"')
         for m in migrations():
+            if m.version in skip:
+                continue
             with conn.transaction():
                 conn.execute("select pg_advisory_xact_lock(%s)", (_LOCK,))
                 if m.version in applied_versions(conn):
