@@ -105,7 +105,7 @@ def _append_only(c: Check, conn: psycopg.Connection[Any], settings: Settings) ->
 
 
 def _entry_semantics(c: Check, conn: psycopg.Connection[Any], settings: Settings) -> None:
-    handled = set(decider._HANDLERS) | set(decider._WORKER_HANDLERS) | {"lease.acquire"}
+    handled = decider.HANDLED_COMMAND_TYPES
     missing = sorted(set(COMMAND_PAYLOADS) - handled)
     if missing:
         c.fail("command types without an explicit rule", missing)
