@@ -29,8 +29,9 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from typing import Any, Final, Literal
+from typing import Any, Final
 
+from sessionstream._client_commands import KNOWN_RUN, ProducerCommands, _KnownRun
 from sessionstream._outcomes import (
     CommandHandle,
     Outcome,
@@ -56,16 +57,9 @@ from sessionstream.adapters.registry import attach_registry
 from sessionstream.adapters.topics import command_topic
 from sessionstream.core.partitioning import partition_for
 from sessionstream.errors import CommandTimeout, KafkaFailed, KafkaUnavailable, SessionstreamError
-from sessionstream.schemas._json import jsonable
 from sessionstream.schemas.codec import Codec
 from sessionstream.schemas.commands import (
-    AbortPayload,
     Command,
-    FollowUpPayload,
-    PromptPayload,
-    PromptPolicy,
-    SendPayload,
-    SteerPayload,
 )
 from sessionstream.schemas.errors import DecodeError
 from sessionstream.schemas.events import Event
@@ -82,19 +76,9 @@ _DRAIN_BATCH: Final = 500
 _RUNS_MAX: Final = 100_000
 
 
-class _KnownRun:
-    """`run_id` default: the run this client last saw active in the session (none known:
-    session-scoped)."""
-
-    def __repr__(self) -> str:
-        return "KNOWN_RUN"
-
-
-KNOWN_RUN: Final = _KnownRun()
-
-
-class SessionClient:
-    """Send commands to sessions and, when asked, wait for their outcomes."""
+class SessionClient(ProducerCommands):
+    """Send commands to sessions and, when asked, wait for their outcomes. The commands
+    a producer sends by name (`prompt`, `steer`, ...) are `ProducerCommands`'."""
 
     def __init__(
         self,
@@ -270,81 +254,6 @@ class SessionClient:
         if poll:
             self.producer.poll(0)
         return handle
-
-    def prompt(
-        self,
-        session_id: str,
-        text: str,
-        *,
-        policy: PromptPolicy = "reject",
-        context_ref: str | None = None,
-        timeout_ms: int | None = None,
-        retry_of: str | None = None,
-        input: Any = None,
-        **fields: Any,
-    ) -> CommandHandle:
-        """A new task in `session_id`. `input` is its typed input: any JSON value, or a
-        pydantic model or dataclass (sent as its JSON); the worker validates it against the
-        type its handler declares (docs/workers.md#typed-input)."""
-        payload = PromptPayload(
-            text=text,
-            policy=policy,
-            context_ref=context_ref,
-            timeout_ms=timeout_ms,
-            retry_of=retry_of,
-            input=jsonable(input),
-        )
-        return self.submit(self.command(session_id, "prompt", payload, **fields))
-
-    def steer(
-        self,
-        session_id: str,
-        text: str,
-        *,
-        run_id: str | _KnownRun | None = KNOWN_RUN,
-        **fields: Any,
-    ) -> CommandHandle:
-        run = self._target(session_id, run_id)
-        cmd = self.command(session_id, "steer", SteerPayload(text=text), run_id=run, **fields)
-        return self.submit(cmd)
-
-    def follow_up(
-        self,
-        session_id: str,
-        text: str,
-        *,
-        when_idle: Literal["start", "reject"] = "start",
-        on_run_end: Literal["drop", "queue"] = "drop",
-        run_id: str | _KnownRun | None = KNOWN_RUN,
-        **fields: Any,
-    ) -> CommandHandle:
-        payload = FollowUpPayload(text=text, when_idle=when_idle, on_run_end=on_run_end)
-        run = self._target(session_id, run_id)
-        return self.submit(self.command(session_id, "follow_up", payload, run_id=run, **fields))
-
-    def send(
-        self,
-        session_id: str,
-        text: str,
-        *,
-        context_ref: str | None = None,
-        timeout_ms: int | None = None,
-        **fields: Any,
-    ) -> CommandHandle:
-        payload = SendPayload(text=text, context_ref=context_ref, timeout_ms=timeout_ms)
-        return self.submit(self.command(session_id, "send", payload, **fields))
-
-    def abort(
-        self,
-        session_id: str,
-        reason: str = "user",
-        *,
-        run_id: str | _KnownRun | None = KNOWN_RUN,
-        **fields: Any,
-    ) -> CommandHandle:
-        run = self._target(session_id, run_id)
-        payload = AbortPayload(reason=reason)
-        return self.submit(self.command(session_id, "abort", payload, run_id=run, **fields))
 
     def flush(self, timeout: float = 30.0) -> None:
         """Wait until every produced command is acknowledged by the broker."""

@@ -1,0 +1,124 @@
+"""The commands a producer sends by name: `SessionClient.prompt`, `steer`, `follow_up`,
+`send`, `abort`. Each builds its payload, names the run it acts on (`KNOWN_RUN`: the one the
+client last saw active in the session) and hands the command to `SessionClient.submit`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+from sessionstream.schemas._json import jsonable
+from sessionstream.schemas.commands import (
+    AbortPayload,
+    Command,
+    FollowUpPayload,
+    PromptPayload,
+    PromptPolicy,
+    SendPayload,
+    SteerPayload,
+)
+
+if TYPE_CHECKING:
+    from sessionstream._outcomes import CommandHandle
+
+__all__ = ["KNOWN_RUN", "ProducerCommands"]
+
+
+class _KnownRun:
+    """`run_id` default: the run this client last saw active in the session (none known:
+    session-scoped)."""
+
+    def __repr__(self) -> str:
+        return "KNOWN_RUN"
+
+
+KNOWN_RUN: Final = _KnownRun()
+
+
+class ProducerCommands:
+    """The named producer commands; `SessionClient` provides `command`, `submit` and
+    `_target`."""
+
+    def command(self, session_id: str, type_: str, payload: Any, **fields: Any) -> Command:
+        raise NotImplementedError
+
+    def submit(self, command: Command, *, track: bool = True) -> CommandHandle:
+        raise NotImplementedError
+
+    def _target(self, session_id: str, run_id: str | _KnownRun | None) -> str | None:
+        raise NotImplementedError
+
+    def prompt(
+        self,
+        session_id: str,
+        text: str,
+        *,
+        policy: PromptPolicy = "reject",
+        context_ref: str | None = None,
+        timeout_ms: int | None = None,
+        retry_of: str | None = None,
+        input: Any = None,
+        **fields: Any,
+    ) -> CommandHandle:
+        """A new task in `session_id`. `input` is its typed input: any JSON value, or a
+        pydantic model or dataclass (sent as its JSON); the worker validates it against the
+        type its handler declares (docs/workers.md#typed-input)."""
+        payload = PromptPayload(
+            text=text,
+            policy=policy,
+            context_ref=context_ref,
+            timeout_ms=timeout_ms,
+            retry_of=retry_of,
+            input=jsonable(input),
+        )
+        return self.submit(self.command(session_id, "prompt", payload, **fields))
+
+    def steer(
+        self,
+        session_id: str,
+        text: str,
+        *,
+        run_id: str | _KnownRun | None = KNOWN_RUN,
+        **fields: Any,
+    ) -> CommandHandle:
+        run = self._target(session_id, run_id)
+        cmd = self.command(session_id, "steer", SteerPayload(text=text), run_id=run, **fields)
+        return self.submit(cmd)
+
+    def follow_up(
+        self,
+        session_id: str,
+        text: str,
+        *,
+        when_idle: Literal["start", "reject"] = "start",
+        on_run_end: Literal["drop", "queue"] = "drop",
+        run_id: str | _KnownRun | None = KNOWN_RUN,
+        **fields: Any,
+    ) -> CommandHandle:
+        payload = FollowUpPayload(text=text, when_idle=when_idle, on_run_end=on_run_end)
+        run = self._target(session_id, run_id)
+        return self.submit(self.command(session_id, "follow_up", payload, run_id=run, **fields))
+
+    def send(
+        self,
+        session_id: str,
+        text: str,
+        *,
+        context_ref: str | None = None,
+        timeout_ms: int | None = None,
+        **fields: Any,
+    ) -> CommandHandle:
+        payload = SendPayload(text=text, context_ref=context_ref, timeout_ms=timeout_ms)
+        return self.submit(self.command(session_id, "send", payload, **fields))
+
+    def abort(
+        self,
+        session_id: str,
+        reason: str = "user",
+        *,
+        run_id: str | _KnownRun | None = KNOWN_RUN,
+        **fields: Any,
+    ) -> CommandHandle:
+        run = self._target(session_id, run_id)
+        payload = AbortPayload(reason=reason)
+        return self.submit(self.command(session_id, "abort", payload, run_id=run, **fields))
