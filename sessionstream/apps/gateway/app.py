@@ -24,14 +24,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from sessionstream import __version__
 from sessionstream.adapters._gc import settle_collector
 from sessionstream.apps.gateway import search, views
+from sessionstream.apps.gateway.approvals import add_approval_routes
 from sessionstream.apps.gateway.auth import Authenticator
-from sessionstream.apps.gateway.bridge import CommandBridge, InFlight
+from sessionstream.apps.gateway.bridge import CommandBridge
 from sessionstream.apps.gateway.caller import Caller, client_address
 from sessionstream.apps.gateway.commands import (
     CommandRequest,
     OutcomeResponse,
     build_command,
-    outcome_body,
+    execute,
     read_json,
 )
 from sessionstream.apps.gateway.db import Database
@@ -57,8 +58,8 @@ from sessionstream.apps.gateway.sse import (
 )
 from sessionstream.apps.gateway.tenancy import Sessions
 from sessionstream.apps.gateway.webhooks import add_webhook_routes
-from sessionstream.errors import DatabaseUnavailable, IncompatibleEvent, SessionstreamError
-from sessionstream.runtimes.sink.replay import events_of_command, offsets_for_time, parse_time
+from sessionstream.errors import DatabaseUnavailable, SessionstreamError
+from sessionstream.runtimes.sink.replay import offsets_for_time, parse_time
 from sessionstream.schemas.commands import MAX_ID_CHARS
 from sessionstream.settings import Settings
 
@@ -217,25 +218,7 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
         body = await read_json(request, settings.gateway_max_body_bytes)
         command = build_command(await gw.sessions.full_id(who.tenant_id, local), body, who)
         wait_s = min(wait or settings.gateway_wait_s, settings.gateway_wait_s)
-        try:
-            result = await gw.bridge.execute(command, wait_s)
-        except InFlight as e:
-            raise ApiError(409, "command_in_flight", str(e)) from e
-        if isinstance(result, IncompatibleEvent):
-            # the session's log holds an event a newer version wrote: the outcome is unknown
-            raise ApiError(502, "incompatible_event", str(result).splitlines()[0])
-        if isinstance(result, SessionstreamError):
-            raise ApiError(503, "kafka_unavailable", str(result).splitlines()[0])
-        if result is not None and result.reason == "tenant_mismatch":
-            # only a session named before namespaces (an alias) can be another tenant's
-            raise ApiError(404, "not_found", _NOT_FOUND)
-        original = None
-        if result is not None and result.status == "duplicate":
-            with contextlib.suppress(DatabaseUnavailable):
-                original = await gw.db.run(
-                    events_of_command, command.session_id, command.command_id
-                )
-        return outcome_body(command, result, original)
+        return await execute(gw.bridge, gw.db, command, wait_s, _NOT_FOUND)
 
     # the route above, ahead of FastAPI's layers and of Guard (its description stays in
     # the OpenAPI; it sends Guard's headers itself)
@@ -400,6 +383,7 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
         return await _stats(gw, who.tenant_id, minutes)
 
     add_webhook_routes(app, settings, gw.db)
+    add_approval_routes(app, settings, gw)
 
     @app.get("/v1/whoami", summary="The tenant and actor of the key")
     async def whoami(who: Caller) -> dict[str, Any]:
