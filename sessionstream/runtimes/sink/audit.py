@@ -238,9 +238,7 @@ def _replayable(c: Check, conn: psycopg.Connection[Any], settings: Settings) -> 
     c.note(f"{runs} runs replay completely by run id (events 1..last_seq present)")
 
 
-def unapproved_actions(
-    events: Iterable[Event], policy: tuple[tuple[str, str], ...]
-) -> list[str]:
+def unapproved_actions(events: Iterable[Event], policy: tuple[tuple[str, str], ...]) -> list[str]:
     """`run/key#seq` of each `action.completed` whose key needed a person and has no
     person's approval before it: an `action.approved` with `decidedBy`, of the same run and
     key, that decided an `action.pending` (the digest the person was shown) written before

@@ -23,6 +23,8 @@ from typing import Any
 
 import httpx
 import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
 
 from sessionstream.adapters.postgres import connect
 from sessionstream.apps._procs import settings_env
@@ -30,6 +32,7 @@ from sessionstream.client import SessionClient
 from sessionstream.runtimes.sink.audit import run_audit
 from sessionstream.runtimes.worker._approval import args_digest
 from sessionstream.settings import Settings
+from tests.integration.apps.gateway.test_console_browser import _css, _shot, _wait
 from tests.integration.gateway_world import SSE, GatewayWorld, gateway_world
 from tests.integration.helpers import wait_until
 from tests.integration.procs import Proc
@@ -39,15 +42,26 @@ pytestmark = pytest.mark.integration
 AGENT = "tests.integration.approval_agent:run"
 LEASE_MS = 2500
 DIGEST = args_digest({"amount": 42})
+EXE = str(Path(sys.executable).with_name("sessionstream"))
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def world(settings: Settings) -> Iterator[GatewayWorld]:
+    """The stack and two workers (the first test kills one: the others need one alive)."""
     w = gateway_world(settings, "appr", approval_kinds="payment", gateway_key_cache_s=0.5)
     try:
-        yield w.start()
+        w.start()
+        for wid in ("worker-a", "worker-b"):
+            _worker(w, wid)
+        for p in w.procs[-2:]:
+            p.wait_log("ready:", timeout=60)
+        yield w
     finally:
         w.stop()
+
+
+def _workers(w: GatewayWorld) -> dict[str, Proc]:
+    return {p.args[2]: p for p in w.procs if p.args[:1] == ["worker"]}
 
 
 def _worker(w: GatewayWorld, worker_id: str) -> Proc:
@@ -66,7 +80,7 @@ def _worker(w: GatewayWorld, worker_id: str) -> Proc:
 
 
 def _calls(path: Path) -> Counter[str]:
-    """"asked <key>" / "paid <key>" lines, without the worker that wrote them."""
+    """ "asked <key>" / "paid <key>" lines, without the worker that wrote them."""
     out: Counter[str] = Counter()
     for line in path.read_text().splitlines() if path.exists() else []:
         what, _who, key = line.split()
@@ -91,9 +105,7 @@ def _finished(http: httpx.Client, run_id: str) -> dict[str, Any] | None:
     return run if run.get("terminalStatus") else None
 
 
-def _decide(
-    http: httpx.Client, run_id: str, key: str, verb: str, **body: Any
-) -> httpx.Response:
+def _decide(http: httpx.Client, run_id: str, key: str, verb: str, **body: Any) -> httpx.Response:
     return http.post(f"/v1/runs/{run_id}/actions/{key}/{verb}", json=body)
 
 
@@ -103,9 +115,7 @@ def test_approve_deny_tenants_and_a_takeover_while_pending(
     w, calls = world, tmp_path / "calls.log"
     acme = w.client(w.key("acme", "user:bo"))
     globex = w.client(w.key("globex", "mallory"))
-    workers = {wid: _worker(w, wid) for wid in ("worker-a", "worker-b")}
-    for p in workers.values():
-        p.wait_log("ready:", timeout=60)
+    workers = _workers(w)
 
     # -- run A: pending, visible, refused to another tenant -------------------------------
     sid = f"pay-{uuid.uuid4().hex[:6]}"
@@ -160,8 +170,10 @@ def test_approve_deny_tenants_and_a_takeover_while_pending(
     assert [(e["type"], e["payload"]["decidedBy"]) for e in body["events"]] == [
         ("action.approved", "user:bo")
     ]
+    # twice: refused — not pending any more, or (the payment was quick) the run has ended
     again = _decide(acme, run_a, key_a, "approve", argsDigest=DIGEST)
-    assert again.status_code == 409 and again.json()["reason"] == "action_not_pending"
+    assert again.status_code == 409, again.text
+    assert again.json()["reason"] in ("action_not_pending", "run_not_active"), again.text
     done = wait_until(lambda: _finished(acme, run_a), timeout=30, what="run A to finish")
     assert done["terminalStatus"] == "completed", done
     decided = next(a for a in done["actions"] if a["key"] == key_a)
@@ -187,6 +199,7 @@ def test_approve_deny_tenants_and_a_takeover_while_pending(
             if event == "run.finished":
                 break
     assert ("action.pending", None) in seen and ("action.approved", "user:bo") in seen, seen
+    assert [e for e in seen if e[0] == "action.approved"] == [("action.approved", "user:bo")]
 
     # -- run B: denied by a person; the SDK's approve after it is rejected -----------------
     sid_b = f"pay-{uuid.uuid4().hex[:6]}"
@@ -198,8 +211,7 @@ def test_approve_deny_tenants_and_a_takeover_while_pending(
     key_b = f"pay-{run_b}"
     wait_until(lambda: _pending(acme, run_b, 1), timeout=30, what="run B's payment pending")
     cli = subprocess.run(
-        [str(Path(sys.executable).with_name("sessionstream")), "approvals", "list"]
-        + ["--tenant", "acme", "--json"],
+        [EXE, "approvals", "list", "--json", "--tenant", "acme"],
         env=settings_env(w.settings),
         capture_output=True,
         text=True,
@@ -216,7 +228,10 @@ def test_approve_deny_tenants_and_a_takeover_while_pending(
     assert no.status_code == 200, no.text
     denied = no.json()["events"][0]
     assert denied["type"] == "action.denied"
-    assert (denied["payload"]["reason"], denied["payload"]["detail"]) == ("denied", "not this month")
+    assert (denied["payload"]["reason"], denied["payload"]["detail"]) == (
+        "denied",
+        "not this month",
+    )
     assert denied["payload"]["decidedBy"] == "user:bo"
     done_b = wait_until(lambda: _finished(acme, run_b), timeout=30, what="run B to finish")
     with SessionClient("acme", w.settings, actor="user:cy") as c:
@@ -242,3 +257,53 @@ def test_approve_deny_tenants_and_a_takeover_while_pending(
         conn.commit()
         nine = run_audit(w.settings, conn)[8]
     assert not nine.ok and any(f"{run_b}/{key_b}#1000" in line for line in nine.evidence), nine
+
+
+def test_the_console_shows_a_pending_action_and_who_approved_it(
+    world: GatewayWorld, browser: WebDriver, tmp_path: Path
+) -> None:
+    calls = tmp_path / "calls.log"
+    key = world.key("acme", "ui:alice")
+    sid = f"console-{uuid.uuid4().hex[:8]}"
+    browser.get(f"{world.url}/?key={key}#/sessions/{sid}")
+    _wait(browser, "live stream", 30, lambda d: _css(d, '#live[data-on="1"]'))
+    r = world.client(key).post(
+        f"/v1/sessions/{sid}/commands",
+        json={"type": "prompt", "payload": {"text": f"calls={calls} amount=7"}},
+    )
+    assert r.status_code == 200, r.text
+    pay = f"pay-{r.json()['runId']}"
+    pending = f'li.approval[data-key="{pay}"][data-decision="pending"]'
+    _wait(browser, "pending action", 30, lambda d: _css(d, pending))
+    item = browser.find_element(By.CSS_SELECTOR, pending)
+    assert "payment" in item.find_element(By.CSS_SELECTOR, ".what").text
+    digest = args_digest({"amount": 7})
+    assert item.find_element(By.CSS_SELECTOR, ".digest").get_attribute("title") == digest
+    _wait(
+        browser,
+        "time left",
+        10,
+        lambda d: "left" in d.find_element(By.CSS_SELECTOR, f"{pending} .left").text,
+    )
+    assert item.find_element(By.CSS_SELECTOR, "button.deny").is_displayed()
+    _shot(browser, "approval-1-pending")
+    item.find_element(By.CSS_SELECTOR, "button.approve").click()
+    approved = f'li.approval[data-key="{pay}"][data-decision="approved"] .decided'
+    _wait(
+        browser,
+        "who approved",
+        30,
+        lambda d: "approved by ui:alice" in d.find_element(By.CSS_SELECTOR, approved).text,
+    )
+    _wait(
+        browser, "completed run", 30, lambda d: d.find_element(By.ID, "status").text == "completed"
+    )
+    _wait(
+        browser,
+        "executed action",
+        15,
+        lambda d: "executed" in d.find_element(By.CSS_SELECTOR, approved).text,
+    )
+    assert f"approve {pay}: accepted" in browser.find_element(By.ID, "outcomes").text
+    assert _calls(calls)[f"paid {pay}"] == 1
+    _shot(browser, "approval-2-approved")
