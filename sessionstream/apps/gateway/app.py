@@ -383,7 +383,7 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
         return await _stats(gw, who.tenant_id, minutes)
 
     add_webhook_routes(app, settings, gw.db)
-    add_approval_routes(app, settings, gw)
+    add_approval_routes(app, settings, gw.bridge, gw.db)
 
     @app.get("/v1/whoami", summary="The tenant and actor of the key")
     async def whoami(who: Caller) -> dict[str, Any]:

@@ -23,8 +23,10 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sessionstream.apps.gateway.auth import Principal
+from sessionstream.apps.gateway.bridge import CommandBridge
 from sessionstream.apps.gateway.caller import Caller
 from sessionstream.apps.gateway.commands import OutcomeResponse, execute, read_json
+from sessionstream.apps.gateway.db import Database
 from sessionstream.apps.gateway.errors import ApiError
 from sessionstream.runtimes.sink.approvals import pending_approvals
 from sessionstream.schemas.commands import (
@@ -40,14 +42,13 @@ from sessionstream.settings import Settings
 if TYPE_CHECKING:
     import psycopg
 
-    from sessionstream.apps.gateway.app import Gateway
-
 __all__ = ["DecisionRequest", "add_approval_routes"]
 
 _NOT_FOUND: Final = "no such run for this key's tenant"
 _ID_TEXT = r"^[^\x00/]+$"
 RunId = Annotated[str, Path(alias="runId", min_length=1, max_length=MAX_ID_CHARS, pattern=_ID_TEXT)]
 Key = Annotated[str, Path(min_length=1, max_length=MAX_ID_CHARS, pattern=_ID_TEXT)]
+Wait = Annotated[float | None, Query(gt=0, description="seconds to wait for the outcome at most")]
 #: fields the gateway sets from the API key; a body naming one is refused
 _FORBIDDEN: Final = ("actor", "decidedBy", "decided_by", "tenantId", "tenant_id", "sessionId")
 
@@ -97,7 +98,9 @@ def _decision(body: Any, deny: bool) -> DecisionRequest:
         ) from None
 
 
-def add_approval_routes(app: FastAPI, settings: Settings, gw: Gateway) -> None:
+def add_approval_routes(
+    app: FastAPI, settings: Settings, bridge: CommandBridge, db: Database
+) -> None:
     responses: dict[int | str, dict[str, Any]] = {
         202: {"description": "no outcome within the wait: resend with the same commandId"},
         400: {"description": "malformed JSON, invalid or forbidden field"},
@@ -114,7 +117,7 @@ def add_approval_routes(app: FastAPI, settings: Settings, gw: Gateway) -> None:
         request: Request, run_id: str, key: str, who: Principal, wait: float | None, deny: bool
     ) -> JSONResponse:
         body = _decision(await read_json(request, settings.gateway_max_body_bytes), deny)
-        session = await gw.db.run(_session_of, run_id, who.tenant_id)
+        session = await db.run(_session_of, run_id, who.tenant_id)
         if session is None:
             raise ApiError(404, "not_found", _NOT_FOUND)
         payload: ActionApprovePayload | ActionDenyPayload
@@ -140,12 +143,8 @@ def add_approval_routes(app: FastAPI, settings: Settings, gw: Gateway) -> None:
             payload=payload,
         )
         wait_s = min(wait or settings.gateway_wait_s, settings.gateway_wait_s)
-        status, out = await execute(gw.bridge, gw.db, command, wait_s, _NOT_FOUND)
+        status, out = await execute(bridge, db, command, wait_s, _NOT_FOUND)
         return JSONResponse(out, status_code=status)
-
-    Wait = Annotated[
-        float | None, Query(gt=0, description="seconds to wait for the outcome at most")
-    ]
 
     @app.post(
         "/v1/runs/{runId}/actions/{key}/approve",
@@ -185,7 +184,7 @@ def add_approval_routes(app: FastAPI, settings: Settings, gw: Gateway) -> None:
     async def get_approvals(
         who: Caller, limit: Annotated[int, Query(ge=1, le=1000)] = 200
     ) -> dict[str, Any]:
-        rows = await gw.db.run(pending_approvals, who.tenant_id, limit)
+        rows = await db.run(pending_approvals, who.tenant_id, limit)
         for r in rows:
             r["sessionId"] = local_session_id(who.tenant_id, r["sessionId"])
         return {"approvals": rows}

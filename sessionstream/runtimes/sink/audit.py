@@ -6,7 +6,7 @@ first offenders by id, the topic settings read from the broker.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,20 +15,13 @@ import psycopg
 from sessionstream.adapters.kafka import read_topic
 from sessionstream.adapters.topics import check_topics
 from sessionstream.core import decider
-from sessionstream.core.approvals import needs_approval, parse_approval_kinds
+from sessionstream.core.approvals import parse_approval_kinds, unapproved_actions
 from sessionstream.errors import SessionstreamError
 from sessionstream.runtimes.sink.replay import event_of_row, event_select
 from sessionstream.schemas.commands import COMMAND_PAYLOADS
-from sessionstream.schemas.events import (
-    ActionCompleted,
-    ActionDecision,
-    ActionPending,
-    Event,
-    RunStarted,
-)
 from sessionstream.settings import Settings
 
-__all__ = ["Check", "run_audit", "unapproved_actions"]
+__all__ = ["Check", "run_audit"]
 
 ACTIVE = "('running', 'compacting', 'cancelling')"
 
@@ -238,60 +231,22 @@ def _replayable(c: Check, conn: psycopg.Connection[Any], settings: Settings) -> 
     c.note(f"{runs} runs replay completely by run id (events 1..last_seq present)")
 
 
-def unapproved_actions(events: Iterable[Event], policy: tuple[tuple[str, str], ...]) -> list[str]:
-    """`run/key#seq` of each `action.completed` whose key needed a person and has no
-    person's approval before it: an `action.approved` with `decidedBy`, of the same run and
-    key, that decided an `action.pending` (the digest the person was shown) written before
-    it. A key needed a person when the run wrote `action.pending` for it, when its
-    `run.started` named its kind (`approvalKinds`), or when `policy` (the settings') names
-    its kind for the run's tenant. `events`: of any runs, each run's in seq order."""
-    runs: dict[str, tuple[str | None, tuple[str, ...]]] = {}
-    kinds: dict[tuple[str, str], str] = {}
-    asked: set[tuple[str, str]] = set()  # a pending request seen, not yet decided
-    approved: dict[tuple[str, str], str] = {}  # by a person, after a pending: its digest
-    digest: dict[tuple[str, str], str | None] = {}
-    out: list[str] = []
-    for e in events:
-        if e.type == "run.started":
-            runs[e.run_id] = (e.tenant_id, tuple(e.payload_as(RunStarted).approval_kinds))
-        elif e.type == "action.pending":
-            p = e.payload_as(ActionPending)
-            k = (e.run_id, p.idempotency_key)
-            kinds[k], digest[k] = p.kind, p.args_digest
-            asked.add(k)
-        elif e.type in ("action.approved", "action.denied"):
-            d = e.payload_as(ActionDecision)
-            k = (e.run_id, d.idempotency_key)
-            kinds.setdefault(k, d.kind)
-            if e.type == "action.approved" and d.decided_by and k in asked:
-                approved[k] = str(digest.get(k))
-            asked.discard(k)
-        elif e.type == "action.completed":
-            k = (e.run_id, e.payload_as(ActionCompleted).idempotency_key)
-            kind = kinds.get(k, "")
-            tenant, run_kinds = runs.get(e.run_id, (e.tenant_id, ()))
-            needed = k in digest or needs_approval(policy, tenant, kind, run_kinds)
-            if needed and k not in approved:
-                out.append(f"{e.run_id}/{k[1]}#{e.seq}")
-    return out
-
-
-def _approvals(c: Check, conn: psycopg.Connection[Any], settings: Settings) -> None:
-    policy = parse_approval_kinds(settings.approval_kinds)
+def _approvals(c: Check, conn: psycopg.Connection[Any], kinds: str) -> None:
+    policy = parse_approval_kinds(kinds)
     rows = _rows(
         conn,
         f"{event_select()} where run_id in (select run_id from agent_run_events"
         " where type = 'action.completed') and type in ('run.started', 'action.pending',"
         " 'action.approved', 'action.denied', 'action.completed') order by run_id, seq",
     )
-    bad = unapproved_actions((event_of_row(r) for r in rows), policy)
+    bad = unapproved_actions([event_of_row(r) for r in rows], policy)
     if bad:
         c.fail("actions completed without the person's approval their kind needs", bad)
     completed = sum(1 for r in rows if r[3] == "action.completed")
     pending = _one(conn, "select count(*) from agent_run_events where type = 'action.pending'")
     c.note(
         f"{completed} completed actions; {pending} approvals asked of a person; policy "
-        f"{settings.approval_kinds or '(none)'} and each run's approvalKinds"
+        f"{kinds or '(none)'} and each run's approvalKinds"
     )
 
 
@@ -304,16 +259,23 @@ CHECKS: list[tuple[str, Callable[[Check, psycopg.Connection[Any], Settings], Non
     ("workers use lease + generation", _leases),
     ("external actions carry idempotency keys", _idempotency),
     ("the event stream replays completely by run id", _replayable),
-    ("no action executed without its required approval", _approvals),
 ]
+_APPROVALS = "no action executed without its required approval"
 
 
-def run_audit(settings: Settings, conn: psycopg.Connection[Any]) -> list[Check]:
-    """All nine checks; read-only."""
+def run_audit(
+    settings: Settings, conn: psycopg.Connection[Any], *, policy: str = ""
+) -> list[Check]:
+    """All nine checks; read-only. `policy`: the approval kinds the processors run with
+    (`SESSIONSTREAM_APPROVAL_KINDS`; the ninth check judges by it and by each run's own
+    kinds)."""
     out = []
     for i, (title, fn) in enumerate(CHECKS, start=1):
         check = Check(i, title)
         fn(check, conn, settings)
         out.append(check)
+    check = Check(len(CHECKS) + 1, _APPROVALS)
+    _approvals(check, conn, policy)
+    out.append(check)
     conn.rollback()
     return out

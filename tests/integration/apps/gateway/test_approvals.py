@@ -244,7 +244,7 @@ def test_approve_deny_tenants_and_a_takeover_while_pending(
 
     # -- the audit: no action executed without its approval; then a planted one -----------
     with connect(w.settings) as conn:
-        assert run_audit(w.settings, conn)[8].ok
+        assert run_audit(w.settings, conn, policy="payment")[8].ok
         conn.execute(
             "insert into agent_run_events (session_id, run_id, seq, type, payload, generation,"
             " command_id, tenant_id, ts, kafka_partition, kafka_offset) select session_id,"
@@ -255,7 +255,7 @@ def test_approve_deny_tenants_and_a_takeover_while_pending(
             (key_b, run_b),
         )
         conn.commit()
-        nine = run_audit(w.settings, conn)[8]
+        nine = run_audit(w.settings, conn, policy="payment")[8]
     assert not nine.ok and any(f"{run_b}/{key_b}#1000" in line for line in nine.evidence), nine
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sessionstream.runtimes.sink.audit import unapproved_actions
+from sessionstream.core.approvals import unapproved_actions
 from sessionstream.schemas.events import Event
 
-GOLDEN = Path(__file__).parents[3] / "golden" / "approvals.jsonl"
+GOLDEN = Path(__file__).parents[2] / "golden" / "approvals.jsonl"
 RUN = "run-1"
 
 
