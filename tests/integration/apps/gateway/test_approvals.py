@@ -220,6 +220,16 @@ def test_approve_deny_tenants_and_a_takeover_while_pending(
     )
     assert cli.returncode == 0, cli.stderr
     assert [(a["runId"], a["key"]) for a in json.loads(cli.stdout)] == [(run_b, key_b)]
+    # the CLI names a tenant too: another tenant's run is not found, nothing is sent
+    other = subprocess.run(
+        [EXE, "approvals", "approve", run_b, key_b, "--digest", DIGEST, "--tenant", "globex"],
+        env=settings_env(w.settings),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert other.returncode == 2 and "no run" in other.stderr, other.stderr
     with SessionClient("acme", w.settings, actor="user:cy") as c:
         # the SDK: wait() answers a decision's outcome, a rejection with its reason
         odd = c.wait(c.approve(f"acme:{sid_b}", run_b, key_b, args_digest="sha256:x"), 30)
