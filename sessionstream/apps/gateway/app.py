@@ -26,13 +26,13 @@ from sessionstream.adapters._gc import settle_collector
 from sessionstream.apps.gateway import search, views
 from sessionstream.apps.gateway.approvals import add_approval_routes
 from sessionstream.apps.gateway.auth import Authenticator
-from sessionstream.apps.gateway.bridge import CommandBridge
+from sessionstream.apps.gateway.bridge import CommandBridge, InFlight
 from sessionstream.apps.gateway.caller import Caller, client_address
 from sessionstream.apps.gateway.commands import (
     CommandRequest,
     OutcomeResponse,
     build_command,
-    execute,
+    outcome_body,
     read_json,
 )
 from sessionstream.apps.gateway.db import Database
@@ -58,9 +58,9 @@ from sessionstream.apps.gateway.sse import (
 )
 from sessionstream.apps.gateway.tenancy import Sessions
 from sessionstream.apps.gateway.webhooks import add_webhook_routes
-from sessionstream.errors import DatabaseUnavailable, SessionstreamError
-from sessionstream.runtimes.sink.replay import offsets_for_time, parse_time
-from sessionstream.schemas.commands import MAX_ID_CHARS
+from sessionstream.errors import DatabaseUnavailable, IncompatibleEvent, SessionstreamError
+from sessionstream.runtimes.sink.replay import events_of_command, offsets_for_time, parse_time
+from sessionstream.schemas.commands import MAX_ID_CHARS, Command
 from sessionstream.settings import Settings
 
 __all__ = ["create_app"]
@@ -217,8 +217,31 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
         wait = _positive(request.query_params.get("wait"), "wait")
         body = await read_json(request, settings.gateway_max_body_bytes)
         command = build_command(await gw.sessions.full_id(who.tenant_id, local), body, who)
+        return await execute(command, wait)
+
+    async def execute(command: Command, wait: float | None) -> tuple[int, dict[str, Any]]:
+        """Send `command`, wait for its outcome: the HTTP status and body of every command
+        route; ApiError for what the gateway cannot answer."""
         wait_s = min(wait or settings.gateway_wait_s, settings.gateway_wait_s)
-        return await execute(gw.bridge, gw.db, command, wait_s, _NOT_FOUND)
+        try:
+            result = await gw.bridge.execute(command, wait_s)
+        except InFlight as e:
+            raise ApiError(409, "command_in_flight", str(e)) from e
+        if isinstance(result, IncompatibleEvent):
+            # the session's log holds an event a newer version wrote: the outcome is unknown
+            raise ApiError(502, "incompatible_event", str(result).splitlines()[0])
+        if isinstance(result, SessionstreamError):
+            raise ApiError(503, "kafka_unavailable", str(result).splitlines()[0])
+        if result is not None and result.reason == "tenant_mismatch":
+            # only a session named before namespaces (an alias) can be another tenant's
+            raise ApiError(404, "not_found", _NOT_FOUND)
+        original = None
+        if result is not None and result.status == "duplicate":
+            with contextlib.suppress(DatabaseUnavailable):
+                original = await gw.db.run(
+                    events_of_command, command.session_id, command.command_id
+                )
+        return outcome_body(command, result, original)
 
     # the route above, ahead of FastAPI's layers and of Guard (its description stays in
     # the OpenAPI; it sends Guard's headers itself)
@@ -383,7 +406,7 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
         return await _stats(gw, who.tenant_id, minutes)
 
     add_webhook_routes(app, settings, gw.db)
-    add_approval_routes(app, settings, gw.bridge, gw.db)
+    add_approval_routes(app, settings, gw.db, execute)
 
     @app.get("/v1/whoami", summary="The tenant and actor of the key")
     async def whoami(who: Caller) -> dict[str, Any]:

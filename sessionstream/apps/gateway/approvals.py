@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Annotated, Any, Final
 
 from fastapi import FastAPI, Path, Query, Request
@@ -23,9 +24,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sessionstream.apps.gateway.auth import Principal
-from sessionstream.apps.gateway.bridge import CommandBridge
 from sessionstream.apps.gateway.caller import Caller
-from sessionstream.apps.gateway.commands import OutcomeResponse, execute, read_json
+from sessionstream.apps.gateway.commands import OutcomeResponse, read_json
 from sessionstream.apps.gateway.db import Database
 from sessionstream.apps.gateway.errors import ApiError
 from sessionstream.runtimes.sink.approvals import pending_approvals
@@ -98,9 +98,11 @@ def _decision(body: Any, deny: bool) -> DecisionRequest:
         ) from None
 
 
-def add_approval_routes(
-    app: FastAPI, settings: Settings, bridge: CommandBridge, db: Database
-) -> None:
+#: the app's command sending and outcome wait (what ``POST .../commands`` answers with)
+Execute = Callable[[Command, float | None], Awaitable[tuple[int, dict[str, Any]]]]
+
+
+def add_approval_routes(app: FastAPI, settings: Settings, db: Database, execute: Execute) -> None:
     responses: dict[int | str, dict[str, Any]] = {
         202: {"description": "no outcome within the wait: resend with the same commandId"},
         400: {"description": "malformed JSON, invalid or forbidden field"},
@@ -142,8 +144,7 @@ def add_approval_routes(
             run_id=run_id,
             payload=payload,
         )
-        wait_s = min(wait or settings.gateway_wait_s, settings.gateway_wait_s)
-        status, out = await execute(bridge, db, command, wait_s, _NOT_FOUND)
+        status, out = await execute(command, wait)
         return JSONResponse(out, status_code=status)
 
     @app.post(

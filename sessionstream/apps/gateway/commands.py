@@ -15,7 +15,6 @@ not for a parser to guess), and payload numbers and booleans are of their JSON t
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import time
@@ -26,13 +25,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import ClientDisconnect, Request
 
 from sessionstream.apps.gateway.auth import Principal
-from sessionstream.apps.gateway.bridge import CommandBridge, InFlight
-from sessionstream.apps.gateway.db import Database
 from sessionstream.apps.gateway.errors import ApiError
 from sessionstream.apps.gateway.views import event_json
 from sessionstream.client import Outcome, outcome_of
-from sessionstream.errors import DatabaseUnavailable, IncompatibleEvent, SessionstreamError
-from sessionstream.runtimes.sink.replay import events_of_command
+from sessionstream.errors import SessionstreamError
 from sessionstream.schemas.commands import (
     COMMAND_PAYLOADS,
     MAX_ID_CHARS,
@@ -41,14 +37,7 @@ from sessionstream.schemas.commands import (
 )
 from sessionstream.schemas.sessions import local_session_id
 
-__all__ = [
-    "CommandRequest",
-    "OutcomeResponse",
-    "build_command",
-    "execute",
-    "outcome_body",
-    "read_json",
-]
+__all__ = ["CommandRequest", "OutcomeResponse", "build_command", "outcome_body", "read_json"]
 
 log = logging.getLogger("sessionstream.apps.gateway")
 
@@ -250,29 +239,3 @@ def outcome_body(
         outcome.status
     ]
     return status, body
-
-
-async def execute(
-    bridge: CommandBridge, db: Database, command: Command, wait_s: float, not_found: str
-) -> tuple[int, dict[str, Any]]:
-    """Send `command` and wait for its outcome at most `wait_s`: the HTTP status and body
-    every command route answers with (202 pending when none came in time); ApiError for a
-    command in flight, an unreadable log, Kafka down, and (404 `not_found`) another
-    tenant's session."""
-    try:
-        result = await bridge.execute(command, wait_s)
-    except InFlight as e:
-        raise ApiError(409, "command_in_flight", str(e)) from e
-    if isinstance(result, IncompatibleEvent):
-        # the session's log holds an event a newer version wrote: the outcome is unknown
-        raise ApiError(502, "incompatible_event", str(result).splitlines()[0])
-    if isinstance(result, SessionstreamError):
-        raise ApiError(503, "kafka_unavailable", str(result).splitlines()[0])
-    if result is not None and result.reason == "tenant_mismatch":
-        # only a session named before namespaces (an alias) can be another tenant's
-        raise ApiError(404, "not_found", not_found)
-    original = None
-    if result is not None and result.status == "duplicate":
-        with contextlib.suppress(DatabaseUnavailable):
-            original = await db.run(events_of_command, command.session_id, command.command_id)
-    return outcome_body(command, result, original)
