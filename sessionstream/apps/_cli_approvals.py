@@ -12,14 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from sessionstream.apps._cli_send import (
-    Actor,
-    AsJson,
-    CommandId,
-    Tenant,
-    Wait,
-    _submit,
-)
+from sessionstream.apps._cli_send import Actor, AsJson, CommandId, Wait, _submit
 from sessionstream.errors import DatabaseError, SessionstreamError
 from sessionstream.settings import get_settings
 
@@ -30,6 +23,9 @@ approvals_app = typer.Typer(
     no_args_is_help=True,
 )
 
+Tenant = Annotated[
+    str, typer.Option(help="the tenant whose runs these are (a run of another is not found)")
+]
 RunArg = Annotated[str, typer.Argument(help="the run whose action it is", show_default=False)]
 KeyArg = Annotated[str, typer.Argument(help="the action's idempotency key", show_default=False)]
 Digest = Annotated[
