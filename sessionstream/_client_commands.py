@@ -1,5 +1,5 @@
 """The commands a producer sends by name: `SessionClient.prompt`, `steer`, `follow_up`,
-`send`, `abort`, `approve`, `deny`. Each builds its payload, names the run it acts on
+`send`, `abort`, `approve`, `deny`, `answer`. Each builds its payload, names the run it acts on
 (`KNOWN_RUN`: the one the client last saw active in the session; a decision names its run
 always) and hands the command to `SessionClient.submit`.
 """
@@ -17,6 +17,7 @@ from sessionstream.schemas.commands import (
     FollowUpPayload,
     PromptPayload,
     PromptPolicy,
+    QuestionAnswerPayload,
     SendPayload,
     SteerPayload,
 )
@@ -166,4 +167,26 @@ class ProducerCommands:
             idempotency_key=key, args_digest=args_digest, generation=generation, reason=reason
         )
         cmd = self.command(session_id, "action.deny", payload, run_id=run_id, **fields)
+        return self.submit(cmd)
+
+    def answer(
+        self,
+        session_id: str,
+        run_id: str,
+        question_id: str,
+        answer: Any,
+        *,
+        generation: int | None = None,
+        **fields: Any,
+    ) -> CommandHandle:
+        """A person (the client's `actor`, recorded as `answeredBy`) answers the open
+        question `question_id` of run `run_id` (`ctx.ask_user` in the run's handler) with
+        any JSON value; `generation` (optional) the question's. `wait()` answers accepted
+        (`question.answered`) or rejected with the reason (`unknown_question`,
+        `question_not_open`, `question_stale`, `question_expired`, `answer_too_large`,
+        `run_not_active`; docs/protocol.md#questions-to-a-person)."""
+        payload = QuestionAnswerPayload(
+            question_id=question_id, answer=jsonable(answer), generation=generation
+        )
+        cmd = self.command(session_id, "question.answer", payload, run_id=run_id, **fields)
         return self.submit(cmd)

@@ -7,7 +7,8 @@
 Run it with `sessionstream worker --agent mypkg.agent:run`, or from Python with
 `await Worker(settings, run, worker_id).run(stop)` (`settings`: a
 `sessionstream.settings.Settings`). A handler is a `Handler` returning a `RunResult`. The
-errors a handler meets are `RunCancelled` / `RunFenced` / `ActionDenied` here, and the
+errors a handler meets are `RunCancelled` / `RunFenced` / `ActionDenied` /
+`QuestionClosed` (`ctx.ask_user`) here, and the
 adapters' `ModelError`, `ModelUnavailable`, `QueryFailed` and `DatabaseUnavailable` in
 `sessionstream.errors`. The runtime behind these names is the worker runtime (lease,
 generation fencing, cancel propagation; docs/workers.md).
@@ -30,6 +31,7 @@ from sessionstream.runtimes.worker import (
     ModelCall,
     ModelOutputInvalid,
     OpenAIChatModel,
+    QuestionClosed,
     RunAborted,
     RunCancelled,
     RunContext,
@@ -62,6 +64,7 @@ __all__ = [
     "ModelCall",
     "ModelOutputInvalid",
     "OpenAIChatModel",
+    "QuestionClosed",
     "RunAborted",
     "RunCancelled",
     "RunContext",

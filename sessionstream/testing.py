@@ -282,6 +282,19 @@ class AgentHarness:
         payload = {"idempotencyKey": key, "argsDigest": args_digest, "reason": reason}
         return self._produce("action.deny", payload, run_id=run_id or self._active())
 
+    async def answer(
+        self,
+        question_id: str,
+        answer: Any,
+        *,
+        run_id: str | None = None,
+        generation: int | None = None,
+    ) -> str:
+        """A person (the harness's `actor`) answers an open question (`ctx.ask_user`) of the
+        active run; `answer` is any JSON value."""
+        payload = {"questionId": question_id, "answer": answer, "generation": generation}
+        return self._produce("question.answer", payload, run_id=run_id or self._active())
+
     async def run(self, text: str, *, input: Any = None, **payload: Any) -> RunOutcome:
         """Prompt (with its typed `input`, if any) and wait for the run it starts to end."""
         cid = await self.prompt(text, input=input, **payload)

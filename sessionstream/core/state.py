@@ -29,6 +29,7 @@ __all__ = [
     "FinishedRun",
     "OpenCall",
     "PendingInput",
+    "QuestionRecord",
     "QueueEntry",
     "RunState",
     "SessionState",
@@ -99,6 +100,23 @@ class ActionRecord(_State, frozen=True, kw_only=True):
         return self.expires_at is not None
 
 
+class QuestionRecord(_State, frozen=True, kw_only=True):
+    """A question the run asked a person; answered at most once. `open` until a person
+    answers, it expires, or the run's holder, status or end closes it; one closed
+    `lease_lost` may be asked again by the next holder (same `expires_at`)."""
+
+    status: Literal["open", "answered", "closed"]
+    #: when the person's window closes (the decider's clock)
+    expires_at: int
+    #: the generation whose ask is (or was last) open
+    generation: int
+    #: the answer's compact JSON text, and who gave it
+    answer: str | None = None
+    answered_by: str | None = None
+    #: why it closed (`lease_lost`: the next holder may ask again)
+    reason: str | None = None
+
+
 class StepRecord(_State, frozen=True, kw_only=True):
     """A recorded step of the active run, handed to each new holder (its input stays in
     the log only). Bounded by `DeciderConfig.max_steps` and `max_run_step_bytes`."""
@@ -163,6 +181,9 @@ class RunState(_State, frozen=True, kw_only=True):
     input_json: str | None = None
     #: action kinds the run's prompt said need approval (at most 16)
     approval_kinds: tuple[str, ...] = ()
+    #: questions asked of a person, by question id, in the order first asked (at most
+    #: `max_questions`)
+    questions: dict[str, QuestionRecord] = {}
 
     def step(self, step_id: str) -> StepRecord | None:
         for st in self.steps:
@@ -179,6 +200,10 @@ class RunState(_State, frozen=True, kw_only=True):
     def pending_actions(self) -> list[tuple[str, ActionRecord]]:
         """Keys waiting for a person, in the order they were first asked."""
         return [(k, r) for k, r in self.actions.items() if r.decision == "pending"]
+
+    def open_questions(self) -> list[tuple[str, QuestionRecord]]:
+        """Questions waiting for a person, in the order they were first asked."""
+        return [(k, q) for k, q in self.questions.items() if q.status == "open"]
 
 
 class FinishedRun(_State, frozen=True, kw_only=True):

@@ -4,10 +4,11 @@ The state table (`session.state` and the processor's local store) holds one reco
 session, written on every batch that changes the session. The record is MessagePack
 (msgspec) of the state's fields **by position**, behind a one-byte format tag:
 
-    0x05 | msgpack [session_id, tenant_id, active, queue, log_seq, runs_started, clock,
+    0x06 | msgpack [session_id, tenant_id, active, queue, log_seq, runs_started, clock,
                     finished, last_checkpoint]
 
-(Still read: 0x04, the same without approvals: each action key's digest, expiry,
+(Still read: 0x05, the same without the active run's questions to a person at its end;
+0x04, the same without approvals: each action key's digest, expiry,
 generation and reason, and the approval kinds of the active run and of each queued task;
 0x03, the same without the typed `input` at the end of the active run and of
 each queued task; 0x02, also without the active run's `actor`; 0x01, also without the
@@ -36,6 +37,7 @@ from sessionstream.core.state import (
     FinishedRun,
     OpenCall,
     PendingInput,
+    QuestionRecord,
     QueueEntry,
     RunState,
     SessionState,
@@ -50,6 +52,7 @@ __all__ = [
     "FORMAT_V3",
     "FORMAT_V4",
     "FORMAT_V5",
+    "FORMAT_V6",
     "STATE_FIELDS",
     "decode_if_active",
     "decode_state",
@@ -67,9 +70,18 @@ FORMAT_V4: Final = 0x04
 #: v4 + approvals: each action record's digest, expiry, generation and reason; the approval
 #: kinds of the active run and of each queued task
 FORMAT_V5: Final = 0x05
-_TAG: Final = bytes([FORMAT_V5])
+#: v5 + the active run's questions to a person (status, window, generation, answer, reason)
+FORMAT_V6: Final = 0x06
+_TAG: Final = bytes([FORMAT_V6])
 _READABLE: Final = frozenset(
-    {bytes([FORMAT_V1]), bytes([FORMAT_V2]), bytes([FORMAT_V3]), bytes([FORMAT_V4]), _TAG}
+    {
+        bytes([FORMAT_V1]),
+        bytes([FORMAT_V2]),
+        bytes([FORMAT_V3]),
+        bytes([FORMAT_V4]),
+        bytes([FORMAT_V5]),
+        _TAG,
+    }
 )
 
 #: the fields each tuple holds, in order: what a unit test holds the models to
@@ -108,6 +120,7 @@ STATE_FIELDS: Final[dict[type, tuple[str, ...]]] = {
         "actor",
         "input_json",
         "approval_kinds",
+        "questions",
     ),
     OpenCall: ("kind", "name", "call_id"),
     StepRecord: (
@@ -128,6 +141,7 @@ STATE_FIELDS: Final[dict[type, tuple[str, ...]]] = {
         "generation",
         "reason",
     ),
+    QuestionRecord: ("status", "expires_at", "generation", "answer", "answered_by", "reason"),
     PendingInput: ("source_command_id", "kind", "text", "on_run_end", "actor"),
     QueueEntry: (
         "source_command_id",
@@ -160,6 +174,7 @@ _QUEUE_KIND, _QUEUE_KIND_I = _vocab(*get_args(_field_type(QueueEntry, "kind")))
 _DECISION, _DECISION_I = _vocab(*get_args(_field_type(ActionRecord, "decision")))
 _STEP_KIND, _STEP_KIND_I = _vocab(*get_args(_field_type(StepRecord, "kind")))
 _CALL_KIND, _CALL_KIND_I = _vocab(*get_args(_field_type(OpenCall, "kind")))
+_QSTATUS, _QSTATUS_I = _vocab(*get_args(_field_type(QuestionRecord, "status")))
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder()
@@ -248,6 +263,18 @@ def encode_state(state: SessionState) -> bytes:
             a.actor,
             a.input_json,
             a.approval_kinds,
+            [
+                (
+                    k,
+                    _QSTATUS_I[q.status],
+                    q.expires_at,
+                    q.generation,
+                    q.answer,
+                    q.answered_by,
+                    q.reason,
+                )
+                for k, q in a.questions.items()
+            ],
         )
     return _TAG + _encoder.encode(
         (
@@ -400,6 +427,18 @@ def _run(a: list[Any]) -> RunState:
         input_json=a[20] if len(a) > 20 else None,
         # a record before format 5: no approval kinds
         approval_kinds=tuple(a[21]) if len(a) > 21 else (),
+        # a record before format 6: no questions
+        questions={
+            q[0]: QuestionRecord(
+                status=_QSTATUS[q[1]],
+                expires_at=q[2],
+                generation=q[3],
+                answer=q[4],
+                answered_by=q[5],
+                reason=q[6],
+            )
+            for q in (a[22] if len(a) > 22 else ())
+        },
     )
 
 

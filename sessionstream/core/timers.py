@@ -37,6 +37,8 @@ def due_timers(state: SessionState) -> list[DueTimer]:
     # the earliest window of an approval waiting for a person: one timer denies every
     # key expired by then, the next one is set for the next window
     waits = [a.expires_at for _k, a in run.pending_actions() if a.expires_at is not None]
+    # and of a question waiting for a person's answer: the same timer closes it
+    waits += [q.expires_at for _q, q in run.open_questions()]
     if waits:
         out.append(DueTimer(min(waits), "approval_expiry", run.run_id, run.generation))
     return sorted(out)

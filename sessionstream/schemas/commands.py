@@ -55,6 +55,8 @@ __all__ = [
     "LeaseRenewPayload",
     "PromptPayload",
     "PromptPolicy",
+    "QuestionAnswerPayload",
+    "QuestionAskPayload",
     "RunCompletePayload",
     "RunFailPayload",
     "RunProgressPayload",
@@ -88,6 +90,9 @@ MAX_DENY_REASON_CHARS: Final = 500
 
 #: how many action kinds a prompt may add to its run's approval policy
 MAX_APPROVAL_KINDS: Final = 16
+
+#: longest question a worker may ask a person
+MAX_QUESTION_CHARS: Final = 4096
 
 #: how deeply a prompt's input may nest objects and arrays inside each other
 MAX_INPUT_DEPTH: Final = 64
@@ -294,6 +299,24 @@ class ActionDenyPayload(Payload):
     reason: str | None = Field(default=None, max_length=MAX_DENY_REASON_CHARS)
 
 
+class QuestionAskPayload(Payload):
+    """The holder asks a person `question` and waits for the answer (`schema`: the JSON
+    value the answer must fit, as the SDK declares it; null: any answer)."""
+
+    question_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    question: str = Field(min_length=1, max_length=MAX_QUESTION_CHARS)
+    schema_: JsonInput = Field(default=None, alias="schema", exclude_if=_absent)
+
+
+class QuestionAnswerPayload(Payload):
+    """A person answers an open question of the run the envelope names: any JSON value;
+    `generation`, when given, the question's generation."""
+
+    question_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    answer: JsonInput = None
+    generation: int | None = Field(default=None, ge=1, le=MAX_WIRE_INT)
+
+
 class ActionResultPayload(Payload):
     """Outcome of an approved external action."""
 
@@ -364,6 +387,7 @@ CommandType = Literal[
     "abort",
     "action.approve",
     "action.deny",
+    "question.answer",
     "compact.start",
     "compact.finish",
     "lease.acquire",
@@ -372,6 +396,7 @@ CommandType = Literal[
     "run.progress",
     "action.request",
     "action.result",
+    "question.ask",
     "cancel.ack",
     "run.complete",
     "run.fail",
@@ -388,6 +413,7 @@ COMMAND_PAYLOADS: Final[dict[str, type[Payload]]] = {
     "abort": AbortPayload,
     "action.approve": ActionApprovePayload,
     "action.deny": ActionDenyPayload,
+    "question.answer": QuestionAnswerPayload,
     "compact.start": CompactStartPayload,
     "compact.finish": CompactFinishPayload,
     "lease.acquire": LeaseAcquirePayload,
@@ -396,6 +422,7 @@ COMMAND_PAYLOADS: Final[dict[str, type[Payload]]] = {
     "run.progress": RunProgressPayload,
     "action.request": ActionRequestPayload,
     "action.result": ActionResultPayload,
+    "question.ask": QuestionAskPayload,
     "cancel.ack": CancelAckPayload,
     "run.complete": RunCompletePayload,
     "run.fail": RunFailPayload,
@@ -403,15 +430,18 @@ COMMAND_PAYLOADS: Final[dict[str, type[Payload]]] = {
     "timer.fired": TimerFiredPayload,
 }
 
+#: producer commands that act on one run only: without `runId` they are refused (dead
+#: letter `schema_violation`), since a person decides an action (or answers a question)
+#: they saw on a run
+RUN_SCOPED_PRODUCER_TYPES: Final[frozenset[str]] = frozenset(
+    {"action.approve", "action.deny", "question.answer"}
+)
+
 #: commands written by producers (UI, scheduler, gateway, ...); `runId` on one of these names
 #: the run it is meant for, and it is rejected `run_not_active` if that run is not active
 PRODUCER_COMMAND_TYPES: Final[frozenset[str]] = frozenset(
-    {"prompt", "steer", "follow_up", "send", "abort", "action.approve", "action.deny"}
+    {"prompt", "steer", "follow_up", "send", "abort", *RUN_SCOPED_PRODUCER_TYPES}
 )
-
-#: producer commands that act on one run only: without `runId` they are refused (dead
-#: letter `schema_violation`), since a person decides an action they saw on a run
-RUN_SCOPED_PRODUCER_TYPES: Final[frozenset[str]] = frozenset({"action.approve", "action.deny"})
 
 #: commands written by the worker that holds (or asks for) a run's lease
 WORKER_COMMAND_TYPES: Final[frozenset[str]] = frozenset(
@@ -424,6 +454,7 @@ WORKER_COMMAND_TYPES: Final[frozenset[str]] = frozenset(
         "run.progress",
         "action.request",
         "action.result",
+        "question.ask",
         "cancel.ack",
         "run.complete",
         "run.fail",

@@ -50,6 +50,10 @@ __all__ = [
     "LeaseReleased",
     "LeaseRenewed",
     "Progress",
+    "QuestionAnswered",
+    "QuestionAsked",
+    "QuestionClosed",
+    "QuestionReplayed",
     "RejectionReason",
     "RoundCompleted",
     "RunFinished",
@@ -109,6 +113,11 @@ RejectionReason = Literal[
     "approval_stale",
     "digest_mismatch",
     "approval_expired",
+    "unknown_question",
+    "question_not_open",
+    "question_stale",
+    "question_expired",
+    "answer_too_large",
 ]
 REJECTION_REASONS: Final[frozenset[str]] = frozenset(get_args(RejectionReason))
 
@@ -342,6 +351,43 @@ class ActionDecisionReplayed(Payload):
     decision: Literal["approved", "denied", "pending"]
 
 
+class QuestionAsked(Payload):
+    """The run waits for a person's answer until `expiresAt` (the decider's clock);
+    `schema` is the JSON text of what the answer must fit (null: anything)."""
+
+    question_id: str
+    question: str
+    schema_: str | None = Field(default=None, alias="schema")
+    expires_at: int
+
+
+class QuestionAnswered(Payload):
+    """A person answered: `answer` is its compact JSON text, `answeredBy` the actor."""
+
+    question_id: str
+    answer: str
+    answered_by: str | None = None
+
+
+class QuestionClosed(Payload):
+    """The question gets no answer from this wait (`lease_lost`: the next holder may ask
+    it again)."""
+
+    question_id: str
+    reason: str
+
+
+class QuestionReplayed(Payload):
+    """The same question asked again: its record repeated (`answered`: the recorded
+    answer, never a second one; `open`: still waiting; `closed`: why)."""
+
+    question_id: str
+    status: Literal["open", "answered", "closed"]
+    answer: str | None = None
+    answered_by: str | None = None
+    reason: str | None = None
+
+
 class ActionCompleted(Payload):
     idempotency_key: str
     ok: bool
@@ -424,6 +470,10 @@ EventType = Literal[
     "action.pending",
     "action.decision_replayed",
     "action.completed",
+    "question.asked",
+    "question.answered",
+    "question.closed",
+    "question.replayed",
     "run.cancel_requested",
     "run.cancel_acknowledged",
     "run.finished",
@@ -464,6 +514,10 @@ EVENT_PAYLOADS: Final[dict[str, type[Payload]]] = {
     "action.pending": ActionPending,
     "action.decision_replayed": ActionDecisionReplayed,
     "action.completed": ActionCompleted,
+    "question.asked": QuestionAsked,
+    "question.answered": QuestionAnswered,
+    "question.closed": QuestionClosed,
+    "question.replayed": QuestionReplayed,
     "run.cancel_requested": CancelRequested,
     "run.cancel_acknowledged": CancelAcknowledged,
     "run.finished": RunFinished,

@@ -268,6 +268,10 @@ class LimitSettings(Part):
     """How long a pending approval waits for a person, by the log's clock; then it is denied
     ``approval_expired``."""
 
+    question_ttl_ms: int = Field(default=900_000, ge=1000)
+    """How long a run's question (``ctx.ask_user``) waits for a person's answer, by the log's
+    clock; then it is closed ``question_expired``."""
+
     @field_validator("approval_kinds")
     @classmethod
     def _approval_kinds(cls, value: str) -> str:

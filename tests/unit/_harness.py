@@ -63,6 +63,10 @@ def token(e: Event) -> str:
         return f"run.lease_expired:{p.reason}"
     if e.type == "action.decision_replayed":
         return f"action.decision_replayed:{p.decision}"
+    if e.type == "question.closed":
+        return f"question.closed:{p.reason}"
+    if e.type == "question.replayed":
+        return f"question.replayed:{p.status}"
     if e.type == "action.denied" and p.reason in _APPROVAL_DENIALS:
         return f"action.denied:{p.reason}"
     return e.type
@@ -201,6 +205,26 @@ class Harness:
         payload = {"idempotency_key": key, "args_digest": digest, "reason": reason}
         kw.setdefault("run_id", self.state.active.run_id if self.state.active else self.last_run)
         return self.do("action.deny", payload, actor=actor, **kw)
+
+    def answer(
+        self,
+        question_id: str = "q1",
+        answer: Any = "yes",
+        *,
+        generation: int | None = None,
+        actor: str = "user:bo",
+        **kw: Any,
+    ) -> list[Event]:
+        """A person answers a question of the active (or last) run."""
+        payload = {"question_id": question_id, "answer": answer, "generation": generation}
+        kw.setdefault("run_id", self.state.active.run_id if self.state.active else self.last_run)
+        return self.do("question.answer", payload, actor=actor, **kw)
+
+    def ask(
+        self, question_id: str = "q1", question: str = "Which account?", **kw: Any
+    ) -> list[Event]:
+        """The holder (w1 unless `worker=`) asks a person."""
+        return self.work("question.ask", {"question_id": question_id, "question": question}, **kw)
 
     # -- workers --------------------------------------------------------------------------------
     def acquire(self, worker: str = "w1", lease_ms: int = 30_000) -> list[Event]:

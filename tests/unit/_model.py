@@ -47,6 +47,16 @@ would and fails on anything the protocol forbids:
   same kind and digest and with the same window (a takeover never extends it), never
   approved a second time; an action completed without an approval, or one that needed a
   person completed without a person's approval.
+- questions to a person (docs/protocol.md#questions-to-a-person): a question is asked
+  (`question.asked`) only while the run is `running` and held, with a window that ends
+  after it was asked (`questionTtlMs` from now, when the bound is given); it is answered at
+  most once, by a person, before its window closes, for the generation that asked it, with
+  an answer within `maxAnswerBytes`; it is closed by the window's end (`question_expired`,
+  not before) or by a cancel, a lease loss or the run's end — every open question, right
+  after the pending approvals and before anything else the decision writes; nothing is open
+  after a cancel, a loss or the end; a question closed `lease_lost` is asked again only by
+  a later generation, with the same window; a replay repeats the record (the answer it
+  got, never another); never more than `maxQuestions` recorded per run.
 """
 
 from __future__ import annotations
@@ -97,6 +107,10 @@ class Bounds:
     max_open_calls: int | None = None
     #: how long a pending approval waits for a person
     approval_ttl_ms: int | None = None
+    #: how long a question waits for a person, the most a run records, the largest answer
+    question_ttl_ms: int | None = None
+    max_questions: int | None = None
+    max_answer_bytes: int | None = None
 
 
 def _size(text: str) -> int:
@@ -134,6 +148,18 @@ class Approval:
     expires_at: int
     generation: int
     state: str = "pending"  # pending | approved | denied
+    reason: str | None = None
+
+
+@dataclass
+class Question:
+    """A question the run asked a person."""
+
+    expires_at: int
+    generation: int
+    state: str = "open"  # open | answered | closed
+    answer: str | None = None
+    answered_by: str | None = None
     reason: str | None = None
 
 
@@ -185,6 +211,11 @@ class RunModel:
     approved: set[str] = field(default_factory=set)
     #: keys that waited for a person
     approvals: dict[str, Approval] = field(default_factory=dict)
+    #: questions asked of a person (recorded ones)
+    questions: dict[str, Question] = field(default_factory=dict)
+
+    def open_questions(self) -> list[str]:
+        return [q for q, x in self.questions.items() if x.state == "open"]
 
     def pending_keys(self) -> list[str]:
         return [k for k, a in self.approvals.items() if a.state == "pending"]
@@ -247,11 +278,24 @@ class LogModel:
         run first: the decision's first events are those denials, with that reason."""
         run = self.active
         pending = run.pending_keys() if run is not None else []
-        if run is None or not pending:
+        asked = run.open_questions() if run is not None else []
+        if run is None or not (pending or asked):
             return
         ends = [e.type for e in events if e.run_id == run.run_id and e.type in RESOLVERS]
         if not ends:
             return
+        closed = events[len(pending) : len(pending) + len(asked)]
+        assert [
+            (
+                e.type,
+                e.payload.model_dump().get("question_id"),
+                e.payload.model_dump().get("reason"),
+            )
+            for e in closed
+        ] == [("question.closed", q, RESOLVERS[ends[0]]) for q in asked], (
+            f"{ends[0]} with questions open, not closed right after the approvals: "
+            f"{[e.type for e in events]}"
+        )
         head = events[: len(pending)]
         assert [e.type for e in head] == ["action.denied"] * len(pending), (
             f"{ends[0]} with approvals pending, not denied first: {[e.type for e in events]}"
@@ -400,6 +444,7 @@ class LogModel:
             assert run.holder is not None, f"{t} without a holder"
         if t in RESOLVERS:
             assert not run.pending_keys(), f"{t} with approvals still pending"
+            assert not run.open_questions(), f"{t} with questions still open"
         if t in ("run.lease_granted", "run.lease_renewed"):
             self.lease(run, e, p)
         elif lost:
@@ -450,6 +495,8 @@ class LogModel:
             if p["decision"] == "pending":
                 assert a is not None and a.state == "pending", "replayed a wait that is over"
                 assert a.generation == e.generation
+        elif t.startswith("question."):
+            self.question(run, e, p)
         elif t == "action.completed":
             key = p["idempotency_key"]
             assert key in run.approved, f"action {key} completed without an approval"
@@ -519,6 +566,71 @@ class LogModel:
             "a takeover asked for another action, or extended the person's window"
         )
         a.state, a.reason, a.generation = "pending", None, e.generation
+
+    def question(self, run: RunModel, e: Event, p: dict[str, Any]) -> None:
+        """A question's life: asked while running and held, answered once in its window by
+        a person for the asking generation, or closed; a takeover re-asks, same window."""
+        t, qid, b = e.type, p["question_id"], self.bounds
+        q = run.questions.get(qid)
+        if t == "question.asked":
+            assert run.status == "running" and run.holder is not None, (
+                f"a question asked while {run.status}, held by {run.holder}"
+            )
+            assert p["expires_at"] > e.ts, "a question whose window is already closed"
+            if q is None:
+                if b.question_ttl_ms is not None:
+                    assert p["expires_at"] == e.ts + b.question_ttl_ms, "window not from now"
+                run.questions[qid] = Question(p["expires_at"], e.generation)
+            else:
+                assert q.state == "closed" and q.reason == "lease_lost", (
+                    f"{qid} asked again after it was {q.state} ({q.reason})"
+                )
+                assert e.generation > q.generation, "asked again by the generation that lost it"
+                assert p["expires_at"] == q.expires_at, "a takeover extended the person's window"
+                q.state, q.reason, q.generation = "open", None, e.generation
+        elif t == "question.answered":
+            assert q is not None and q.state == "open", f"{qid} answered while not open"
+            assert e.generation == q.generation, "answered for another generation's question"
+            assert e.ts < q.expires_at, "answered after its window closed"
+            assert p["answered_by"] is not None, "an answer from nobody"
+            json.loads(p["answer"])  # JSON text
+            if b.max_answer_bytes is not None:
+                assert _size(p["answer"]) <= b.max_answer_bytes, "an answer over its bound"
+            q.state, q.answer, q.answered_by = "answered", p["answer"], p["answered_by"]
+        elif t == "question.closed":
+            reason = p["reason"]
+            if q is None:
+                # a new question refused: too many, or the run is not running
+                assert reason == "too_many_questions" or reason == run.status, reason
+                if reason != "too_many_questions":
+                    run.questions[qid] = Question(e.ts, e.generation, "closed", reason=reason)
+            elif q.state == "open":
+                if reason == "question_expired":
+                    assert e.ts >= q.expires_at, "closed as expired before its window closed"
+                else:
+                    # the cancel's, the loss's or the end's: checked to come first
+                    assert reason in ("cancelling", "lease_lost", "run_finished"), reason
+                q.state, q.reason = "closed", reason
+            else:
+                # the next holder re-asked a question lost with the lease: refused
+                assert q.state == "closed" and q.reason == "lease_lost", (
+                    f"{qid} closed again after it was {q.state} ({q.reason})"
+                )
+                assert reason in ("compacting", "cancelling", "question_expired"), reason
+                if reason == "question_expired":
+                    assert e.ts >= q.expires_at, "expired before its window closed"
+                q.reason = reason
+        else:  # question.replayed
+            assert q is not None, f"replayed {qid}, never recorded"
+            assert (p["status"], p["answer"], p["answered_by"]) == (
+                q.state,
+                q.answer,
+                q.answered_by,
+            ), f"replayed {qid} as {p['status']}, recorded {q.state}"
+            if q.state == "open":
+                assert q.generation == e.generation, "replayed a wait of another generation"
+        if b.max_questions is not None:
+            assert len(run.questions) <= b.max_questions, f"{len(run.questions)} questions"
 
     @staticmethod
     def resolve(run: RunModel, e: Event, p: dict[str, Any], a: Approval) -> None:

@@ -31,6 +31,10 @@ from sessionstream.schemas.events import (
     LeaseReleased,
     LeaseRenewed,
     Progress,
+    QuestionAnswered,
+    QuestionAsked,
+    QuestionClosed,
+    QuestionReplayed,
     RoundCompleted,
     RunFinished,
     RunQueued,
@@ -72,6 +76,10 @@ _COMMANDS: dict[str, tuple[dict[str, Any], bool]] = {
         {"idempotency_key": "k-1", "args_digest": "sha256:ab", "reason": "not this one"},
         False,
     ),
+    "question.answer": (
+        {"question_id": "q-1", "answer": {"account": "acme-main", "n": [1, None]}, "generation": 2},
+        False,
+    ),
     "compact.start": ({}, True),
     "compact.finish": ({"checkpoint_uri": "s3://ck/1", "tokens": 1234}, True),
     "lease.acquire": ({"lease_ms": 1_000}, True),
@@ -86,6 +94,10 @@ _COMMANDS: dict[str, tuple[dict[str, Any], bool]] = {
         True,
     ),
     "action.result": ({"idempotency_key": "k-1", "ok": False, "result": "bounced"}, True),
+    "question.ask": (
+        {"question_id": "q-1", "question": "Which account?", "schema": {"type": "string"}},
+        True,
+    ),
     "cancel.ack": (
         {
             "model_request_aborted": True,
@@ -121,7 +133,7 @@ def command(type_: str) -> Command:
     extra: dict[str, Any] = dict(_WORKER) if worker else {}
     if type_ == "timer.fired":
         extra = {"run_id": "r-1", "generation": 2}
-    if type_ in ("action.approve", "action.deny"):
+    if type_ in ("action.approve", "action.deny", "question.answer"):
         extra = {"run_id": "r-1"}
     return Command(
         command_id=f"cmd-{type_}",
@@ -204,6 +216,16 @@ _PAYLOADS: dict[type[Payload], Payload] = {
         idempotency_key="k", kind="e", decision="denied"
     ),
     ActionCompleted: ActionCompleted(idempotency_key="k", ok=False, result="r"),
+    QuestionAsked: QuestionAsked(
+        question_id="q-1", question="Which account?", schema='{"type":"string"}', expires_at=9
+    ),
+    QuestionAnswered: QuestionAnswered(
+        question_id="q-1", answer='{"account":"é"}', answered_by="user:ana"
+    ),
+    QuestionClosed: QuestionClosed(question_id="q-1", reason="lease_lost"),
+    QuestionReplayed: QuestionReplayed(
+        question_id="q-1", status="answered", answer="1", answered_by="user:ana", reason=None
+    ),
     CancelRequested: CancelRequested(reason="user", cancel_deadline_at=30, actor="user:ana"),
     CancelAcknowledged: CancelAcknowledged(
         worker_id="w-1",

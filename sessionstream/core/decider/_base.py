@@ -49,6 +49,10 @@ _UNRECORDED: Final = frozenset({_TOO_MANY_ACTIONS, _DIGEST_MISMATCH})
 _LEASE_LOST: Final = "lease_lost"
 
 
+#: a question refused because the run asked `max_questions` already: not recorded either
+TOO_MANY_QUESTIONS: Final = "too_many_questions"
+
+
 @dataclass(frozen=True)
 class DeciderConfig:
     """Limits and defaults. Part of the decider's input: change it and replay changes too."""
@@ -87,6 +91,11 @@ class DeciderConfig:
     approval_policy: tuple[tuple[str, str], ...] = ()
     #: how long a pending approval waits for a person (by the decider's clock)
     approval_ttl_ms: int = 15 * 60 * 1000
+    #: how long a question waits for a person's answer (by the decider's clock)
+    question_ttl_ms: int = 15 * 60 * 1000
+    #: questions a run may ask a person, and the largest answer (compact JSON, UTF-8)
+    max_questions: int = 16
+    max_answer_bytes: int = 8 * 1024
 
 
 DEFAULT_CONFIG: Final = DeciderConfig()

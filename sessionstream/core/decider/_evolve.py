@@ -4,12 +4,19 @@ from __future__ import annotations
 
 from typing import Any, Final, Literal
 
-from sessionstream.core.decider._base import _LEASE_LOST, _UNRECORDED, DEFAULT_CONFIG, DeciderConfig
+from sessionstream.core.decider._base import (
+    _LEASE_LOST,
+    _UNRECORDED,
+    DEFAULT_CONFIG,
+    TOO_MANY_QUESTIONS,
+    DeciderConfig,
+)
 from sessionstream.core.state import (
     ActionRecord,
     FinishedRun,
     OpenCall,
     PendingInput,
+    QuestionRecord,
     QueueEntry,
     RunState,
     SessionState,
@@ -31,6 +38,9 @@ from sessionstream.schemas.events import (
     LeaseGranted,
     LeaseRenewed,
     Progress,
+    QuestionAnswered,
+    QuestionAsked,
+    QuestionClosed,
     RunFinished,
     RunQueued,
     RunStarted,
@@ -182,6 +192,42 @@ def evolve(
                 else evolved(prev, decision=decision, reason=reason)
             )
             r["actions"] = {**run.actions, d.idempotency_key: action}
+    elif t == "question.asked":
+        qa = event.payload_as(QuestionAsked)
+        r["questions"] = {
+            **run.questions,
+            qa.question_id: QuestionRecord(
+                status="open", expires_at=qa.expires_at, generation=event.generation
+            ),
+        }
+    elif t == "question.answered":
+        an = event.payload_as(QuestionAnswered)
+        asked = run.questions[an.question_id]
+        r["questions"] = {
+            **run.questions,
+            an.question_id: evolved(
+                asked, status="answered", answer=an.answer, answered_by=an.answered_by
+            ),
+        }
+    elif t == "question.closed":
+        qc = event.payload_as(QuestionClosed)
+        prev_q = run.questions.get(qc.question_id)
+        # a question refused for being one too many is not recorded: its id stays free
+        if prev_q is not None:
+            r["questions"] = {
+                **run.questions,
+                qc.question_id: evolved(prev_q, status="closed", reason=qc.reason),
+            }
+        elif qc.reason != TOO_MANY_QUESTIONS:
+            r["questions"] = {
+                **run.questions,
+                qc.question_id: QuestionRecord(
+                    status="closed",
+                    expires_at=event.ts,
+                    generation=event.generation,
+                    reason=qc.reason,
+                ),
+            }
     elif t == "action.completed":
         key = event.payload_as(ActionCompleted).idempotency_key
         r["actions"] = {**run.actions, key: evolved(run.actions[key], completed=True)}
@@ -203,7 +249,7 @@ def evolve(
         update["active"] = None
         update["finished"] = (*state.finished, done)[-config.finished_window :]
         return evolved(state, **update)
-    # model.*, tool.*, subtask.*, step.delivered, action.decision_replayed,
+    # model.*, tool.*, subtask.*, step.delivered, action.decision_replayed, question.replayed,
     # run.input_delivered, run.round_completed, run.follow_up_delivered,
     # run.cancel_acknowledged,
     # run.stale_write_recorded: appended to the run, seq advances

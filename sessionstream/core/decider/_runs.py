@@ -5,6 +5,7 @@ from __future__ import annotations
 from sessionstream.core.decider._base import _LEASE_LOST, run_id_for
 from sessionstream.core.decider._emit import _Emitter
 from sessionstream.core.decider._evolve import _FINISHED_TYPE
+from sessionstream.core.decider._questions import close_open_questions
 from sessionstream.core.state import (
     PendingInput,
     RunState,
@@ -233,7 +234,8 @@ def _lose_lease(em: _Emitter, run: RunState, type_: str, payload: Payload) -> No
 
 def _resolve_pending(em: _Emitter, reason: str) -> None:
     """Every key of the active run still waiting for a person is denied, in the order the
-    keys were first asked: before anything else the cancel, the loss or the end decides."""
+    keys were first asked, then every open question is closed likewise: before anything
+    else the cancel, the loss or the end decides."""
     run = em.state.active
     assert run is not None
     for key, a in run.pending_actions():
@@ -247,6 +249,7 @@ def _resolve_pending(em: _Emitter, reason: str) -> None:
                 detail=f"pending approval resolved: {reason}",
             ),
         )
+    close_open_questions(em, reason)
 
 
 def _close_open_calls(em: _Emitter, run: RunState) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sessionstream.core.decider._base import _LEASE_LOST
 from sessionstream.core.decider._emit import _Emitter
+from sessionstream.core.decider._questions import close_expired_questions
 from sessionstream.core.decider._runs import (
     _close_open_calls,
     _finish,
@@ -47,8 +48,8 @@ def _timer(em: _Emitter, cmd: Command) -> None:
             _finish(em, "cancelled")
     elif p.kind == "approval_expiry":
         due = [(k, a) for k, a in run.pending_actions() if (a.expires_at or 0) <= now]
-        if not due:
-            em.reject("timer_stale", f"no pending approval has expired at {now}")
+        if not due and not any(q.expires_at <= now for _q, q in run.open_questions()):
+            em.reject("timer_stale", f"no pending approval or open question has expired at {now}")
             return
         for key, a in due:
             em.on_run(
@@ -61,6 +62,7 @@ def _timer(em: _Emitter, cmd: Command) -> None:
                     detail=f"no decision by {a.expires_at}",
                 ),
             )
+        close_expired_questions(em, run)
     elif p.kind == "run_deadline":
         if run.timeout_at > now:
             em.reject("timer_stale", f"deadline {run.timeout_at} not reached at {now}")

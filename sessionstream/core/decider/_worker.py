@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sessionstream.core.decider._actions import _action_request, _action_result
 from sessionstream.core.decider._emit import _Emitter
+from sessionstream.core.decider._questions import _question_ask
 from sessionstream.core.decider._runs import _finish, _lose_lease, _resolve_pending
 from sessionstream.core.state import (
     RunState,
@@ -345,6 +346,7 @@ _WORKER_HANDLERS = {
     "compact.finish": _compact_finish,
     "action.request": _action_request,
     "action.result": _action_result,
+    "question.ask": _question_ask,
     "cancel.ack": _cancel_ack,
     "run.complete": _complete,
     "run.fail": _fail,

@@ -156,6 +156,7 @@ class TransactionalProcessor(Recovery):
             max_lease_ms=settings.max_lease_ms,
             approval_policy=parse_approval_kinds(settings.approval_kinds),
             approval_ttl_ms=settings.approval_ttl_ms,
+            question_ttl_ms=settings.question_ttl_ms,
         )
         self.batch_size = batch_size or settings.processor_batch_size
         self.linger_s = settings.processor_linger_ms / 1000

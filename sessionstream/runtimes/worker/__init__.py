@@ -22,6 +22,7 @@ from sessionstream.runtimes.worker.context import (
     CancelReport,
     FollowUp,
     ModelCall,
+    QuestionClosed,
     RunContext,
 )
 from sessionstream.runtimes.worker.executor import ActionExecutor, ActionFn, ActionRun
@@ -47,6 +48,7 @@ __all__ = [
     "ModelCall",
     "ModelOutputInvalid",
     "OpenAIChatModel",
+    "QuestionClosed",
     "RunAborted",
     "RunCancelled",
     "RunContext",

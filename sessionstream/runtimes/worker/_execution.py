@@ -33,30 +33,14 @@ from sessionstream.runtimes.worker._handler import (
     result_text,
     storable,
 )
+from sessionstream.runtimes.worker._questions import QuestionBook
+from sessionstream.runtimes.worker._run_events import RunEvents
 from sessionstream.runtimes.worker._signal import RunAborted, RunFenced
 from sessionstream.runtimes.worker._steps import StepBook, StepStore
 from sessionstream.runtimes.worker.context import FollowUp, RunContext, Steer
 from sessionstream.runtimes.worker.executor import ActionExecutor
 from sessionstream.runtimes.worker.model import Model
 from sessionstream.schemas.commands import Command
-from sessionstream.schemas.events import (
-    SESSION_LOG,
-    ActionDecision,
-    ActionDecisionReplayed,
-    CancelRequested,
-    CommandRejected,
-    Event,
-    FollowUpDelivered,
-    FollowUpQueued,
-    InputDelivered,
-    LeaseExpired,
-    LeaseGranted,
-    LeaseRenewed,
-    RunFinished,
-    StaleWriteRecorded,
-    Steered,
-    StepDelivered,
-)
 
 __all__ = ["Execution", "Host", "RunSpec"]
 
@@ -95,10 +79,6 @@ class Host(Protocol):
     def forget(self, ex: Execution) -> None: ...
 
 
-#: rejections of our own writes that mean "this generation may not write any more"
-FENCING_REASONS = frozenset({"stale_generation", "not_lease_holder", "run_finished", "unknown_run"})
-
-
 @dataclass(frozen=True)
 class RunSpec:
     session_id: str
@@ -112,8 +92,9 @@ class RunSpec:
     input_json: str | None = None
 
 
-class Execution:
-    """Implements RunIO for the run's context; receives the run's events from the worker."""
+class Execution(RunEvents):
+    """Implements RunIO for the run's context; receives the run's events from the worker
+    (`RunEvents`)."""
 
     def __init__(self, worker: Host, spec: RunSpec) -> None:
         self.w = worker
@@ -128,6 +109,8 @@ class Execution:
         self._granted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._gate: dict[str, asyncio.Future[tuple[str, str | None]]] = {}
         self._gate_cmds: dict[str, str] = {}  # action.request command id -> its key
+        #: questions to a person the handler waits on (`ctx.ask_user`)
+        self.questions = QuestionBook()
         self._handler: asyncio.Task[RunResult] | None = None
         self._complete_cmd: str | None = None
         self._round_end: asyncio.Future[str] | None = None
@@ -206,6 +189,22 @@ class Execution:
             ask = {"idempotencyKey": key, "kind": kind, "detail": detail, "argsDigest": digest}
             cid = self.send("action.request", ask)
             self._gate_cmds[cid] = key
+        return await fut
+
+    async def ask_question(
+        self, question_id: str, question: str, schema: Any = None
+    ) -> tuple[str, str | None, str | None]:
+        """Ask a person (once per id while waiting); (status, answer JSON, by or reason)."""
+        fut, new = self.questions.wait(question_id)
+        if new:
+            ask: dict[str, Any] = {"questionId": question_id, "question": question}
+            if schema is not None:
+                ask["schema"] = schema
+            cid = self.send("question.ask", ask)
+            if cid:
+                self.questions.commands[cid] = question_id
+            else:  # fenced or done: nothing will answer
+                self.questions.resolve(question_id, ("closed", None, self.fenced or "stopped"))
         return await fut
 
     # -- lifecycle ----------
@@ -404,6 +403,9 @@ class Execution:
         assert ctx is not None
         started = time.monotonic()
         report = ctx._abort(reason)
+        # a question waits for nobody once the run is cancelled (its question.closed is
+        # on its way too): the handler unwinds now, not at the person's leisure
+        self.questions.close_all("cancelling")
         # approved actions already executing finish (or not) on their own: say which
         report.actions_executing = sorted(ctx.executing_actions)
         task = self._handler
@@ -454,6 +456,7 @@ class Execution:
         for fut in self._gate.values():
             if not fut.done():
                 fut.set_result(("denied", reason))
+        self.questions.close_all(reason)
         if self._round_end is not None and not self._round_end.done():
             self._round_end.set_result("stopped")
         self.done.set()
@@ -473,112 +476,7 @@ class Execution:
         self.send("lease.release", {})
         self._stop(reason, fenced=False)
 
-    # -- events ----------
-    def on_event(self, e: Event) -> None:
-        if e.run_id == SESSION_LOG:
-            self._on_session_log(e)
-        else:
-            self._on_run_event(e)
-
-    def _on_session_log(self, e: Event) -> None:
-        if e.type == "command.rejected" and e.command_id in self._my_cmds:
-            r = e.payload_as(CommandRejected)
-            kind = self._my_cmds[e.command_id]
-            if kind == "lease.acquire":
-                self._stop(f"acquire rejected: {r.reason}", fenced=False)
-            elif r.reason in FENCING_REASONS:
-                log.warning("run %s: %s rejected %s", self.run_id, kind, r.reason)
-                self._stop(f"{kind} rejected: {r.reason}", fenced=True)
-            elif kind == "run.complete" and e.command_id == self._complete_cmd:
-                # refused for what it carries (too large, invalid): nothing will answer it
-                if self._round_end is not None and not self._round_end.done():
-                    self._round_end.set_result("rejected")
-                detail = f": {r.detail}" if r.detail else ""
-                self._fail(f"run.complete rejected: {r.reason}{detail}")
-            elif kind == "action.request" and e.command_id in self._gate_cmds:
-                fut = self._gate.get(self._gate_cmds[e.command_id])
-                if fut is not None and not fut.done():
-                    fut.set_result(("denied", r.reason))
-            else:
-                log.warning("run %s: %s rejected: %s", self.run_id, kind, r.reason)
-        elif e.type == "action.denied":
-            d = e.payload_as(ActionDecision)
-            fut = self._gate.get(d.idempotency_key)
-            if fut is not None and not fut.done():
-                fut.set_result(("denied", d.reason))
-
-    def _on_run_event(self, e: Event) -> None:
-        t, me = e.type, self.w.worker_id
-        if t == "run.lease_granted":
-            g = e.payload_as(LeaseGranted)
-            owner = g.worker_id
-            if owner == me and not self._granted.done():
-                self._lease_answered(e.command_id, g.lease_ms)
-                self.checkpoint_ref = g.checkpoint_ref
-                self._grant_cmd = e.command_id
-                self.steps.expect(g.steps_delivered)
-                self._granted.set_result(e.generation)
-            elif owner != me and self.generation is None:
-                self._stop(f"lease granted to {owner}", fenced=False)
-        elif t == "run.lease_expired" and e.payload_as(LeaseExpired).worker_id == me:
-            # the same stop as our own lease count would make, with its note in the trail
-            self.self_fence(f"lease expired (generation now {e.generation})")
-        elif t == "run.stale_write_recorded":
-            sw = e.payload_as(StaleWriteRecorded)
-            if sw.worker_id == me and sw.stale_generation == self.generation:
-                self._stop(f"stale generation {sw.stale_generation}", fenced=True)
-        elif t == "run.steered":
-            st = e.payload_as(Steered)
-            self._take_steer(Steer(st.text, st.source_command_id or e.command_id))
-        elif t == "run.follow_up_queued":
-            fq = e.payload_as(FollowUpQueued)
-            self._take_follow_up(FollowUp(fq.text, fq.source_command_id))
-        elif t == "run.input_delivered":
-            # what earlier holders never consumed, handed to us right after our grant
-            given = e.payload_as(InputDelivered)
-            if given.kind == "steer":
-                self._take_steer(Steer(given.text, given.source_command_id))
-            else:
-                self._take_follow_up(FollowUp(given.text, given.source_command_id))
-        elif t == "step.delivered" and e.command_id == self._grant_cmd:
-            # recorded by an earlier holder, handed over with our grant: ours to return
-            # instead of calling again
-            self.steps.deliver(e.payload_as(StepDelivered))
-        elif t == "run.follow_up_delivered":
-            p = e.payload_as(FollowUpDelivered)
-            f = FollowUp(p.text, p.source_command_id)
-            if not self._take_follow_up(f):
-                return
-            assert self.ctx is not None
-            if (
-                e.command_id == self._complete_cmd
-                and p.source_command_id not in self.ctx.consumed_follow_ups
-                and self._round_end is not None
-                and not self._round_end.done()
-            ):
-                self._round_end.set_result("follow_ups")
-        elif t in ("action.approved", "action.denied"):  # action.pending: a person decides
-            d = e.payload_as(ActionDecision)
-            why = f"{d.reason} by {d.decided_by}" if d.decided_by else d.reason
-            self._decide(d.idempotency_key, t.removeprefix("action."), why)
-        elif t == "action.decision_replayed":
-            r = e.payload_as(ActionDecisionReplayed)
-            self._decide(r.idempotency_key, r.decision, "replayed")
-        elif t == "run.lease_renewed" and e.payload_as(LeaseRenewed).worker_id == me:
-            self._lease_answered(e.command_id, e.payload_as(LeaseRenewed).lease_ms)
-        elif t == "run.cancel_requested" and not self.cancelling:
-            reason = e.payload_as(CancelRequested).reason
-            if self.ctx is None:
-                self._early_cancel = reason  # acknowledged as soon as the context exists
-            else:
-                self.cancelling = True
-                self._cancelling_task = asyncio.create_task(self._cancel(reason))
-        elif t == "run.finished":
-            status = e.payload_as(RunFinished).terminal_status
-            if self._round_end is not None and not self._round_end.done():
-                self._round_end.set_result("finished")
-            self._stop(f"run finished: {status}", fenced=False)
-
+    # -- events (the rest in `RunEvents`) ----------
     def _take_steer(self, s: Steer) -> None:
         if self.ctx is not None:
             self.ctx._deliver_steer(s)

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from sessionstream.runtimes.worker._approval import ActionDenied, args_digest
 from sessionstream.runtimes.worker._model_call import ModelCall
+from sessionstream.runtimes.worker._questions import QuestionClosed, check_answer, schema_of
 from sessionstream.runtimes.worker._signal import AbortSignal, RunCancelled, RunFenced
 from sessionstream.runtimes.worker._steps import StepBook
 from sessionstream.runtimes.worker.chat import (
@@ -37,6 +38,7 @@ __all__ = [
     "CancelReport",
     "FollowUp",
     "ModelCall",
+    "QuestionClosed",
     "RunContext",
     "RunIO",
     "Steer",
@@ -54,6 +56,13 @@ class RunIO(Protocol):
         self, kind: str, key: str, detail: str | None, digest: str | None = None
     ) -> tuple[str, str | None]:
         """(decision, reason) — "approved" or "denied", once a person decided if needed."""
+        ...
+
+    async def ask_question(
+        self, question_id: str, question: str, schema: Any = None
+    ) -> tuple[str, str | None, str | None]:
+        """("answered", answer JSON, who) or ("closed", None, reason), once a person
+        answered or the question closed."""
         ...
 
     def lease_valid(self) -> bool:
@@ -129,6 +138,7 @@ class RunContext:
         #: the run's recorded steps (durable model and tool calls), across rounds
         self.steps = steps if steps is not None else StepBook(io.send, run_id)
         self._ids = itertools.count(1)
+        self._questions_asked = 0
         self._steers: list[Steer] = []
         self._follow_ups: list[FollowUp] = []
         self.consumed_follow_ups: list[str] = []
@@ -387,6 +397,29 @@ class RunContext:
             "action.result", {"idempotencyKey": idempotency_key, "ok": ok, "result": result}
         )
         return result
+
+    # -- questions to a person ----------
+    async def ask_user(
+        self, question: str, schema: Any = None, *, question_id: str | None = None
+    ) -> Any:
+        """Ask a person and wait for the answer (the lease renewing meanwhile); returns it,
+        parsed. `schema`: a Python type (the answer is validated and converted by pydantic,
+        its JSON schema shown to the person), a JSON-schema dict (`type` and `enum`
+        checked) or None (any JSON). `question_id` defaults to `question-{n}`, n counting
+        this context's questions: a handler re-run by the next holder asks the same ids in
+        the same order and gets the recorded answers back, never asking twice. Raises
+        RunCancelled at once on a cancel, QuestionClosed if the question closes unanswered
+        (expired, too many, or an answer that does not fit `schema`)."""
+        self._check()
+        self._questions_asked += 1
+        qid = question_id or f"question-{self._questions_asked}"
+        sent, adapter = schema_of(schema)
+        status, answer, why = await self._io.ask_question(qid, question, sent)
+        if self.aborted or (status == "closed" and why == "cancelling"):
+            raise RunCancelled(self.abort_reason or "cancelling")
+        if status != "answered" or answer is None:
+            raise QuestionClosed(qid, why)
+        return check_answer(qid, answer, sent, adapter)
 
     # -- compaction ----------
     async def compact(

@@ -18,7 +18,16 @@ from tests.unit._harness import Harness, cancelling, compacting, idle, leased, r
 from tests.unit._samples import COMMAND_TYPES, command
 
 SPEC: dict[str, set[str]] = {
-    "producer": {"prompt", "steer", "follow_up", "send", "abort", "action.approve", "action.deny"},
+    "producer": {
+        "prompt",
+        "steer",
+        "follow_up",
+        "send",
+        "abort",
+        "action.approve",
+        "action.deny",
+        "question.answer",
+    },
     "worker": {
         "lease.acquire",
         "lease.renew",
@@ -28,6 +37,7 @@ SPEC: dict[str, set[str]] = {
         "compact.finish",
         "action.request",
         "action.result",
+        "question.ask",
         "cancel.ack",
         "run.complete",
         "run.fail",

@@ -63,6 +63,9 @@ CONFIG = DeciderConfig(
     max_open_calls=2,
     approval_policy=(("*", "payment"), ("intruder", "email")),
     approval_ttl_ms=10_000,
+    question_ttl_ms=8_000,
+    max_questions=2,
+    max_answer_bytes=64,
 )
 BOUNDS = Bounds(
     max_queue=CONFIG.max_queue,
@@ -74,6 +77,9 @@ BOUNDS = Bounds(
     max_run_step_bytes=CONFIG.max_run_step_bytes,
     max_open_calls=CONFIG.max_open_calls,
     approval_ttl_ms=CONFIG.approval_ttl_ms,
+    question_ttl_ms=CONFIG.question_ttl_ms,
+    max_questions=CONFIG.max_questions,
+    max_answer_bytes=CONFIG.max_answer_bytes,
 )
 #: the largest state record these bounds allow (JSON; generous for the ids and metadata)
 MAX_STATE_BYTES = 2 * CONFIG.max_held_bytes + 12_000
@@ -105,6 +111,9 @@ DIGESTS = st.sampled_from(["sha256:aa", "sha256:aa", "sha256:bb", None])
 PROMPT_KINDS = st.sampled_from([[], [], ["email"], ["*"]])
 #: which generation a person's decision names: none, the current one, an older one
 DECISION_GEN = st.sampled_from(["none", "none", "current", "older"])
+#: questions a holder asks a person, and the answers people give (one over the bound)
+QIDS = st.sampled_from(["q1", "q2", "q3"])
+ANSWERS = st.sampled_from(["yes", None, {"account": "acme-main"}, [1, 2.5], "é" * 40])
 #: which run a producer command names
 TARGET = st.sampled_from(["none", "none", "active", "old"])
 
@@ -397,7 +406,94 @@ class SessionMachine(RuleBasedStateMachine):
         self.apply(self.cmd(type_, payload, tenant_id="intruder", command_id=cid))
         self.owner_ids.append(cid)
 
-    @rule(kind=st.sampled_from(["lease_expiry", "run_deadline", "cancel_deadline"]))
+    @precondition(lambda self: self.model.last_run is not None)
+    @rule(
+        qid=QIDS,
+        answer=ANSWERS,
+        gen=DECISION_GEN,
+        which=st.sampled_from(["active", "active", "active", "old"]),
+        skew=SKEW,
+    )
+    def answer_question(self, qid: str, answer: Any, gen: str, which: str, skew: Any) -> None:
+        """A person answers a question: open or not, for its generation or an older one,
+        on the run or an old one, in its window or after, within the bound or over it."""
+        run_id = self.target(which) or self.model.last_run
+        generation = None
+        if gen != "none" and self.state.active is not None:
+            generation = self.state.active.generation - (gen == "older")
+        payload = {
+            "question_id": qid,
+            "answer": answer,
+            "generation": generation if generation and generation > 0 else None,
+        }
+        pre = self.state
+        rec = pre.active.questions.get(qid) if pre.active and pre.active.run_id == run_id else None
+        events = self.apply(
+            self.cmd("question.answer", payload, skew, run_id=run_id, actor="user:bo")
+        )
+        answered = [e for e in events if e.type == "question.answered"]
+        if answered:
+            # only an open question, for its generation, within its window
+            assert rec is not None and rec.status == "open" and self.now < rec.expires_at
+            assert generation in (None, rec.generation)
+
+    @precondition(lambda self: self.state.active and self.state.active.lease_owner)
+    @rule(qid=QIDS, answer=ANSWERS, wait=st.sampled_from([0, 0, 9_000]))
+    def holder_asks_and_a_person_answers(self, qid: str, answer: Any, wait: int) -> None:
+        """The common case, made frequent: the holder asks, a person answers (perhaps
+        after the window), the holder asks again (a re-run handler) and gets the answer."""
+        self.work("holder", "question.ask", {"question_id": qid, "question": "Which?"})
+        run = self.state.active
+        if run is None or run.questions.get(qid) is None:
+            return
+        self.now += wait
+        self.apply(
+            self.cmd(
+                "question.answer",
+                {"question_id": qid, "answer": answer},
+                run_id=run.run_id,
+                actor="user:bo",
+            )
+        )
+        events = self.work_events(
+            "holder", "question.ask", {"question_id": qid, "question": "Which?"}
+        )
+        rec = self.state.active.questions.get(qid) if self.state.active else None
+        if rec is not None and rec.status == "answered":
+            assert [e.type for e in events] == ["question.replayed"]
+            assert events[0].payload.model_dump()["answer"] == rec.answer
+
+    @precondition(lambda self: self.state.active and self.state.active.lease_owner)
+    @rule(qid=QIDS, gen=DECISION_GEN, wait=st.sampled_from([0, 0, 9_000]))
+    def takeover_with_an_open_question(self, qid: str, gen: str, wait: int) -> None:
+        """The holder asks and gives the run up while it waits; the next holder asks the
+        same question again, perhaps after a while; a person then answers, naming a
+        generation or not."""
+        ask = {"question_id": qid, "question": "Which?"}
+        self.work("holder", "question.ask", ask)
+        self.work("holder", "lease.release")
+        run = self.state.active
+        if run is None or run.lease_owner is not None:
+            return
+        old = run.generation - 1
+        self.now += wait
+        self.acquire("w3", 30_000)
+        self.work("w3", "question.ask", ask)
+        run = self.state.active
+        if run is None:
+            return
+        named = {"none": None, "current": run.generation, "older": old or None}[gen]
+        answer = {"question_id": qid, "answer": "ok", "generation": named}
+        self.apply(self.cmd("question.answer", answer, run_id=run.run_id, actor="user:bo"))
+
+    @precondition(lambda self: self.model.last_run is not None)
+    @rule(worker=WORKERS, qid=QIDS)
+    def question_ask(self, worker: str, qid: str) -> None:
+        self.work(worker, "question.ask", {"question_id": qid, "question": "Which account?"})
+
+    @rule(
+        kind=st.sampled_from(["lease_expiry", "run_deadline", "cancel_deadline", "approval_expiry"])
+    )
     def forged_timer(self, kind: str) -> None:
         """A `timer.fired` from outside, for the active run, whenever the forger likes."""
         run = self.state.active

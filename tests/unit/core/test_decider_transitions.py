@@ -169,6 +169,28 @@ def past_the_window(act: Act) -> Act:
     return go
 
 
+#: questions to a person (docs/protocol.md#questions-to-a-person)
+QUESTIONS = DeciderConfig(question_ttl_ms=60_000, max_answer_bytes=16, max_questions=1)
+
+
+def asked_then(act: Act) -> Act:
+    """w1 asks a person q1; then `act`."""
+
+    def go(h: Harness) -> Any:
+        h.ask()
+        return act(h)
+
+    return go
+
+
+def past_the_question(act: Act) -> Act:
+    def go(h: Harness) -> Any:
+        h.now += QUESTIONS.question_ttl_ms
+        return act(h)
+
+    return go
+
+
 RES = {"idempotency_key": "k1", "ok": True}
 FIN = "run.finished"
 STEPS2 = DeciderConfig(max_steps=2)
@@ -516,6 +538,44 @@ CASES: list[tuple[str, Callable[[Harness], None], Act, list[str], str | None, De
     ("pending-run-deadline", leased, pending_then(lambda h: h.fire("run_deadline")),
      ["action.denied", "run.finished:timed_out"], None,
      DeciderConfig(approval_policy=(("*", "payment"),), default_run_timeout_ms=30_000)),
+    # questions to a person (docs/protocol.md#questions-to-a-person)
+    ("ask", leased, lambda h: h.ask(), ["question.asked"], "running", QUESTIONS),
+    ("ask-again", leased, asked_then(lambda h: h.ask()), ["question.replayed:open"], "running",
+     QUESTIONS),
+    ("ask-one-too-many", leased, asked_then(lambda h: h.ask("q2")),
+     ["question.closed:too_many_questions"], "running", QUESTIONS),
+    ("ask-compacting", compacting, lambda h: h.ask(), ["question.closed:compacting"],
+     "compacting", QUESTIONS),
+    ("ask-cancelling", cancelling, lambda h: h.ask(), ["question.closed:cancelling"],
+     "cancelling", QUESTIONS),
+    ("answer", leased, asked_then(lambda h: h.answer()), ["question.answered"], "running",
+     QUESTIONS),
+    ("answer-unknown", leased, lambda h: h.answer("nope"), ["rejected:unknown_question"],
+     "running", QUESTIONS),
+    ("answer-twice", leased, asked_then(twice(lambda h: h.answer())),
+     ["rejected:question_not_open"], "running", QUESTIONS),
+    ("answer-stale-generation", leased, asked_then(lambda h: h.answer(generation=7)),
+     ["rejected:question_stale"], "running", QUESTIONS),
+    ("answer-after-expiry", leased, asked_then(past_the_question(lambda h: h.answer())),
+     ["rejected:question_expired"], "running", QUESTIONS),
+    ("answer-too-large", leased, asked_then(lambda h: h.answer(answer="x" * 20)),
+     ["rejected:answer_too_large"], "running", QUESTIONS),
+    ("answer-idle", idle, lambda h: h.answer(run_id="r-gone"), ["rejected:run_not_active"],
+     None, QUESTIONS),
+    ("question-expiry-timer", leased, asked_then(lambda h: h.fire("approval_expiry")),
+     ["question.closed:question_expired"], "running", QUESTIONS),
+    ("question-abort", leased, asked_then(lambda h: h.abort()),
+     ["question.closed:cancelling", "run.cancel_requested"], "cancelling", QUESTIONS),
+    ("question-release", leased, asked_then(lambda h: h.work("lease.release")),
+     ["question.closed:lease_lost", "run.lease_released"], "running", QUESTIONS),
+    ("question-lease-expiry", leased, asked_then(lambda h: h.fire("lease_expiry")),
+     ["question.closed:lease_lost", "run.lease_expired:lease_expiry"], "running", QUESTIONS),
+    ("question-complete", leased, asked_then(lambda h: h.work("run.complete")),
+     ["question.closed:run_finished", "run.finished:completed"], None, QUESTIONS),
+    ("question-and-approval-fail", leased,
+     pending_then(asked_then(lambda h: h.work("run.fail", {"error": "x"}))),
+     ["action.denied", "question.closed:run_finished", "run.finished:failed"], None,
+     DeciderConfig(approval_policy=(("*", "payment"),))),
     # tenancy and size
     ("tenant-mismatch", leased, lambda h: h.prompt(tenant="evil"), ["rejected:tenant_mismatch"],
      "running", DEFAULT_CONFIG),
