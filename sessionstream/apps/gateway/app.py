@@ -41,6 +41,7 @@ from sessionstream.apps.gateway.fanout import EventFanout
 from sessionstream.apps.gateway.fastpath import CommandsFastPath
 from sessionstream.apps.gateway.guard import DOCS_CSP, Guard
 from sessionstream.apps.gateway.limits import StreamCounts
+from sessionstream.apps.gateway.questions import add_question_routes
 from sessionstream.apps.gateway.search import (
     CursorQuery,
     LabelQuery,
@@ -407,6 +408,7 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
 
     add_webhook_routes(app, settings, gw.db)
     add_approval_routes(app, settings, gw.db, execute)
+    add_question_routes(app, settings, gw.db, execute)
 
     @app.get("/v1/whoami", summary="The tenant and actor of the key")
     async def whoami(who: Caller) -> dict[str, Any]:

@@ -62,7 +62,16 @@ class CommandRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    type: Literal["prompt", "steer", "follow_up", "send", "abort", "action.approve", "action.deny"]
+    type: Literal[
+        "prompt",
+        "steer",
+        "follow_up",
+        "send",
+        "abort",
+        "action.approve",
+        "action.deny",
+        "question.answer",
+    ]
     payload: dict[str, Any] = Field(
         default_factory=dict,
         description="the type's payload, camelCase (docs/protocol.md#producer-commands)",
