@@ -25,7 +25,11 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from sessionstream.adapters.kafka import client_config
 from sessionstream.adapters.kafka.errors import unavailable
 from sessionstream.errors import KafkaUnavailable, TopicMisconfigured
-from sessionstream.schemas.commands import WORKER_COMMAND_TYPES
+from sessionstream.schemas.commands import (
+    ADMIN_COMMAND_TYPES,
+    TIMER_COMMAND_TYPES,
+    WORKER_COMMAND_TYPES,
+)
 from sessionstream.settings import Settings
 
 __all__ = [
@@ -167,10 +171,14 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
 
 def command_topic(settings: Settings, command_type: str) -> str:
     """The topic a command of `command_type` is written to: workers' commands to the
-    worker-commands topic, everything else to the commands topic (a `timer.fired` sent
-    there is rejected `not_allowed_here`: only the processor fires timers)."""
+    worker-commands topic, an administrator's (`session.erase`) to the control topic (the
+    timers topic: only the processor and administrators may write it), everything else to
+    the commands topic (a `timer.fired` sent there is rejected `not_allowed_here`: only the
+    processor fires timers)."""
     if command_type in WORKER_COMMAND_TYPES:
         return settings.worker_commands_topic
+    if command_type in ADMIN_COMMAND_TYPES and command_type not in TIMER_COMMAND_TYPES:
+        return settings.timers_topic
     return settings.commands_topic
 
 

@@ -87,6 +87,7 @@ def restore(
                 state_topic_id=ids[s.state_topic],
                 dedup_topic_id=ids[s.dedup_topic],
                 private=private,
+                retention_ms=s.session_retention_ms,
             )
         bounds = log_bounds(s, [(t, p) for t in (s.state_topic, s.dedup_topic) for p in partitions])
         start: dict[tuple[str, int], int] = {}

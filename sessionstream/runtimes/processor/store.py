@@ -234,6 +234,16 @@ class PartitionStore:
     def seen(self, dedup_key: bytes) -> bytes | None:
         return self.dedup_db.get(_DEDUP + dedup_key)
 
+    def dedup_ids(self, sid: str) -> list[int]:
+        """The command id hashes remembered for `sid` (keys `d{sid}/{16 hex digits}`)."""
+        prefix = _DEDUP + f"{sid}/".encode()
+        out = []
+        for key, _value in self.dedup_db.prefix(prefix):
+            tail = key[len(prefix) :]
+            if len(tail) == 16:
+                out.append(int(tail, 16))
+        return out
+
     def deadlines(self) -> Iterator[tuple[int, str]]:
         """(earliest deadline, session) of every session with an active run."""
         n = len(_ACTIVE)

@@ -1,7 +1,7 @@
 """`sessionstream audit`: the seed's pre-launch checklist, run against the live system.
 
-Each of the eight points is PASS or FAIL with the evidence that decided it: counts, the
-first offenders by id, the topic settings read from the broker.
+Each of the nine points (the seed's eight, and erasure) is PASS or FAIL with the evidence
+that decided it: counts, the first offenders by id, the topic settings read from the broker.
 """
 
 from __future__ import annotations
@@ -229,6 +229,16 @@ def _replayable(c: Check, conn: psycopg.Connection[Any], settings: Settings) -> 
     c.note(f"{runs} runs replay completely by run id (events 1..last_seq present)")
 
 
+def _erased(c: Check, conn: psycopg.Connection[Any], settings: Settings) -> None:
+    from sessionstream.runtimes.sink.audit_erasure import erased_leftovers
+
+    _n, left, notes = erased_leftovers(settings, conn)
+    if left:
+        c.fail("records of erased sessions still readable", left)
+    for n in notes:
+        c.note(n)
+
+
 CHECKS: list[tuple[str, Callable[[Check, psycopg.Connection[Any], Settings], None]]] = [
     ("at most one active run per session", _single_writer),
     ("history append-only and ordered", _append_only),
@@ -238,11 +248,12 @@ CHECKS: list[tuple[str, Callable[[Check, psycopg.Connection[Any], Settings], Non
     ("workers use lease + generation", _leases),
     ("external actions carry idempotency keys", _idempotency),
     ("the event stream replays completely by run id", _replayable),
+    ("nothing of an erased session is readable", _erased),
 ]
 
 
 def run_audit(settings: Settings, conn: psycopg.Connection[Any]) -> list[Check]:
-    """All eight checks; read-only."""
+    """All nine checks; read-only."""
     out = []
     for i, (title, fn) in enumerate(CHECKS, start=1):
         check = Check(i, title)
