@@ -79,8 +79,13 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
                 "min.compaction.lag.ms": "60000",
                 "max.message.bytes": str(2 * 1024 * 1024),
             },
-            # replay by time: the broker's append time, monotonic per partition
-            preferred={"message.timestamp.type": "LogAppendTime"},
+            # replay by time: the broker's append time, monotonic per partition; an erased
+            # session's records leave the log within a day of their tombstones (the cleaner
+            # never compacts the active segment: this rolls it)
+            preferred={
+                "message.timestamp.type": "LogAppendTime",
+                "max.compaction.lag.ms": str(24 * 3600 * 1000),
+            },
         ),
         # one record per session matters; compact often so a restore reads little. Sized
         # to the largest state the decider's bounds allow (sessionstream.core.step)
