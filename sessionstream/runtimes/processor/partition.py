@@ -55,9 +55,9 @@ class PartitionState:
     def load_timers(self) -> None:
         """The timer wheel and the active count from the store's deadline index."""
         self.active = 0
-        for due, sid in self.store.deadlines():
+        for due, sid, active in self.store.deadlines():
             self.timers.push(due, sid)
-            self.active += 1
+            self.active += int(active)
 
     def commit(
         self,

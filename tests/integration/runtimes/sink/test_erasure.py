@@ -71,8 +71,9 @@ def _roll(s: Settings, topics: list[str]) -> None:
     assert p.flush(30) == 0
 
 
-def _run(c: SessionClient, sid: str, text: str, worker: str) -> str:
-    run = c.wait(c.prompt(sid, text), 30).run_id
+def _run(c: SessionClient, sid: str, text: str, worker: str, command_id: str | None = None) -> str:
+    cmd = c.command(sid, "prompt", {"text": text}, command_id=command_id or str(uuid.uuid4()))
+    run = c.wait(c.submit(cmd), 30).run_id
     assert run
     w = {"run_id": run, "worker_id": worker}
     assert c.wait(c.submit(c.command(sid, "lease.acquire", {}, **w)), 30).status == "accepted"
@@ -121,7 +122,7 @@ def test_an_erased_session_leaves_nothing_readable(
         with SessionClient("acme", s, actor="user:ana") as c:
             sid = c.session_id(f"erase-{uuid.uuid4().hex[:6]}")
             keep = c.session_id(f"keep-{uuid.uuid4().hex[:6]}")
-            runs = [_run(c, sid, "first", "w1"), _run(c, sid, "second", "w1")]
+            runs = [_run(c, sid, "first", "w1", "first-prompt"), _run(c, sid, "second", "w1")]
             kept_run = _run(c, keep, "stays", "w2")
             assert c.wait(c.prompt(sid, "a third"), 30).status == "accepted"
             assert c.wait(c.prompt(sid, "busy"), 30).reason == "session_busy"
@@ -183,6 +184,14 @@ def test_an_erased_session_leaves_nothing_readable(
             _plant_state(s, sid, runs[0], erased_at - 1)
             nine = run_audit(s, conn)[8]
             assert any("state before erasure" in e for e in nine.evidence), nine.evidence
+        # the processor forgot the erased session's command ids: the first prompt's id sent
+        # again is decided anew, as a new run (the run counter goes on: a new key)
+        with SessionClient("acme", s, actor="user:ana") as c:
+            again = c.wait(
+                c.submit(c.command(sid, "prompt", {"text": "first"}, command_id="first-prompt")),
+                30,
+            )
+            assert again.status == "accepted" and again.run_id not in runs, again
         print(f"erasure test wall time {time.monotonic() - t0:.1f}s")
     finally:
         for p in procs:
