@@ -1,6 +1,7 @@
 """The commands a producer sends by name: `SessionClient.prompt`, `steer`, `follow_up`,
-`send`, `abort`. Each builds its payload, names the run it acts on (`KNOWN_RUN`: the one the
-client last saw active in the session) and hands the command to `SessionClient.submit`.
+`send`, `abort` (and an administrator's `erase`). Each builds its payload, names the run it
+acts on (`KNOWN_RUN`: the one the client last saw active in the session) and hands the
+command to `SessionClient.submit`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from sessionstream.schemas.commands import (
     PromptPayload,
     PromptPolicy,
     SendPayload,
+    SessionErasePayload,
     SteerPayload,
 )
 
@@ -122,3 +124,10 @@ class ProducerCommands:
         run = self._target(session_id, run_id)
         payload = AbortPayload(reason=reason)
         return self.submit(self.command(session_id, "abort", payload, run_id=run, **fields))
+
+    def erase(self, session_id: str, reason: str | None = None, **fields: Any) -> CommandHandle:
+        """An administrator's `session.erase` (docs/protocol.md, erasure and retention): it
+        goes to the control topic, which only administrators' credentials may write; the
+        outcome is `session.erased`, or `session_busy` while a run is active."""
+        payload = SessionErasePayload(reason=reason)
+        return self.submit(self.command(session_id, "session.erase", payload, **fields))

@@ -34,6 +34,7 @@ def erase(
     only counters. Refused (`session_busy`) while a run is active: abort it first."""
     payload = {} if reason is None else {"reason": reason}
     _submit(session, "session.erase", payload, tenant, wait, as_json, str(uuid.uuid4()), actor)
+    # (`SessionClient.erase` is the same from Python)
 
 
 def register(app: typer.Typer) -> None:
