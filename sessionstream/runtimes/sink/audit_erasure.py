@@ -99,8 +99,9 @@ def erased_leftovers(
     ).fetchall()
     left += [f"agent_sessions: the session {h[:19]}…" for (h,) in rows]
     # the events topic: any record (a value, not a tombstone) at or before the erasure
-    pending = 0
-    for r in read_topic(settings, settings.events_topic):
+    records = read_topic(settings, settings.events_topic)
+    tombstoned = {r.key for r in records if r.value is None}
+    for r in records:
         sid = _sid(r.key, 2)
         if sid is None or r.value is None:
             continue
@@ -108,8 +109,12 @@ def erased_leftovers(
         if h in erased and any(
             r.partition == e.partition and r.offset <= e.offset for e in erased[h]
         ):
-            left.append(f"{settings.events_topic}[{r.partition}]@{r.offset}: {h[:19]}…")
-            pending += 1
+            why = (
+                "behind a tombstone, awaiting the log cleaner"
+                if r.key in tombstoned
+                else ("no tombstone")
+            )
+            left.append(f"{settings.events_topic}[{r.partition}]@{r.offset} ({why})")
     # the state topic: content from before the erasure (the marker has none)
     for r in read_topic(settings, settings.state_topic):
         sid = _sid(r.key, 0)
