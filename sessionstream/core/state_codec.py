@@ -315,12 +315,15 @@ def is_current(data: bytes) -> bool:
     return data[:1] == _TAG
 
 
-def decode_if_active(data: bytes) -> SessionState | None:
-    """A current-format record's state if its session has an active run, else None
-    (what the processor's restore needs for the timers; idle sessions stay bytes)."""
+def decode_if_active(data: bytes, *, idle_too: bool = False) -> SessionState | None:
+    """A current-format record's state if its session has an active run (or, with
+    `idle_too`, went idle after a run: it has a retention deadline), else None (what the
+    processor's restore needs for the timers; other sessions stay bytes)."""
     try:
         t = _decoder.decode(memoryview(data)[1:])
-        return None if t[2] is None else _session(t)
+        if t[2] is None and not (idle_too and len(t) > 9 and t[9] is not None):
+            return None
+        return _session(t)
     except (msgspec.DecodeError, TypeError, ValueError, IndexError, KeyError) as e:
         raise ValueError(f"unreadable state record: {e}") from e
 
