@@ -50,6 +50,7 @@ __all__ = [
     "FORMAT_V3",
     "FORMAT_V4",
     "FORMAT_V5",
+    "FORMAT_V6",
     "STATE_FIELDS",
     "decode_if_active",
     "decode_state",
@@ -67,9 +68,18 @@ FORMAT_V4: Final = 0x04
 #: v4 + approvals: each action record's digest, expiry, generation and reason; the approval
 #: kinds of the active run and of each queued task
 FORMAT_V5: Final = 0x05
-_TAG: Final = bytes([FORMAT_V5])
+#: v5 + erasure and retention: when the session went idle, when it was erased
+FORMAT_V6: Final = 0x06
+_TAG: Final = bytes([FORMAT_V6])
 _READABLE: Final = frozenset(
-    {bytes([FORMAT_V1]), bytes([FORMAT_V2]), bytes([FORMAT_V3]), bytes([FORMAT_V4]), _TAG}
+    {
+        bytes([FORMAT_V1]),
+        bytes([FORMAT_V2]),
+        bytes([FORMAT_V3]),
+        bytes([FORMAT_V4]),
+        bytes([FORMAT_V5]),
+        _TAG,
+    }
 )
 
 #: the fields each tuple holds, in order: what a unit test holds the models to
@@ -84,6 +94,8 @@ STATE_FIELDS: Final[dict[type, tuple[str, ...]]] = {
         "clock",
         "finished",
         "last_checkpoint",
+        "idle_since",
+        "erased_at",
     ),
     RunState: (
         "run_id",
@@ -276,6 +288,8 @@ def encode_state(state: SessionState) -> bytes:
                 for f in state.finished
             ],
             state.last_checkpoint,
+            state.idle_since,
+            state.erased_at,
         )
     )
 
@@ -301,12 +315,15 @@ def is_current(data: bytes) -> bool:
     return data[:1] == _TAG
 
 
-def decode_if_active(data: bytes) -> SessionState | None:
-    """A current-format record's state if its session has an active run, else None
-    (what the processor's restore needs for the timers; idle sessions stay bytes)."""
+def decode_if_active(data: bytes, *, idle_too: bool = False) -> SessionState | None:
+    """A current-format record's state if its session has an active run (or, with
+    `idle_too`, went idle after a run: it has a retention deadline), else None (what the
+    processor's restore needs for the timers; other sessions stay bytes)."""
     try:
         t = _decoder.decode(memoryview(data)[1:])
-        return None if t[2] is None else _session(t)
+        if t[2] is None and not (idle_too and len(t) > 9 and t[9] is not None):
+            return None
+        return _session(t)
     except (msgspec.DecodeError, TypeError, ValueError, IndexError, KeyError) as e:
         raise ValueError(f"unreadable state record: {e}") from e
 
@@ -346,6 +363,9 @@ def _session(t: list[Any]) -> SessionState:
             for f in finished
         ),
         last_checkpoint=t[8] if len(t) > 8 else None,
+        # neither before format 6
+        idle_since=t[9] if len(t) > 9 else None,
+        erased_at=t[10] if len(t) > 10 else None,
     )
 
 
