@@ -4,12 +4,13 @@ The state table (`session.state` and the processor's local store) holds one reco
 session, written on every batch that changes the session. The record is MessagePack
 (msgspec) of the state's fields **by position**, behind a one-byte format tag:
 
-    0x06 | msgpack [session_id, tenant_id, active, queue, log_seq, runs_started, clock,
-                    finished, last_checkpoint]
+    0x07 | msgpack [session_id, tenant_id, active, queue, log_seq, runs_started, clock,
+                    finished, last_checkpoint, idle_since, erased_at]
 
-(Still read: 0x05, the same without the active run's questions to a person at its end;
-0x04, the same without approvals: each action key's digest, expiry,
-generation and reason, and the approval kinds of the active run and of each queued task;
+(Still read: 0x06, the same without the active run's questions to a person at its end;
+0x05, also without `idle_since` and `erased_at`; 0x04, also without approvals: each
+action key's digest, expiry, generation and reason, and the approval kinds of the active
+run and of each queued task;
 0x03, the same without the typed `input` at the end of the active run and of
 each queued task; 0x02, also without the active run's `actor`; 0x01, also without the
 fields durable steps added: the active run's `checkpoint_ref`, `steps` and `open_calls`,
@@ -53,6 +54,7 @@ __all__ = [
     "FORMAT_V4",
     "FORMAT_V5",
     "FORMAT_V6",
+    "FORMAT_V7",
     "STATE_FIELDS",
     "decode_if_active",
     "decode_state",
@@ -70,9 +72,11 @@ FORMAT_V4: Final = 0x04
 #: v4 + approvals: each action record's digest, expiry, generation and reason; the approval
 #: kinds of the active run and of each queued task
 FORMAT_V5: Final = 0x05
-#: v5 + the active run's questions to a person (status, window, generation, answer, reason)
+#: v5 + erasure and retention: when the session went idle, when it was erased
 FORMAT_V6: Final = 0x06
-_TAG: Final = bytes([FORMAT_V6])
+#: v6 + the active run's questions to a person (status, window, generation, answer, reason)
+FORMAT_V7: Final = 0x07
+_TAG: Final = bytes([FORMAT_V7])
 _READABLE: Final = frozenset(
     {
         bytes([FORMAT_V1]),
@@ -80,6 +84,7 @@ _READABLE: Final = frozenset(
         bytes([FORMAT_V3]),
         bytes([FORMAT_V4]),
         bytes([FORMAT_V5]),
+        bytes([FORMAT_V6]),
         _TAG,
     }
 )
@@ -96,6 +101,8 @@ STATE_FIELDS: Final[dict[type, tuple[str, ...]]] = {
         "clock",
         "finished",
         "last_checkpoint",
+        "idle_since",
+        "erased_at",
     ),
     RunState: (
         "run_id",
@@ -303,6 +310,8 @@ def encode_state(state: SessionState) -> bytes:
                 for f in state.finished
             ],
             state.last_checkpoint,
+            state.idle_since,
+            state.erased_at,
         )
     )
 
@@ -328,12 +337,15 @@ def is_current(data: bytes) -> bool:
     return data[:1] == _TAG
 
 
-def decode_if_active(data: bytes) -> SessionState | None:
-    """A current-format record's state if its session has an active run, else None
-    (what the processor's restore needs for the timers; idle sessions stay bytes)."""
+def decode_if_active(data: bytes, *, idle_too: bool = False) -> SessionState | None:
+    """A current-format record's state if its session has an active run (or, with
+    `idle_too`, went idle after a run: it has a retention deadline), else None (what the
+    processor's restore needs for the timers; other sessions stay bytes)."""
     try:
         t = _decoder.decode(memoryview(data)[1:])
-        return None if t[2] is None else _session(t)
+        if t[2] is None and not (idle_too and len(t) > 9 and t[9] is not None):
+            return None
+        return _session(t)
     except (msgspec.DecodeError, TypeError, ValueError, IndexError, KeyError) as e:
         raise ValueError(f"unreadable state record: {e}") from e
 
@@ -373,6 +385,9 @@ def _session(t: list[Any]) -> SessionState:
             for f in finished
         ),
         last_checkpoint=t[8] if len(t) > 8 else None,
+        # neither before format 6
+        idle_since=t[9] if len(t) > 9 else None,
+        erased_at=t[10] if len(t) > 10 else None,
     )
 
 
@@ -427,7 +442,7 @@ def _run(a: list[Any]) -> RunState:
         input_json=a[20] if len(a) > 20 else None,
         # a record before format 5: no approval kinds
         approval_kinds=tuple(a[21]) if len(a) > 21 else (),
-        # a record before format 6: no questions
+        # a record before format 7: no questions
         questions={
             q[0]: QuestionRecord(
                 status=_QSTATUS[q[1]],

@@ -9,21 +9,20 @@ information only: the decider's "now" is the broker's append time of the command
 from __future__ import annotations
 
 import builtins
-from typing import Annotated, Any, Final, Literal, TypeVar
+from typing import Any, Final, Literal, TypeVar
 
 from pydantic import (
-    AfterValidator,
     Field,
-    JsonValue,
     SerializeAsAny,
-    TypeAdapter,
     model_validator,
 )
 
-from sessionstream.schemas._base import AvroJsonText, Payload, WireModel
+from sessionstream.schemas._base import Payload, WireModel
+from sessionstream.schemas._json_value import MAX_INPUT_DEPTH, JsonInput, json_text
 from sessionstream.schemas.sessions import MAX_SESSION_ID_CHARS, session_id_problem
 
 __all__ = [
+    "ADMIN_COMMAND_TYPES",
     "COMMAND_CLASSES",
     "COMMAND_PAYLOADS",
     "LATEST_CHECKPOINT_REF",
@@ -61,6 +60,7 @@ __all__ = [
     "RunFailPayload",
     "RunProgressPayload",
     "SendPayload",
+    "SessionErasePayload",
     "SteerPayload",
     "StepKind",
     "StepRecordPayload",
@@ -94,37 +94,6 @@ MAX_APPROVAL_KINDS: Final = 16
 #: longest question a worker may ask a person
 MAX_QUESTION_CHARS: Final = 4096
 
-#: how deeply a prompt's input may nest objects and arrays inside each other
-MAX_INPUT_DEPTH: Final = 64
-
-
-def _json_input(value: JsonValue) -> JsonValue:
-    """Numbers JSON can write (no NaN, no Infinity: PostgreSQL's jsonb and JSON readers
-    take neither), nesting at most `MAX_INPUT_DEPTH` deep."""
-    todo: list[tuple[JsonValue, int]] = [(value, 1)]
-    while todo:
-        v, depth = todo.pop()
-        if isinstance(v, float) and v - v != 0:  # inf - inf and nan - nan are nan, not 0
-            raise ValueError(f"the input holds {v}, a number JSON cannot carry")
-        if isinstance(v, dict | list):
-            if depth > MAX_INPUT_DEPTH:
-                raise ValueError(f"the input nests deeper than {MAX_INPUT_DEPTH} levels")
-            todo.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
-    return value
-
-
-#: a prompt's typed input: any JSON value (null: none), held parsed; Avro carries its
-#: JSON text
-JsonInput = Annotated[JsonValue, AfterValidator(_json_input), AvroJsonText()]
-
-_JSON: Final = TypeAdapter(JsonValue)
-
-
-def json_text(value: JsonValue) -> str:
-    """A JSON value's compact text (no spaces, non-ASCII kept, object keys in their order):
-    what the state, the events and the open-runs record hold of a prompt's input."""
-    return _JSON.dump_json(value).decode()
-
 
 def _absent(value: object) -> bool:
     return value is None
@@ -135,7 +104,9 @@ def _empty(value: object) -> bool:
 
 
 PromptPolicy = Literal["reject", "enqueue", "interrupt"]
-TimerKind = Literal["lease_expiry", "run_deadline", "cancel_deadline", "approval_expiry"]
+TimerKind = Literal[
+    "lease_expiry", "run_deadline", "cancel_deadline", "approval_expiry", "retention"
+]
 #: a durable step: a model call or a tool call
 StepKind = Literal["model", "tool"]
 ProgressKind = Literal[
@@ -372,6 +343,13 @@ class StepRecordPayload(Payload):
         return self
 
 
+class SessionErasePayload(Payload):
+    """An administrator erases the session: every record of it goes (docs/protocol.md,
+    erasure). `reason` is recorded on the erasure (no personal data belongs in it)."""
+
+    reason: str | None = Field(default=None, max_length=MAX_DENY_REASON_CHARS)
+
+
 class TimerFiredPayload(Payload):
     """Sent by the processor's timer; the decision happens when it is processed in order."""
 
@@ -402,6 +380,7 @@ CommandType = Literal[
     "run.fail",
     "step.record",
     "timer.fired",
+    "session.erase",
 ]
 
 #: type -> payload model; the single source of the command vocabulary
@@ -428,6 +407,7 @@ COMMAND_PAYLOADS: Final[dict[str, type[Payload]]] = {
     "run.fail": RunFailPayload,
     "step.record": StepRecordPayload,
     "timer.fired": TimerFiredPayload,
+    "session.erase": SessionErasePayload,
 }
 
 #: producer commands that act on one run only: without `runId` they are refused (dead
@@ -465,13 +445,18 @@ WORKER_COMMAND_TYPES: Final[frozenset[str]] = frozenset(
 #: the processor's own commands: it fires them on its timers topic, no one else may
 TIMER_COMMAND_TYPES: Final[frozenset[str]] = frozenset({"timer.fired"})
 
+#: an administrator's commands: written to the control topic (the timers topic), which
+#: only the processor and administrators may write (Kafka ACLs); on the producers' topic
+#: they are rejected `not_allowed_here`
+ADMIN_COMMAND_TYPES: Final[frozenset[str]] = frozenset({"session.erase"})
+
 #: who may write a command, by the topic it arrives on: producers on the commands topic,
 #: workers on the worker-commands topic, the processor alone on the timers topic
 CommandClass = Literal["producer", "worker", "timer"]
 COMMAND_CLASSES: Final[dict[str, frozenset[str]]] = {
     "producer": PRODUCER_COMMAND_TYPES,
     "worker": WORKER_COMMAND_TYPES,
-    "timer": TIMER_COMMAND_TYPES,
+    "timer": TIMER_COMMAND_TYPES | ADMIN_COMMAND_TYPES,
 }
 
 
@@ -481,7 +466,7 @@ def command_class(command_type: str) -> CommandClass:
         return "producer"
     if command_type in WORKER_COMMAND_TYPES:
         return "worker"
-    if command_type in TIMER_COMMAND_TYPES:
+    if command_type in TIMER_COMMAND_TYPES or command_type in ADMIN_COMMAND_TYPES:
         return "timer"
     raise ValueError(f"unknown command type {command_type!r}")
 
@@ -571,9 +556,10 @@ class Command(WireModel):
                     _check_text(f"payload.{field}", v)
             elif v.__class__ in _CONTAINERS:
                 _check_text(f"payload.{field}", v)
-        if self.type in PRODUCER_COMMAND_TYPES:
-            # only producers name sessions: worker and timer commands copy the id from
-            # the log, and a run of a session named before these rules must still end
+        if self.type in PRODUCER_COMMAND_TYPES or self.type in ADMIN_COMMAND_TYPES:
+            # only producers and administrators name sessions: worker and timer commands
+            # copy the id from the log, and a run of a session named before these rules
+            # must still end
             problem = session_id_problem(self.tenant_id, self.session_id)
             if problem is not None:
                 raise ValueError(problem)

@@ -271,6 +271,11 @@ class LimitSettings(Part):
     question_ttl_ms: int = Field(default=900_000, ge=1000)
     """How long a run's question (``ctx.ask_user``) waits for a person's answer, by the log's
     clock; then it is closed ``question_expired``."""
+    session_retention_ms: int | None = Field(default=None, ge=1000)
+    """Erase a session this long after its last run finished and nothing started after it
+    (by the log's clock: the processor's ``retention`` timer, honoured by the decider). Unset:
+    sessions are kept until an administrator erases them (``sessionstream sessions erase``).
+    Part of the decider's input: changing it changes what a replay decides."""
 
     @field_validator("approval_kinds")
     @classmethod

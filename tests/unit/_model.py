@@ -46,7 +46,7 @@ would and fails on anything the protocol forbids:
   generation; a key denied `lease_lost` is asked again only by a later generation, for the
   same kind and digest and with the same window (a takeover never extends it), never
   approved a second time; an action completed without an approval, or one that needed a
-  person completed without a person's approval.
+  person completed without a person's approval;
 - questions to a person (docs/protocol.md#questions-to-a-person): a question is asked
   (`question.asked`) only while the run is `running` and held, with a window that ends
   after it was asked (`questionTtlMs` from now, when the bound is given); it is answered at
@@ -56,11 +56,21 @@ would and fails on anything the protocol forbids:
   after the pending approvals and before anything else the decision writes; nothing is open
   after a cancel, a loss or the end; a question closed `lease_lost` is asked again only by
   a later generation, with the same window; a replay repeats the record (the answer it
-  got, never another); never more than `maxQuestions` recorded per run.
+  got, never another); never more than `maxQuestions` recorded per run;
+  person completed without a person's approval;
+- erasure (docs/protocol.md#erasure-and-retention, and the feature's text): a session
+  erased while a run is active (refused or cancelled first: the spec says refused), or
+  with work waiting; an erasure record that names the session by anything but the
+  SHA-256 of its id, or counts its runs wrongly; a retention erasure before the session
+  was idle for the retention period by the log's clock, or while it was not idle; after
+  an erasure, an event of an erased run, a key that repeats an erased event's key (a run
+  id used before, a session-log seq going back), a retry of an erased run, a run started
+  from an erased checkpoint.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,7 +78,7 @@ from typing import Any
 from sessionstream.schemas.commands import Command
 from sessionstream.schemas.events import SESSION_LOG, Event
 
-SESSION_LOG_TYPES = {"command.rejected", "run.queued", "action.denied"}
+SESSION_LOG_TYPES = {"command.rejected", "run.queued", "action.denied", "session.erased"}
 FATES = {"run.input_consumed", "run.input_dropped", "run.input_requeued"}
 
 #: progress types that start a call, and the type that ends each kind
@@ -111,6 +121,8 @@ class Bounds:
     question_ttl_ms: int | None = None
     max_questions: int | None = None
     max_answer_bytes: int | None = None
+    #: how long a finished session stays before its retention erases it
+    retention_ms: int | None = None
 
 
 def _size(text: str) -> int:
@@ -237,6 +249,10 @@ class LogModel:
         self.fates: dict[str, int] = {}
         #: the latest context.checkpointed of any run of the session
         self.checkpoint: str | None = None
+        #: when the last run finished, while no run started after it (None: not idle)
+        self.idle_since: int | None = None
+        #: runs of the session erased (nothing of them may follow)
+        self.erased: set[str] = set()
 
     # -- per command ----------------------------------------------------------------------------
     def feed(self, events: list[Event], command: Command | None = None) -> None:
@@ -358,6 +374,7 @@ class LogModel:
         assert e.ts >= self.clock, f"{e.type} at {e.ts}: the session's clock went back"
         self.clock = e.ts
         assert e.run_id not in self.ended, f"{e.type} after {e.run_id} ended"
+        assert e.run_id not in self.erased, f"{e.type} of {e.run_id}, an erased run"
         p = e.payload.model_dump()
         if e.run_id == SESSION_LOG:
             self.session_event(e, p)
@@ -373,6 +390,8 @@ class LogModel:
     def session_event(self, e: Event, p: dict[str, Any]) -> None:
         assert e.type in SESSION_LOG_TYPES, e.type
         assert e.generation == 0
+        if e.type == "session.erased":
+            self.erasure(e, p)
         if e.type == "run.queued":
             w = Waiting(
                 p["source_command_id"],
@@ -390,6 +409,27 @@ class LogModel:
                 for r in requeued:
                     r.requeued.remove(w.source)
             self.queue.insert(0 if p["front"] else len(self.queue), w)
+
+    def erasure(self, e: Event, p: dict[str, Any]) -> None:
+        """Refused while a run is active, so an erasure finds the session idle; it forgets
+        every run, the latest checkpoint and the retry links, keeps the keys counting."""
+        assert self.active is None, f"session erased while run {self.active} is active"
+        assert not self.queue, "session erased with work waiting"
+        want = "sha256:" + hashlib.sha256(e.session_id.encode()).hexdigest()
+        assert p["session_hash"] == want, "the erasure names the session by another hash"
+        assert p["runs_started"] == len(self.runs), "the erasure miscounts the session's runs"
+        if p["trigger"] == "retention":
+            assert self.idle_since is not None, "retention erased a session that was not idle"
+            if self.bounds.retention_ms is not None:
+                assert e.ts >= self.idle_since + self.bounds.retention_ms, (
+                    f"retention erased at {e.ts}, idle since {self.idle_since}"
+                )
+        else:
+            assert p["trigger"] == "admin", p["trigger"]
+        self.erased.update(self.runs)
+        self.ended.clear()
+        self.checkpoint = None
+        self.idle_since = None
 
     def start(self, e: Event, p: dict[str, Any]) -> None:
         assert self.active is None, f"run {e.run_id} started while {self.active} is active"
@@ -413,8 +453,10 @@ class LogModel:
             assert p["context_ref"] == self.checkpoint, "not started from the latest checkpoint"
         if p["origin"] in ("follow_up", "send"):
             assert p["input"] is None, f"a run started by a {p['origin']} with a typed input"
+        assert e.run_id not in self.runs, f"run id {e.run_id} used twice (an erased key again?)"
         run = RunModel(e.run_id, "running", 1, p["timeout_at"], p["prompt"], _input_of(p))
         self.active = self.runs[e.run_id] = run
+        self.idle_since = None
         self.last_run = e.run_id
 
     def run_event(self, run: RunModel, e: Event, p: dict[str, Any]) -> None:
@@ -746,6 +788,7 @@ class LogModel:
             assert not p["retryable"]
         self.ended[run.run_id] = (status, p["retryable"])
         self.active = None
+        self.idle_since = e.ts
 
     # -- what the stateful test asks at the end -------------------------------------------------
     def inputs_without_exactly_one_fate(self) -> list[str]:

@@ -96,6 +96,9 @@ class DeciderConfig:
     #: questions a run may ask a person, and the largest answer (compact JSON, UTF-8)
     max_questions: int = 16
     max_answer_bytes: int = 8 * 1024
+    #: a session idle this long after its last run finished is erased (its `retention`
+    #: timer, by the decider's clock); None: kept until an administrator erases it
+    retention_ms: int | None = None
 
 
 DEFAULT_CONFIG: Final = DeciderConfig()

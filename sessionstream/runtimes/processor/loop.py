@@ -149,14 +149,14 @@ class TransactionalProcessor(Recovery):
             instance_id or settings.processor_instance or default_instance_id()
         )
         self.codec = Codec()
-        #: input topic -> the class of commands it may carry
-        self.classes = input_classes(settings)
+        self.classes = input_classes(settings)  # input topic -> the commands it may carry
         self.config = config or DeciderConfig(
             max_payload_bytes=settings.max_payload_bytes,
             max_lease_ms=settings.max_lease_ms,
             approval_policy=parse_approval_kinds(settings.approval_kinds),
             approval_ttl_ms=settings.approval_ttl_ms,
             question_ttl_ms=settings.question_ttl_ms,
+            retention_ms=settings.session_retention_ms,
         )
         self.batch_size = batch_size or settings.processor_batch_size
         self.linger_s = settings.processor_linger_ms / 1000
@@ -538,7 +538,8 @@ class TransactionalProcessor(Recovery):
         (delivery reports are served by commit_transaction; one missing leaves the
         checkpoint behind, which only lengthens the next restore's tail)."""
         s, batch = self.settings, commit.batch
-        for p in batch.records.keys() | batch.dedup.keys():
+        forgotten = batch.forgotten_by_partition()
+        for p in batch.records.keys() | batch.dedup.keys() | forgotten.keys():
             owner = self.partitions.get(p)
             if owner is not None:
                 delta = owner.commit(
@@ -546,6 +547,7 @@ class TransactionalProcessor(Recovery):
                     batch.dedup.get(p, ()),
                     commit.delivered.get((s.state_topic, p)),
                     commit.delivered.get((s.dedup_topic, p)),
+                    forgotten.get(p, ()),
                 )
                 if delta:
                     metrics.ACTIVE_RUNS.inc(delta)

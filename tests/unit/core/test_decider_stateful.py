@@ -66,6 +66,7 @@ CONFIG = DeciderConfig(
     question_ttl_ms=8_000,
     max_questions=2,
     max_answer_bytes=64,
+    retention_ms=150_000,
 )
 BOUNDS = Bounds(
     max_queue=CONFIG.max_queue,
@@ -80,6 +81,7 @@ BOUNDS = Bounds(
     question_ttl_ms=CONFIG.question_ttl_ms,
     max_questions=CONFIG.max_questions,
     max_answer_bytes=CONFIG.max_answer_bytes,
+    retention_ms=CONFIG.retention_ms,
 )
 #: the largest state record these bounds allow (JSON; generous for the ids and metadata)
 MAX_STATE_BYTES = 2 * CONFIG.max_held_bytes + 12_000
@@ -192,6 +194,11 @@ class SessionMachine(RuleBasedStateMachine):
         if d.remember is not None:
             assert cmd.command_id not in self.decided or self.decided[cmd.command_id] is None
             self.decided[cmd.command_id] = cmd
+        if events and events[-1].type == "session.erased":
+            # erased: the processor forgets every id the session remembered
+            assert events == [events[-1]] and d.remember is None
+            self.decided.clear()
+            assert self.state.active is None and self.state.finished == ()
         self.commands.append((cmd, self.now, via))
         self.log.extend(events)
         self.encoded.extend(encoded)
@@ -491,6 +498,21 @@ class SessionMachine(RuleBasedStateMachine):
     def question_ask(self, worker: str, qid: str) -> None:
         self.work(worker, "question.ask", {"question_id": qid, "question": "Which account?"})
 
+    @rule(reason=st.sampled_from([None, "asked"]), foreign=st.booleans())
+    def erase(self, reason: str | None, foreign: bool) -> None:
+        """An administrator's erase on the control topic: refused while a run is active,
+        another tenant's refused; otherwise the session is erased."""
+        pre = self.state
+        tenant = "intruder" if foreign else TENANT
+        payload = {} if reason is None else {"reason": reason}
+        events = self.apply(self.cmd("session.erase", payload, tenant_id=tenant), via="timer")
+        if foreign and pre.tenant_id == TENANT:
+            assert _reasons(events) == ["tenant_mismatch"]
+        elif pre.active is not None:
+            assert _reasons(events) == ["session_busy"], "erased while a run is active"
+        else:
+            assert [e.type for e in events] == ["session.erased"]
+
     @rule(
         kind=st.sampled_from(["lease_expiry", "run_deadline", "cancel_deadline", "approval_expiry"])
     )
@@ -508,7 +530,7 @@ class SessionMachine(RuleBasedStateMachine):
                 generation=run.generation,
             )
         )
-        due = {t.kind: t.due_at for t in due_timers(pre)}
+        due = {t.kind: t.due_at for t in due_timers(pre, CONFIG.retention_ms)}
         if kind not in due or due[kind] > self.now:
             assert _reasons(events) == ["timer_stale"], "a timer honoured before it was due"
 
@@ -727,15 +749,15 @@ class SessionMachine(RuleBasedStateMachine):
     # -- the clock ----------------------------------------------------------------------------
     @rule(ms=st.sampled_from([500, 4_000, 6_000, 21_000, 31_000, 125_000]))
     def advance(self, ms: int) -> None:
-        self.seen_timers.extend(due_timers(self.state))
+        self.seen_timers.extend(due_timers(self.state, CONFIG.retention_ms))
         self.now += ms
         for _ in range(4):  # each due timer removes itself: a few at most, never a loop
-            due = [t for t in due_timers(self.state) if t.due_at <= self.now]
+            due = [t for t in due_timers(self.state, CONFIG.retention_ms) if t.due_at <= self.now]
             if not due:
                 return
             events = self.apply(timer_command(self.state, due[0], self.now))
             assert events and events[0].type != "command.rejected", "a due timer always decides"
-        assert not [t for t in due_timers(self.state) if t.due_at <= self.now]
+        assert not [t for t in due_timers(self.state, CONFIG.retention_ms) if t.due_at <= self.now]
 
     @rule(ms=st.sampled_from([1, 300]))
     def clock_steps_back(self, ms: int) -> None:
