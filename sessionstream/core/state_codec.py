@@ -4,10 +4,10 @@ The state table (`session.state` and the processor's local store) holds one reco
 session, written on every batch that changes the session. The record is MessagePack
 (msgspec) of the state's fields **by position**, behind a one-byte format tag:
 
-    0x05 | msgpack [session_id, tenant_id, active, queue, log_seq, runs_started, clock,
-                    finished, last_checkpoint]
+    0x06 | msgpack [session_id, tenant_id, active, queue, log_seq, runs_started, clock,
+                    finished, last_checkpoint, schedules]
 
-(Still read: 0x04, the same without approvals: each action key's digest, expiry,
+(Still read: 0x05, the same without the schedules; 0x04, the same without approvals: each action key's digest, expiry,
 generation and reason, and the approval kinds of the active run and of each queued task;
 0x03, the same without the typed `input` at the end of the active run and of
 each queued task; 0x02, also without the active run's `actor`; 0x01, also without the
@@ -38,6 +38,7 @@ from sessionstream.core.state import (
     PendingInput,
     QueueEntry,
     RunState,
+    Schedule,
     SessionState,
     StepRecord,
     state_from_json,
@@ -50,6 +51,7 @@ __all__ = [
     "FORMAT_V3",
     "FORMAT_V4",
     "FORMAT_V5",
+    "FORMAT_V6",
     "STATE_FIELDS",
     "decode_if_active",
     "decode_state",
@@ -67,9 +69,18 @@ FORMAT_V4: Final = 0x04
 #: v4 + approvals: each action record's digest, expiry, generation and reason; the approval
 #: kinds of the active run and of each queued task
 FORMAT_V5: Final = 0x05
-_TAG: Final = bytes([FORMAT_V5])
+#: v5 + the session's schedules
+FORMAT_V6: Final = 0x06
+_TAG: Final = bytes([FORMAT_V6])
 _READABLE: Final = frozenset(
-    {bytes([FORMAT_V1]), bytes([FORMAT_V2]), bytes([FORMAT_V3]), bytes([FORMAT_V4]), _TAG}
+    {
+        bytes([FORMAT_V1]),
+        bytes([FORMAT_V2]),
+        bytes([FORMAT_V3]),
+        bytes([FORMAT_V4]),
+        bytes([FORMAT_V5]),
+        _TAG,
+    }
 )
 
 #: the fields each tuple holds, in order: what a unit test holds the models to
@@ -84,6 +95,27 @@ STATE_FIELDS: Final[dict[type, tuple[str, ...]]] = {
         "clock",
         "finished",
         "last_checkpoint",
+        "schedules",
+    ),
+    Schedule: (
+        "schedule_id",
+        "revision",
+        "cron",
+        "timezone",
+        "interval_ms",
+        "anchor_at",
+        "text",
+        "input_json",
+        "timeout_ms",
+        "context_ref",
+        "overlap",
+        "catch_up",
+        "max_catch_up",
+        "jitter_ms",
+        "next_nominal_at",
+        "next_at",
+        "caught_up",
+        "actor",
     ),
     RunState: (
         "run_id",
@@ -160,6 +192,8 @@ _QUEUE_KIND, _QUEUE_KIND_I = _vocab(*get_args(_field_type(QueueEntry, "kind")))
 _DECISION, _DECISION_I = _vocab(*get_args(_field_type(ActionRecord, "decision")))
 _STEP_KIND, _STEP_KIND_I = _vocab(*get_args(_field_type(StepRecord, "kind")))
 _CALL_KIND, _CALL_KIND_I = _vocab(*get_args(_field_type(OpenCall, "kind")))
+_OVERLAP, _OVERLAP_I = _vocab(*get_args(_field_type(Schedule, "overlap")))
+_CATCH_UP, _CATCH_UP_I = _vocab(*get_args(_field_type(Schedule, "catch_up")))
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder()
@@ -276,6 +310,29 @@ def encode_state(state: SessionState) -> bytes:
                 for f in state.finished
             ],
             state.last_checkpoint,
+            [
+                (
+                    sc.schedule_id,
+                    sc.revision,
+                    sc.cron,
+                    sc.timezone,
+                    sc.interval_ms,
+                    sc.anchor_at,
+                    sc.text,
+                    sc.input_json,
+                    sc.timeout_ms,
+                    sc.context_ref,
+                    _OVERLAP_I[sc.overlap],
+                    _CATCH_UP_I[sc.catch_up],
+                    sc.max_catch_up,
+                    sc.jitter_ms,
+                    sc.next_nominal_at,
+                    sc.next_at,
+                    sc.caught_up,
+                    sc.actor,
+                )
+                for sc in state.schedules
+            ],
         )
     )
 
@@ -302,11 +359,12 @@ def is_current(data: bytes) -> bool:
 
 
 def decode_if_active(data: bytes) -> SessionState | None:
-    """A current-format record's state if its session has an active run, else None
-    (what the processor's restore needs for the timers; idle sessions stay bytes)."""
+    """A current-format record's state if its session has an active run or a schedule,
+    else None (what the processor's restore needs for the timers; sessions with neither
+    stay bytes)."""
     try:
         t = _decoder.decode(memoryview(data)[1:])
-        return None if t[2] is None else _session(t)
+        return None if t[2] is None and not t[9] else _session(t)
     except (msgspec.DecodeError, TypeError, ValueError, IndexError, KeyError) as e:
         raise ValueError(f"unreadable state record: {e}") from e
 
@@ -346,6 +404,31 @@ def _session(t: list[Any]) -> SessionState:
             for f in finished
         ),
         last_checkpoint=t[8] if len(t) > 8 else None,
+        # no schedules before format 6
+        schedules=tuple(_schedule(x) for x in t[9]) if len(t) > 9 else (),
+    )
+
+
+def _schedule(x: list[Any]) -> Schedule:
+    return Schedule(
+        schedule_id=x[0],
+        revision=x[1],
+        cron=x[2],
+        timezone=x[3],
+        interval_ms=x[4],
+        anchor_at=x[5],
+        text=x[6],
+        input_json=x[7],
+        timeout_ms=x[8],
+        context_ref=x[9],
+        overlap=_OVERLAP[x[10]],
+        catch_up=_CATCH_UP[x[11]],
+        max_catch_up=x[12],
+        jitter_ms=x[13],
+        next_nominal_at=x[14],
+        next_at=x[15],
+        caught_up=x[16],
+        actor=x[17],
     )
 
 

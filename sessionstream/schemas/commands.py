@@ -9,18 +9,24 @@ information only: the decider's "now" is the broker's append time of the command
 from __future__ import annotations
 
 import builtins
-from typing import Annotated, Any, Final, Literal, TypeVar
+from typing import Any, Final, Literal, TypeVar
 
 from pydantic import (
-    AfterValidator,
     Field,
-    JsonValue,
     SerializeAsAny,
-    TypeAdapter,
     model_validator,
 )
 
-from sessionstream.schemas._base import AvroJsonText, Payload, WireModel
+from sessionstream.schemas._base import Payload, WireModel
+from sessionstream.schemas.inputs import MAX_INPUT_DEPTH, JsonInput, json_text
+from sessionstream.schemas.inputs import is_absent as _absent
+from sessionstream.schemas.inputs import is_empty as _empty
+from sessionstream.schemas.schedules import (
+    MAX_SCHEDULE_ID_CHARS,
+    ScheduleCreatePayload,
+    ScheduleDeletePayload,
+    ScheduleUpdatePayload,
+)
 from sessionstream.schemas.sessions import MAX_SESSION_ID_CHARS, session_id_problem
 
 __all__ = [
@@ -35,6 +41,7 @@ __all__ = [
     "MAX_WIRE_INT",
     "PRODUCER_COMMAND_TYPES",
     "RUN_SCOPED_PRODUCER_TYPES",
+    "SCHEDULE_COMMAND_TYPES",
     "TIMER_COMMAND_TYPES",
     "WORKER_COMMAND_TYPES",
     "AbortPayload",
@@ -58,6 +65,9 @@ __all__ = [
     "RunCompletePayload",
     "RunFailPayload",
     "RunProgressPayload",
+    "ScheduleCreatePayload",
+    "ScheduleDeletePayload",
+    "ScheduleUpdatePayload",
     "SendPayload",
     "SteerPayload",
     "StepKind",
@@ -89,48 +99,10 @@ MAX_DENY_REASON_CHARS: Final = 500
 #: how many action kinds a prompt may add to its run's approval policy
 MAX_APPROVAL_KINDS: Final = 16
 
-#: how deeply a prompt's input may nest objects and arrays inside each other
-MAX_INPUT_DEPTH: Final = 64
-
-
-def _json_input(value: JsonValue) -> JsonValue:
-    """Numbers JSON can write (no NaN, no Infinity: PostgreSQL's jsonb and JSON readers
-    take neither), nesting at most `MAX_INPUT_DEPTH` deep."""
-    todo: list[tuple[JsonValue, int]] = [(value, 1)]
-    while todo:
-        v, depth = todo.pop()
-        if isinstance(v, float) and v - v != 0:  # inf - inf and nan - nan are nan, not 0
-            raise ValueError(f"the input holds {v}, a number JSON cannot carry")
-        if isinstance(v, dict | list):
-            if depth > MAX_INPUT_DEPTH:
-                raise ValueError(f"the input nests deeper than {MAX_INPUT_DEPTH} levels")
-            todo.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
-    return value
-
-
-#: a prompt's typed input: any JSON value (null: none), held parsed; Avro carries its
-#: JSON text
-JsonInput = Annotated[JsonValue, AfterValidator(_json_input), AvroJsonText()]
-
-_JSON: Final = TypeAdapter(JsonValue)
-
-
-def json_text(value: JsonValue) -> str:
-    """A JSON value's compact text (no spaces, non-ASCII kept, object keys in their order):
-    what the state, the events and the open-runs record hold of a prompt's input."""
-    return _JSON.dump_json(value).decode()
-
-
-def _absent(value: object) -> bool:
-    return value is None
-
-
-def _empty(value: object) -> bool:
-    return not value
-
-
 PromptPolicy = Literal["reject", "enqueue", "interrupt"]
-TimerKind = Literal["lease_expiry", "run_deadline", "cancel_deadline", "approval_expiry"]
+TimerKind = Literal[
+    "lease_expiry", "run_deadline", "cancel_deadline", "approval_expiry", "schedule"
+]
 #: a durable step: a model call or a tool call
 StepKind = Literal["model", "tool"]
 ProgressKind = Literal[
@@ -354,6 +326,11 @@ class TimerFiredPayload(Payload):
 
     kind: TimerKind
     due_at: int = Field(ge=-MAX_WIRE_INT, le=MAX_WIRE_INT)
+    #: kind `schedule` only: the schedule that fires (left out of the JSON when null, so
+    #: the digests of the timers decided before it existed stay what they were)
+    schedule_id: str | None = Field(
+        default=None, max_length=MAX_SCHEDULE_ID_CHARS, exclude_if=_absent
+    )
 
 
 CommandType = Literal[
@@ -377,6 +354,9 @@ CommandType = Literal[
     "run.fail",
     "step.record",
     "timer.fired",
+    "schedule.create",
+    "schedule.update",
+    "schedule.delete",
 ]
 
 #: type -> payload model; the single source of the command vocabulary
@@ -401,12 +381,31 @@ COMMAND_PAYLOADS: Final[dict[str, type[Payload]]] = {
     "run.fail": RunFailPayload,
     "step.record": StepRecordPayload,
     "timer.fired": TimerFiredPayload,
+    "schedule.create": ScheduleCreatePayload,
+    "schedule.update": ScheduleUpdatePayload,
+    "schedule.delete": ScheduleDeletePayload,
 }
 
 #: commands written by producers (UI, scheduler, gateway, ...); `runId` on one of these names
 #: the run it is meant for, and it is rejected `run_not_active` if that run is not active
 PRODUCER_COMMAND_TYPES: Final[frozenset[str]] = frozenset(
-    {"prompt", "steer", "follow_up", "send", "abort", "action.approve", "action.deny"}
+    {
+        "prompt",
+        "steer",
+        "follow_up",
+        "send",
+        "abort",
+        "action.approve",
+        "action.deny",
+        "schedule.create",
+        "schedule.update",
+        "schedule.delete",
+    }
+)
+
+#: the producer commands that keep a session's schedules (docs/protocol.md#schedules)
+SCHEDULE_COMMAND_TYPES: Final[frozenset[str]] = frozenset(
+    {"schedule.create", "schedule.update", "schedule.delete"}
 )
 
 #: producer commands that act on one run only: without `runId` they are refused (dead
@@ -553,8 +552,13 @@ class Command(WireModel):
                 raise ValueError(f"{self.type} needs runId and workerId")
             if self.type != "lease.acquire" and self.generation is None:
                 raise ValueError(f"{self.type} needs generation")
-        if self.type == "timer.fired" and not self.run_id:
-            raise ValueError("timer.fired needs runId")
+        if self.type == "timer.fired":
+            # a schedule's timer names its schedule; every other timer names its run
+            if getattr(self.payload, "kind", None) == "schedule":
+                if not getattr(self.payload, "schedule_id", None):
+                    raise ValueError("timer.fired of kind schedule needs payload.scheduleId")
+            elif not self.run_id:
+                raise ValueError("timer.fired needs runId")
         return self
 
     def payload_as(self, model: builtins.type[P]) -> P:

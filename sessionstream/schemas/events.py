@@ -17,6 +17,7 @@ from pydantic import Field, SerializeAsAny, model_validator
 
 from sessionstream.schemas._base import Payload, WireModel
 from sessionstream.schemas.commands import validate_payload
+from sessionstream.schemas.schedules import ScheduleCatchUp, ScheduleOverlap
 
 __all__ = [
     "ACTIVE_STATUSES",
@@ -56,6 +57,9 @@ __all__ = [
     "RunQueued",
     "RunStarted",
     "RunStatus",
+    "ScheduleDefined",
+    "ScheduleDeleted",
+    "ScheduleFired",
     "StaleWriteRecorded",
     "Steered",
     "StepDelivered",
@@ -109,6 +113,10 @@ RejectionReason = Literal[
     "approval_stale",
     "digest_mismatch",
     "approval_expired",
+    "invalid_schedule",
+    "too_many_schedules",
+    "schedule_exists",
+    "unknown_schedule",
 ]
 REJECTION_REASONS: Final[frozenset[str]] = frozenset(get_args(RejectionReason))
 
@@ -385,6 +393,55 @@ class CommandRejected(Payload):
     target_status: str | None = None
 
 
+class ScheduleDefined(Payload):
+    """`schedule.created` / `schedule.updated`: the whole definition as it is kept, and its
+    first firing computed at the event's time (`nextNominalAt` by the cron or the interval,
+    `nextAt` with the jitter): the fold copies them, never computes one."""
+
+    schedule_id: str
+    cron: str | None = None
+    timezone: str = "UTC"
+    interval_ms: int | None = None
+    text: str
+    #: the prompt's typed input, compact JSON text (null: none)
+    input: str | None = None
+    timeout_ms: int | None = None
+    context_ref: str | None = None
+    overlap: ScheduleOverlap
+    catch_up: ScheduleCatchUp
+    max_catch_up: int
+    jitter_ms: int = 0
+    #: an interval's origin: its firings are at anchorAt + k * intervalMs
+    anchor_at: int
+    next_nominal_at: int
+    next_at: int
+    actor: str | None = None
+
+
+class ScheduleDeleted(Payload):
+    """The schedule is gone; a firing on its way is refused `timer_stale`."""
+
+    schedule_id: str
+    actor: str | None = None
+
+
+class ScheduleFired(Payload):
+    """A schedule's time came (`nominalAt`, jitter aside). `outcome`: `prompted` (its
+    prompt's own outcome follows: run.started, run.queued, or command.rejected), or
+    `skipped` with `reason` `busy` (overlap `skip`) or `late` (catch-up `skip`). `missed`:
+    the later times passed over at once (counted up to 1000); `caughtUp`: how many late
+    firings in a row this one is (catch-up `all`); then the next firing, computed here."""
+
+    schedule_id: str
+    nominal_at: int
+    outcome: Literal["prompted", "skipped"]
+    reason: str | None = None
+    missed: int = 0
+    caught_up: int = 0
+    next_nominal_at: int
+    next_at: int
+
+
 class StaleWriteRecorded(Payload):
     """A write from a fenced (older) generation, kept for diagnosis; never applied."""
 
@@ -431,6 +488,10 @@ EventType = Literal[
     "run.stale_write_recorded",
     "step.recorded",
     "step.delivered",
+    "schedule.created",
+    "schedule.updated",
+    "schedule.deleted",
+    "schedule.fired",
 ]
 
 #: type -> payload model; the single source of the event vocabulary
@@ -471,6 +532,10 @@ EVENT_PAYLOADS: Final[dict[str, type[Payload]]] = {
     "run.stale_write_recorded": StaleWriteRecorded,
     "step.recorded": StepRecorded,
     "step.delivered": StepDelivered,
+    "schedule.created": ScheduleDefined,
+    "schedule.updated": ScheduleDefined,
+    "schedule.deleted": ScheduleDeleted,
+    "schedule.fired": ScheduleFired,
 }
 
 EVENT_TYPES: Final[frozenset[str]] = frozenset(get_args(EventType))

@@ -87,6 +87,12 @@ class DeciderConfig:
     approval_policy: tuple[tuple[str, str], ...] = ()
     #: how long a pending approval waits for a person (by the decider's clock)
     approval_ttl_ms: int = 15 * 60 * 1000
+    #: schedules per session, and the shortest interval one may have
+    max_schedules: int = 16
+    schedule_min_interval_ms: int = 60 * 1000
+    #: a schedule's firing decided this long after its time (or after a later time of the
+    #: schedule) is late: its catch-up policy decides (the processor was down)
+    schedule_late_ms: int = 60 * 1000
 
 
 DEFAULT_CONFIG: Final = DeciderConfig()

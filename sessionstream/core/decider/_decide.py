@@ -9,6 +9,7 @@ from sessionstream.core.decider._actions import _decide_action
 from sessionstream.core.decider._base import DEFAULT_CONFIG, DeciderConfig, Decision, command_digest
 from sessionstream.core.decider._emit import _Emitter
 from sessionstream.core.decider._producer import _abort, _follow_up, _prompt, _send, _steer
+from sessionstream.core.decider._schedules import _define, _delete
 from sessionstream.core.decider._timers import _timer
 from sessionstream.core.decider._worker import _WORKER_HANDLERS, _worker
 from sessionstream.core.state import (
@@ -124,6 +125,9 @@ _HANDLERS = {
     "action.approve": _decide_action,
     "action.deny": _decide_action,
     "timer.fired": _timer,
+    "schedule.create": _define,
+    "schedule.update": _define,
+    "schedule.delete": _delete,
 }
 
 #: every command type with an explicit rule (`lease.acquire` is decided by `_worker` itself)

@@ -26,14 +26,21 @@ PURE = [
     "sessionstream/core/timers.py",
     "sessionstream/core/open_runs.py",
     "sessionstream/core/approvals.py",
+    "sessionstream/core/cron.py",
 ]
 #: msgspec: the state structs (C, no I/O; chosen for the fold's speed, sessionstream/core/state.py)
 ALLOWED = {"__future__", "dataclasses", "typing", "uuid", "hashlib", "pydantic", "msgspec"}
 ALLOWED_LOCAL = {
     "sessionstream.core.state",
+    "sessionstream.core.cron",
+    "sessionstream.errors",
     "sessionstream.core.decider",
     "sessionstream.core.approvals",
 }
+#: the cron evaluator reads wall-clock times in a zone: datetime's arithmetic and zoneinfo's
+#: tz database (never a clock: `datetime.now` is refused by `no_world` below)
+CRON = {"sessionstream/core/cron.py"}
+CRON_ALLOWED = {"datetime", "zoneinfo", "functools"}
 #: the schemas modules the decider may lean on, and what they may import in turn
 SCHEMA_ALLOWED = ALLOWED | {"builtins", "pydantic.alias_generators"}
 FORBIDDEN_CALLS = {"open", "__import__", "exec", "eval", "compile", "input", "print"}
@@ -64,6 +71,7 @@ def test_pure_modules_import_only_pure_things(rel: str) -> None:
         top = name.split(".")[0]
         ok = (
             top in ALLOWED
+            or (rel in CRON and top in CRON_ALLOWED)
             or name.startswith(("sessionstream.schemas.", "sessionstream.core.decider."))
             or name in ALLOWED_LOCAL
         )
