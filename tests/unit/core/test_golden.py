@@ -94,6 +94,7 @@ def test_the_required_stories_are_there() -> None:
         "durable_steps",
         "typed_input",
         "approvals",
+        "schedules",
     } <= names
 
 
