@@ -7,9 +7,9 @@ session, written on every batch that changes the session. The record is MessageP
     0x06 | msgpack [session_id, tenant_id, active, queue, log_seq, runs_started, clock,
                     finished, last_checkpoint, schedules]
 
-(Still read: 0x05, the same without the schedules; 0x04, the same without approvals: each action key's digest, expiry,
-generation and reason, and the approval kinds of the active run and of each queued task;
-0x03, the same without the typed `input` at the end of the active run and of
+(Still read: 0x05, the same without the schedules; 0x04, also without approvals: each
+action key's digest, expiry, generation and reason, and the approval kinds of the active
+run and of each queued task; 0x03, the same without the typed `input` at the end of the active run and of
 each queued task; 0x02, also without the active run's `actor`; 0x01, also without the
 fields durable steps added: the active run's `checkpoint_ref`, `steps` and `open_calls`,
 and the session's `last_checkpoint`.)

@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from sessionstream import __version__
 from sessionstream.adapters._gc import settle_collector
 from sessionstream.apps.gateway import search, views
-from sessionstream.apps.gateway.auth import Authenticator
+from sessionstream.apps.gateway.auth import Authenticator, Principal
 from sessionstream.apps.gateway.bridge import CommandBridge, InFlight
 from sessionstream.apps.gateway.caller import Caller, client_address
 from sessionstream.apps.gateway.commands import (
@@ -40,6 +40,7 @@ from sessionstream.apps.gateway.fanout import EventFanout
 from sessionstream.apps.gateway.fastpath import CommandsFastPath
 from sessionstream.apps.gateway.guard import DOCS_CSP, Guard
 from sessionstream.apps.gateway.limits import StreamCounts
+from sessionstream.apps.gateway.schedules import add_schedule_routes
 from sessionstream.apps.gateway.search import (
     CursorQuery,
     LabelQuery,
@@ -215,6 +216,13 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
             )
         wait = _positive(request.query_params.get("wait"), "wait")
         body = await read_json(request, settings.gateway_max_body_bytes)
+        return await execute(who, local, body, wait)
+
+    async def execute(
+        who: Principal, local: str, body: Any, wait: float | None
+    ) -> tuple[int, dict[str, Any]]:
+        """A command body for the session `local` of the caller's tenant, sent and waited
+        for: the HTTP status and JSON body of its outcome (the schedule routes' too)."""
         command = build_command(await gw.sessions.full_id(who.tenant_id, local), body, who)
         wait_s = min(wait or settings.gateway_wait_s, settings.gateway_wait_s)
         try:
@@ -241,6 +249,7 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
     # the OpenAPI; it sends Guard's headers itself)
     app.add_middleware(Guard)
     app.add_middleware(CommandsFastPath, answer=command_answer)
+    add_schedule_routes(app, gw.db, execute)
 
     @app.get(
         "/v1/sessions",

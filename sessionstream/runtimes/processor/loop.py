@@ -156,6 +156,8 @@ class TransactionalProcessor(Recovery):
             max_lease_ms=settings.max_lease_ms,
             approval_policy=parse_approval_kinds(settings.approval_kinds),
             approval_ttl_ms=settings.approval_ttl_ms,
+            max_schedules=settings.max_schedules,
+            schedule_min_interval_ms=settings.schedule_min_interval_ms,
         )
         self.batch_size = batch_size or settings.processor_batch_size
         self.linger_s = settings.processor_linger_ms / 1000

@@ -84,7 +84,9 @@ def test_a_bad_expression_is_refused_with_its_reason(expr: str, why: str) -> Non
         parse_cron(expr)
 
 
-@pytest.mark.parametrize("name", ["Mars/Olympus", "", "../../etc/passwd", "/etc/localtime", "x" * 65])
+@pytest.mark.parametrize(
+    "name", ["Mars/Olympus", "", "../../etc/passwd", "/etc/localtime", "x" * 65]
+)
 def test_an_unknown_zone_is_refused(name: str) -> None:
     with pytest.raises(CronError, match="unknown time zone"):
         zone(name)
@@ -241,7 +243,7 @@ def test_delete_after_a_firing_and_a_firing_after_a_delete() -> None:
 def test_a_forged_or_early_timer_is_refused_and_may_come_again() -> None:
     h = Harness()
     h.schedule()
-    due = [t for t in due_timers(h.state) if t.kind == "schedule"][0]
+    due = next(t for t in due_timers(h.state) if t.kind == "schedule")
     early = timer_command(h.state, due, h.now)
     ev = h.apply(early)  # at h.now: 60 s before its time
     assert tokens(ev) == ["rejected:timer_stale"]
@@ -310,7 +312,7 @@ def test_a_queued_firing_starts_when_the_run_ends() -> None:
 
 def down_for(h: Harness, minutes: int) -> list[str]:
     """The processor was down: the schedule's timer is decided `minutes` after its time."""
-    due = [t for t in due_timers(h.state) if t.kind == "schedule"][0]
+    due = next(t for t in due_timers(h.state) if t.kind == "schedule")
     h.now = due.due_at + minutes * MIN
     return tokens(h.apply(timer_command(h.state, due, h.now)))
 
@@ -321,7 +323,7 @@ def test_catch_up_once_fires_one_prompt_for_everything_missed() -> None:
     assert down_for(h, 10) == ["schedule.fired", "run.started:prompt"]
     f = h.log[-2].payload_as(ScheduleFired)
     assert f.missed == 10 and f.next_nominal_at > h.now
-    assert [t for t in due_timers(h.state) if t.kind == "schedule"][0].due_at > h.now
+    assert next(t for t in due_timers(h.state) if t.kind == "schedule").due_at > h.now
 
 
 def test_catch_up_skip_fires_nothing_until_the_next_time_on_time() -> None:
@@ -351,7 +353,7 @@ def test_catch_up_all_fires_the_oldest_missed_up_to_the_bound_then_skips() -> No
 def test_a_late_firing_within_its_grace_is_on_time() -> None:
     h = Harness()
     h.schedule(catch_up="skip")
-    due = [t for t in due_timers(h.state) if t.kind == "schedule"][0]
+    due = next(t for t in due_timers(h.state) if t.kind == "schedule")
     h.now = due.due_at + 30_000  # a slow processor, not an outage
     assert tokens(h.apply(timer_command(h.state, due, h.now))) == [
         "schedule.fired",

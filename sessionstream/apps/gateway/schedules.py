@@ -1,0 +1,180 @@
+"""The gateway's schedule routes: a session's schedules listed (with their next firing)
+and created, replaced and deleted as `schedule.*` commands (docs/http.md#schedules).
+
+Writes are commands like any other, sent through the command route's own path and answered
+with their outcome; the list is folded from the `schedule.*` events the sink wrote to
+PostgreSQL, so it shows what the log said a moment ago."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
+
+import psycopg
+from fastapi import FastAPI, Path, Query, Request
+from fastapi.responses import JSONResponse
+
+from sessionstream.apps.gateway.auth import Principal
+from sessionstream.apps.gateway.caller import Caller
+from sessionstream.apps.gateway.commands import read_json
+from sessionstream.apps.gateway.db import Database
+from sessionstream.apps.gateway.errors import ApiError
+from sessionstream.core.decider import evolve
+from sessionstream.core.state import Schedule, SessionState
+from sessionstream.runtimes.sink.replay import schedule_events
+from sessionstream.schemas.commands import MAX_ID_CHARS, ScheduleCreatePayload
+from sessionstream.schemas.schedules import MAX_SCHEDULE_ID_CHARS, SCHEDULE_ID_PATTERN
+from sessionstream.schemas.sessions import local_session_id
+
+__all__ = ["add_schedule_routes", "schedule_json", "schedules_of"]
+
+Execute = Callable[[Principal, str, Any, float | None], Awaitable[tuple[int, dict[str, Any]]]]
+
+_ID_TEXT = r"^[^\x00/]+$"
+SessionId = Annotated[
+    str, Path(alias="sessionId", min_length=1, max_length=MAX_ID_CHARS, pattern=_ID_TEXT)
+]
+ScheduleId = Annotated[
+    str,
+    Path(
+        alias="scheduleId",
+        min_length=1,
+        max_length=MAX_SCHEDULE_ID_CHARS,
+        pattern=SCHEDULE_ID_PATTERN,
+    ),
+]
+CommandIdQuery = Annotated[
+    str | None,
+    Query(
+        alias="commandId",
+        min_length=1,
+        max_length=MAX_ID_CHARS,
+        description="idempotency key (default: a new one); resend the same to retry safely",
+    ),
+]
+_BODY_BYTES = 256 * 1024 + 4096
+
+
+def schedule_json(sc: Schedule) -> dict[str, Any]:
+    """A schedule as the API shows it (times in epoch ms)."""
+    return {
+        "scheduleId": sc.schedule_id,
+        "cron": sc.cron,
+        "timezone": sc.timezone if sc.cron is not None else None,
+        "intervalMs": sc.interval_ms,
+        "text": sc.text,
+        "input": None if sc.input_json is None else json.loads(sc.input_json),
+        "timeoutMs": sc.timeout_ms,
+        "contextRef": sc.context_ref,
+        "overlap": sc.overlap,
+        "catchUp": sc.catch_up,
+        "maxCatchUp": sc.max_catch_up,
+        "jitterMs": sc.jitter_ms,
+        "nextAt": sc.next_at,
+        "nextNominalAt": sc.next_nominal_at,
+        "revision": sc.revision,
+        "createdBy": sc.actor,
+    }
+
+
+def schedules_of(
+    conn: psycopg.Connection[Any], session_id: str, tenant_id: str
+) -> list[Schedule] | None:
+    """The session's schedules as its log says (None: the session is another tenant's)."""
+    events = schedule_events(conn, session_id)
+    conn.rollback()
+    state = SessionState.initial(session_id)
+    for e in events:
+        if e.tenant_id != tenant_id:
+            return None
+        state = evolve(state, e)
+    return list(state.schedules)
+
+
+def _body(raw: Any, schedule_id: str | None = None) -> dict[str, Any]:
+    """A definition body (camelCase, as `schedule.create`'s payload; `commandId` beside
+    it) split into the command body the command route takes."""
+    if not isinstance(raw, dict):
+        raise ApiError(400, "invalid_request", "the body must be a JSON object")
+    payload = dict(raw)
+    command_id = payload.pop("commandId", None)
+    if schedule_id is not None:
+        given = payload.setdefault("scheduleId", schedule_id)
+        if given != schedule_id:
+            raise ApiError(400, "invalid_request", "scheduleId differs from the path's")
+    body: dict[str, Any] = {"payload": payload}
+    if command_id is not None:
+        body["commandId"] = command_id
+    return body
+
+
+def add_schedule_routes(app: FastAPI, db: Database, execute: Execute) -> None:
+    """``/v1/sessions/{sessionId}/schedules`` on `app`: reads through `db`, writes as
+    commands through `execute` (the command route's)."""
+    definition = {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": ScheduleCreatePayload.model_json_schema()}},
+        }
+    }
+    answers: dict[int | str, dict[str, Any]] = {
+        400: {"description": "malformed JSON or a field that violates its schema"},
+        409: {"description": "rejected by the session (reason: invalid_schedule, ...)"},
+        202: {"description": "no outcome within the wait: resend with the same commandId"},
+    }
+
+    @app.get(
+        "/v1/sessions/{sessionId}/schedules",
+        summary="A session's schedules and their next firing (from PostgreSQL)",
+    )
+    async def list_schedules(session_id: SessionId, who: Caller) -> dict[str, Any]:
+        full = await app.state.gateway.sessions.full_id(who.tenant_id, session_id)
+        found = await db.run(schedules_of, full, who.tenant_id)
+        if found is None:
+            raise ApiError(404, "not_found", "no such session for this key's tenant")
+        return {
+            "sessionId": local_session_id(who.tenant_id, full),
+            "schedules": [schedule_json(sc) for sc in found],
+        }
+
+    @app.post(
+        "/v1/sessions/{sessionId}/schedules",
+        summary="Create a schedule (a schedule.create command); its outcome",
+        openapi_extra=definition,
+        responses=answers,
+    )
+    async def create_schedule(request: Request, session_id: SessionId, who: Caller) -> JSONResponse:
+        body = _body(await read_json(request, _BODY_BYTES))
+        status, out = await execute(who, session_id, {**body, "type": "schedule.create"}, None)
+        return JSONResponse(out, status_code=status)
+
+    @app.put(
+        "/v1/sessions/{sessionId}/schedules/{scheduleId}",
+        summary="Replace a schedule's definition (a schedule.update command); its outcome",
+        openapi_extra=definition,
+        responses=answers,
+    )
+    async def update_schedule(
+        request: Request, session_id: SessionId, schedule_id: ScheduleId, who: Caller
+    ) -> JSONResponse:
+        body = _body(await read_json(request, _BODY_BYTES), schedule_id)
+        status, out = await execute(who, session_id, {**body, "type": "schedule.update"}, None)
+        return JSONResponse(out, status_code=status)
+
+    @app.delete(
+        "/v1/sessions/{sessionId}/schedules/{scheduleId}",
+        summary="Delete a schedule (a schedule.delete command); its outcome",
+        responses=answers,
+    )
+    async def delete_schedule(
+        session_id: SessionId,
+        schedule_id: ScheduleId,
+        who: Caller,
+        command_id: CommandIdQuery = None,
+    ) -> JSONResponse:
+        body: dict[str, Any] = {"type": "schedule.delete", "payload": {"scheduleId": schedule_id}}
+        if command_id is not None:
+            body["commandId"] = command_id
+        status, out = await execute(who, session_id, body, None)
+        return JSONResponse(out, status_code=status)
