@@ -9,8 +9,8 @@ session, written on every batch that changes the session. The record is MessageP
 
 (Still read: 0x05, the same without the schedules; 0x04, also without approvals: each
 action key's digest, expiry, generation and reason, and the approval kinds of the active
-run and of each queued task; 0x03, the same without the typed `input` at the end of the active run and of
-each queued task; 0x02, also without the active run's `actor`; 0x01, also without the
+run and of each queued task; 0x03, also without the typed `input` at the end of the active
+run and of each queued task; 0x02, also without the active run's `actor`; 0x01, also without the
 fields durable steps added: the active run's `checkpoint_ref`, `steps` and `open_calls`,
 and the session's `last_checkpoint`.)
 
