@@ -123,6 +123,7 @@
       if (show) await loadRun(show);
       S.current = show;
     }
+    loadSchedules();
     // live from what PostgreSQL had; a session it has not seen yet: from now on
     S.stop = Api.streamSession(id, last, (ev) => {
       if (ev.event === "model.delta") { delta(ev.data); return; }
@@ -130,6 +131,23 @@
       add(ev.data, ev.id);
     }, (on) => { $("live").classList.toggle("on", on); $("live").dataset.on = on ? "1" : "0"; });
     draw();
+  }
+
+  // the session's schedules and their next firing, as PostgreSQL last saw the log
+  async function loadSchedules() {
+    const id = S.session;
+    const r = await Api.call("GET", `/v1/sessions/${encodeURIComponent(id)}/schedules`);
+    if (id !== S.session) return;
+    const ul = $("schedules");
+    ul.textContent = "";
+    for (const sc of r.status === 200 ? r.data.schedules : []) {
+      const li = document.createElement("li");
+      const when = sc.cron ? `cron "${sc.cron}" ${sc.timezone}` : `every ${sc.intervalMs / 1000} s`;
+      const next = new Date(sc.nextAt).toLocaleString();
+      li.textContent = `⏰ ${sc.scheduleId}: ${when}, next ${next} — ${sc.text.slice(0, 60)}`;
+      li.title = `overlap ${sc.overlap}, catch-up ${sc.catchUp}, jitter ${sc.jitterMs} ms`;
+      ul.append(li);
+    }
   }
 
   async function loadRun(runId) {
@@ -171,6 +189,7 @@
     if (!quiet && (e.type === "run.started" || e.type === "run.finished")) {
       setTimeout(loadSessions, 300);  // the list comes from PostgreSQL: a moment behind
     }
+    if (!quiet && e.type.startsWith("schedule.")) setTimeout(loadSchedules, 300);
     if (!S.current && e.runId !== "_session") S.current = e.runId;
     if (e.type === "model.request.finished") {
       const a = S.answers.get(e.runId + "/" + e.payload.callId);
