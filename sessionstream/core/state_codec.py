@@ -56,6 +56,7 @@ __all__ = [
     "decode_if_active",
     "decode_state",
     "encode_state",
+    "has_active_run",
     "is_current",
 ]
 
@@ -356,6 +357,17 @@ def decode_state(data: bytes) -> SessionState:
 def is_current(data: bytes) -> bool:
     """Whether `data` is a record of this version's format (stored as is)."""
     return data[:1] == _TAG
+
+
+def has_active_run(data: bytes) -> bool:
+    """Whether the record's session has an active run (its timers may be its schedules'
+    alone), without building the state of a current-format record."""
+    if not is_current(data):
+        return decode_state(data).active is not None
+    try:
+        return _decoder.decode(memoryview(data)[1:])[2] is not None
+    except (msgspec.DecodeError, TypeError, IndexError) as e:
+        raise ValueError(f"unreadable state record: {e}") from e
 
 
 def decode_if_active(data: bytes) -> SessionState | None:

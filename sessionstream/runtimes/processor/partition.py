@@ -52,7 +52,8 @@ class PartitionState:
         self.active = 0
         for due, sid in self.store.deadlines():
             self.timers.push(due, sid)
-            self.active += 1
+            # a session's timers may be its schedules' alone: it counts if it has a run
+            self.active += self.store.has_active_run(sid)
 
     def commit(
         self,

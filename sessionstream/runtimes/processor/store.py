@@ -34,7 +34,7 @@ from typing import Any, Final
 import rocksdict
 
 from sessionstream.core.state import SessionState
-from sessionstream.core.state_codec import decode_state
+from sessionstream.core.state_codec import decode_state, has_active_run
 from sessionstream.settings import Settings
 
 __all__ = ["Checkpoint", "Db", "PartitionStore", "StateCache"]
@@ -234,8 +234,14 @@ class PartitionStore:
     def seen(self, dedup_key: bytes) -> bytes | None:
         return self.dedup_db.get(_DEDUP + dedup_key)
 
+    def has_active_run(self, sid: str) -> bool:
+        """Whether the session's stored state has an active run (read, not cached)."""
+        raw = self.state_db.get(state_key(sid))
+        return raw is not None and has_active_run(raw)
+
     def deadlines(self) -> Iterator[tuple[int, str]]:
-        """(earliest deadline, session) of every session with an active run."""
+        """(earliest deadline, session) of every session with an active run or a
+        schedule."""
         n = len(_ACTIVE)
         for key, value in self.state_db.prefix(_ACTIVE):
             yield _DUE.unpack(value)[0], key[n:].decode()
