@@ -68,10 +68,15 @@ def _problem(em: _Emitter, p: ScheduleCreatePayload) -> str | None:
         return "a schedule has exactly one of cron and intervalMs"
     if p.cron is not None:
         try:
-            parse_cron(p.cron)
+            expr = parse_cron(p.cron)
             zone(p.timezone)
         except CronError as e:
             return str(e)
+        # a jitter as long as the time between two firings would reorder them
+        first = next_fire(expr, p.timezone, em.now)
+        second = None if first is None else next_fire(expr, p.timezone, first)
+        if first is not None and second is not None and p.jitter_ms >= second - first:
+            return f"jitterMs {p.jitter_ms} is not below the {second - first} ms between firings"
     else:
         assert p.interval_ms is not None
         least = em.config.schedule_min_interval_ms
@@ -194,8 +199,8 @@ def _fire(em: _Emitter, cmd: Command) -> None:
     if prompt and run is not None and sc.overlap == "skip":
         prompt, reason = False, "busy"
     nominal = _nominal_after(sc.cron, sc.timezone, sc.interval_ms, sc.anchor_at, after)
-    if nominal is None:  # a cron that fired once always fires again within the horizon
-        nominal = sc.next_nominal_at
+    if nominal is None:  # never for an expression parse_cron took; never a re-fire loop
+        nominal = max(now, sc.next_nominal_at) + MAX_INTERVAL_MS
     if nominal > now:
         caught_up = 0  # on time again (or skipped past the outage): a later one counts anew
     em.emit(

@@ -156,6 +156,7 @@ def test_the_decider_fires_a_zoned_cron_across_both_changes() -> None:
         ({"interval_ms": MIN, "jitter_ms": MIN}, "jitterMs 60000 is not below intervalMs"),
         ({"cron": "0 * * * *", "jitter_ms": -1}, "jitterMs -1 is outside"),
         ({"cron": "0 0 * * *", "jitter_ms": 3_600_001}, "jitterMs 3600001 is outside"),
+        ({"cron": "*/5 * * * *", "jitter_ms": 5 * MIN}, "not below the 300000 ms between"),
         ({"interval_ms": MIN, "max_catch_up": 0}, "maxCatchUp 0 is outside 1-100"),
         ({"interval_ms": MIN, "max_catch_up": 101}, "maxCatchUp 101 is outside 1-100"),
     ],
@@ -383,3 +384,33 @@ def test_the_state_record_keeps_the_schedules() -> None:
     h.schedule("a", cron="30 9 * * mon-fri", timezone="Europe/Lisbon", input={"x": [1]})
     h.schedule("b", overlap="interrupt", catch_up="all", max_catch_up=4, jitter_ms=500)
     assert decode_state(encode_state(h.state)) == h.state
+
+
+def test_an_interrupting_firing_while_the_holder_is_gone_starts_at_once() -> None:
+    """After a takeover's first half (the holder's lease expired, nobody holds the run), an
+    `interrupt` firing cancels the unheld run at once and its prompt starts."""
+    h = Harness()
+    leased(h)
+    h.fire("lease_expiry")
+    h.schedule(overlap="interrupt")
+    ev = h.fire("schedule")
+    assert tokens(ev) == [
+        "schedule.fired",
+        "run.queued",
+        "run.cancel_requested",
+        "run.finished:cancelled",
+        "run.started:queued",
+    ]
+    assert ev[-1].payload_as(RunStarted).actor == "schedule:s1"
+
+
+def test_a_firing_is_never_due_again_at_its_own_time() -> None:
+    """Whatever a firing decides, the schedule's next time is later: the processor's timer
+    moves on (no firing loops on one instant)."""
+    for kw in ({}, {"cron": "* * * * *"}, {"catch_up": "all", "max_catch_up": 1}):
+        h = Harness()
+        h.schedule(**kw)
+        for _ in range(3):
+            before = h.state.schedules[0].next_nominal_at
+            down_for(h, 3)
+            assert h.state.schedules[0].next_nominal_at > before
