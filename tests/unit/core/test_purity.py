@@ -171,3 +171,25 @@ def test_full_scenario_without_clock_random_or_io(no_world: None) -> None:
     # the follow-up went with the interrupted run (dropped, with its fate recorded)
     assert started == ["p0", "next", "again"]
     assert "run.input_dropped" in types and "run.input_delivered" in types
+
+
+@pytest.fixture
+def zones_read() -> None:
+    """The tz database is read once per zone, as a module is imported (it is the one outside
+    input of schedules: docs/protocol.md#schedules); deciding reads nothing after."""
+    from sessionstream.core.cron import zone
+
+    zone("Europe/Lisbon")
+
+
+def test_schedules_decide_without_clock_random_or_io(zones_read: None, no_world: None) -> None:
+    h = Harness()
+    h.do("schedule.create", {"schedule_id": "a", "text": "t", "interval_ms": 60_000})
+    h.do(
+        "schedule.create",
+        {"schedule_id": "b", "text": "t", "cron": "*/5 * * * mon-fri", "timezone": "Europe/Lisbon"},
+    )
+    for _ in range(4):
+        h.fire("schedule")
+    h.do("schedule.delete", {"schedule_id": "a"})
+    assert {e.type for e in h.log} >= {"schedule.created", "schedule.fired", "schedule.deleted"}
