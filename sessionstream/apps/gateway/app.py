@@ -24,7 +24,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from sessionstream import __version__
 from sessionstream.adapters._gc import settle_collector
 from sessionstream.apps.gateway import search, views
-from sessionstream.apps.gateway.auth import Authenticator, Principal
+from sessionstream.apps.gateway.approvals import add_approval_routes
+from sessionstream.apps.gateway.auth import Authenticator
 from sessionstream.apps.gateway.bridge import CommandBridge, InFlight
 from sessionstream.apps.gateway.caller import Caller, client_address
 from sessionstream.apps.gateway.commands import (
@@ -60,7 +61,7 @@ from sessionstream.apps.gateway.tenancy import Sessions
 from sessionstream.apps.gateway.webhooks import add_webhook_routes
 from sessionstream.errors import DatabaseUnavailable, IncompatibleEvent, SessionstreamError
 from sessionstream.runtimes.sink.replay import events_of_command, offsets_for_time, parse_time
-from sessionstream.schemas.commands import MAX_ID_CHARS
+from sessionstream.schemas.commands import MAX_ID_CHARS, Command
 from sessionstream.settings import Settings
 
 __all__ = ["create_app"]
@@ -216,14 +217,12 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
             )
         wait = _positive(request.query_params.get("wait"), "wait")
         body = await read_json(request, settings.gateway_max_body_bytes)
-        return await execute(who, local, body, wait)
-
-    async def execute(
-        who: Principal, local: str, body: Any, wait: float | None
-    ) -> tuple[int, dict[str, Any]]:
-        """A command body for the session `local` of the caller's tenant, sent and waited
-        for: the HTTP status and JSON body of its outcome (the schedule routes' too)."""
         command = build_command(await gw.sessions.full_id(who.tenant_id, local), body, who)
+        return await execute(command, wait)
+
+    async def execute(command: Command, wait: float | None) -> tuple[int, dict[str, Any]]:
+        """Send `command`, wait for its outcome: the HTTP status and body of every command
+        route; ApiError for what the gateway cannot answer."""
         wait_s = min(wait or settings.gateway_wait_s, settings.gateway_wait_s)
         try:
             result = await gw.bridge.execute(command, wait_s)
@@ -249,7 +248,6 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
     # the OpenAPI; it sends Guard's headers itself)
     app.add_middleware(Guard)
     app.add_middleware(CommandsFastPath, answer=command_answer)
-    add_schedule_routes(app, gw.db, execute)
 
     @app.get(
         "/v1/sessions",
@@ -409,6 +407,8 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
         return await _stats(gw, who.tenant_id, minutes)
 
     add_webhook_routes(app, settings, gw.db)
+    add_approval_routes(app, settings, gw.db, execute)
+    add_schedule_routes(app, gw.db, gw.sessions, execute)
 
     @app.get("/v1/whoami", summary="The tenant and actor of the key")
     async def whoami(who: Caller) -> dict[str, Any]:

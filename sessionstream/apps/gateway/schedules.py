@@ -17,19 +17,21 @@ from fastapi.responses import JSONResponse
 
 from sessionstream.apps.gateway.auth import Principal
 from sessionstream.apps.gateway.caller import Caller
-from sessionstream.apps.gateway.commands import read_json
+from sessionstream.apps.gateway.commands import build_command, read_json
 from sessionstream.apps.gateway.db import Database
 from sessionstream.apps.gateway.errors import ApiError
+from sessionstream.apps.gateway.tenancy import Sessions
 from sessionstream.core.decider import evolve
 from sessionstream.core.state import Schedule, SessionState
 from sessionstream.runtimes.sink.replay import schedule_events
-from sessionstream.schemas.commands import MAX_ID_CHARS, ScheduleCreatePayload
+from sessionstream.schemas.commands import MAX_ID_CHARS, Command, ScheduleCreatePayload
 from sessionstream.schemas.schedules import MAX_SCHEDULE_ID_CHARS, SCHEDULE_ID_PATTERN
 from sessionstream.schemas.sessions import local_session_id
 
 __all__ = ["add_schedule_routes", "schedule_json", "schedules_of"]
 
-Execute = Callable[[Principal, str, Any, float | None], Awaitable[tuple[int, dict[str, Any]]]]
+#: the app's: send a command, wait for its outcome (HTTP status and body)
+Execute = Callable[[Command, float | None], Awaitable[tuple[int, dict[str, Any]]]]
 
 _ID_TEXT = r"^[^\x00/]+$"
 SessionId = Annotated[
@@ -109,9 +111,15 @@ def _body(raw: Any, schedule_id: str | None = None) -> dict[str, Any]:
     return body
 
 
-def add_schedule_routes(app: FastAPI, db: Database, execute: Execute) -> None:
+def add_schedule_routes(app: FastAPI, db: Database, sessions: Sessions, execute: Execute) -> None:
     """``/v1/sessions/{sessionId}/schedules`` on `app`: reads through `db`, writes as
     commands through `execute` (the command route's)."""
+
+    async def send(who: Principal, local: str, body: dict[str, Any]) -> JSONResponse:
+        command = build_command(await sessions.full_id(who.tenant_id, local), body, who)
+        status, out = await execute(command, None)
+        return JSONResponse(out, status_code=status)
+
     definition = {
         "requestBody": {
             "required": True,
@@ -129,7 +137,7 @@ def add_schedule_routes(app: FastAPI, db: Database, execute: Execute) -> None:
         summary="A session's schedules and their next firing (from PostgreSQL)",
     )
     async def list_schedules(session_id: SessionId, who: Caller) -> dict[str, Any]:
-        full = await app.state.gateway.sessions.full_id(who.tenant_id, session_id)
+        full = await sessions.full_id(who.tenant_id, session_id)
         found = await db.run(schedules_of, full, who.tenant_id)
         if found is None:
             raise ApiError(404, "not_found", "no such session for this key's tenant")
@@ -146,8 +154,7 @@ def add_schedule_routes(app: FastAPI, db: Database, execute: Execute) -> None:
     )
     async def create_schedule(request: Request, session_id: SessionId, who: Caller) -> JSONResponse:
         body = _body(await read_json(request, _BODY_BYTES))
-        status, out = await execute(who, session_id, {**body, "type": "schedule.create"}, None)
-        return JSONResponse(out, status_code=status)
+        return await send(who, session_id, {**body, "type": "schedule.create"})
 
     @app.put(
         "/v1/sessions/{sessionId}/schedules/{scheduleId}",
@@ -159,8 +166,7 @@ def add_schedule_routes(app: FastAPI, db: Database, execute: Execute) -> None:
         request: Request, session_id: SessionId, schedule_id: ScheduleId, who: Caller
     ) -> JSONResponse:
         body = _body(await read_json(request, _BODY_BYTES), schedule_id)
-        status, out = await execute(who, session_id, {**body, "type": "schedule.update"}, None)
-        return JSONResponse(out, status_code=status)
+        return await send(who, session_id, {**body, "type": "schedule.update"})
 
     @app.delete(
         "/v1/sessions/{sessionId}/schedules/{scheduleId}",
@@ -176,5 +182,4 @@ def add_schedule_routes(app: FastAPI, db: Database, execute: Execute) -> None:
         body: dict[str, Any] = {"type": "schedule.delete", "payload": {"scheduleId": schedule_id}}
         if command_id is not None:
             body["commandId"] = command_id
-        status, out = await execute(who, session_id, body, None)
-        return JSONResponse(out, status_code=status)
+        return await send(who, session_id, body)
