@@ -188,7 +188,8 @@ def list_(
 ) -> None:
     """SESSION's schedules and their next firing, as PostgreSQL last saw the log."""
     from sessionstream.adapters.postgres import connect, translated
-    from sessionstream.apps.gateway.schedules import schedule_json, schedules_of
+    from sessionstream.apps.gateway.schedules import schedules_of
+    from sessionstream.apps.gateway.views import schedule_json
     from sessionstream.errors import DatabaseError
 
     settings = get_settings()

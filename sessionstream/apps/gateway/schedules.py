@@ -7,7 +7,6 @@ PostgreSQL, so it shows what the log said a moment ago."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
@@ -21,6 +20,7 @@ from sessionstream.apps.gateway.commands import build_command, read_json
 from sessionstream.apps.gateway.db import Database
 from sessionstream.apps.gateway.errors import ApiError
 from sessionstream.apps.gateway.tenancy import Sessions
+from sessionstream.apps.gateway.views import schedule_json
 from sessionstream.core.decider import evolve
 from sessionstream.core.state import Schedule, SessionState
 from sessionstream.runtimes.sink.replay import schedule_events
@@ -28,7 +28,7 @@ from sessionstream.schemas.commands import MAX_ID_CHARS, Command, ScheduleCreate
 from sessionstream.schemas.schedules import MAX_SCHEDULE_ID_CHARS, SCHEDULE_ID_PATTERN
 from sessionstream.schemas.sessions import local_session_id
 
-__all__ = ["add_schedule_routes", "schedule_json", "schedules_of"]
+__all__ = ["add_schedule_routes", "schedules_of"]
 
 #: the app's: send a command, wait for its outcome (HTTP status and body)
 Execute = Callable[[Command, float | None], Awaitable[tuple[int, dict[str, Any]]]]
@@ -56,28 +56,6 @@ CommandIdQuery = Annotated[
     ),
 ]
 _BODY_BYTES = 256 * 1024 + 4096
-
-
-def schedule_json(sc: Schedule) -> dict[str, Any]:
-    """A schedule as the API shows it (times in epoch ms)."""
-    return {
-        "scheduleId": sc.schedule_id,
-        "cron": sc.cron,
-        "timezone": sc.timezone if sc.cron is not None else None,
-        "intervalMs": sc.interval_ms,
-        "text": sc.text,
-        "input": None if sc.input_json is None else json.loads(sc.input_json),
-        "timeoutMs": sc.timeout_ms,
-        "contextRef": sc.context_ref,
-        "overlap": sc.overlap,
-        "catchUp": sc.catch_up,
-        "maxCatchUp": sc.max_catch_up,
-        "jitterMs": sc.jitter_ms,
-        "nextAt": sc.next_at,
-        "nextNominalAt": sc.next_nominal_at,
-        "revision": sc.revision,
-        "createdBy": sc.actor,
-    }
 
 
 def schedules_of(

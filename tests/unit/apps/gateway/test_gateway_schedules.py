@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from sessionstream.apps.gateway.errors import ApiError
-from sessionstream.apps.gateway.schedules import _body, schedule_json
+from sessionstream.apps.gateway.schedules import _body
+from sessionstream.apps.gateway.views import schedule_json
 from sessionstream.core.state import Schedule
 
 
