@@ -1,8 +1,8 @@
 """The commands a producer sends by name: `SessionClient.prompt`, `steer`, `follow_up`,
-`send`, `abort`, `approve`, `deny`, and a session's schedules (`schedule_create`,
-`schedule_update`, `schedule_delete`). Each builds its payload, names the run it acts on
-(`KNOWN_RUN`: the one the client last saw active in the session; a decision names its run
-always) and hands the command to `SessionClient.submit`.
+`send`, `abort`, `approve`, `deny`, a session's schedules (`schedule_create`,
+`schedule_update`, `schedule_delete`), and an administrator's `erase`. Each builds its
+payload, names the run it acts on (`KNOWN_RUN`: the one the client last saw active in the
+session; a decision names its run always) and hands the command to `SessionClient.submit`.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from sessionstream.schemas.commands import (
     ScheduleDeletePayload,
     ScheduleUpdatePayload,
     SendPayload,
+    SessionErasePayload,
     SteerPayload,
 )
 
@@ -171,6 +172,13 @@ class ProducerCommands:
         )
         cmd = self.command(session_id, "action.deny", payload, run_id=run_id, **fields)
         return self.submit(cmd)
+
+    def erase(self, session_id: str, reason: str | None = None, **fields: Any) -> CommandHandle:
+        """An administrator's `session.erase` (docs/protocol.md, erasure and retention): it
+        goes to the control topic, which only administrators' credentials may write; the
+        outcome is `session.erased`, or `session_busy` while a run is active."""
+        payload = SessionErasePayload(reason=reason)
+        return self.submit(self.command(session_id, "session.erase", payload, **fields))
 
     def schedule_create(
         self, session_id: str, schedule_id: str, text: str, **definition: Any

@@ -239,6 +239,13 @@ class SessionState(_State, frozen=True, kw_only=True):
     finished: tuple[FinishedRun, ...] = ()
     #: the latest `context.checkpointed` of any of the session's runs
     last_checkpoint: str | None = None
+    #: when the session's last run finished and nothing started after it (the retention
+    #: timer counts from it); None while a run is active, before the first run, after an
+    #: erasure
+    idle_since: int | None = None
+    #: when the session was last erased (`session.erased`): the state then holds nothing
+    #: but its id, tenant, clock and counters, so later keys never repeat an erased one
+    erased_at: int | None = None
     #: the session's schedules, in the order they were created (at most `max_schedules`)
     schedules: tuple[Schedule, ...] = ()
 

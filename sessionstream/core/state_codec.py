@@ -4,10 +4,11 @@ The state table (`session.state` and the processor's local store) holds one reco
 session, written on every batch that changes the session. The record is MessagePack
 (msgspec) of the state's fields **by position**, behind a one-byte format tag:
 
-    0x06 | msgpack [session_id, tenant_id, active, queue, log_seq, runs_started, clock,
-                    finished, last_checkpoint, schedules]
+    0x07 | msgpack [session_id, tenant_id, active, queue, log_seq, runs_started, clock,
+                    finished, last_checkpoint, idle_since, erased_at, schedules]
 
-(Still read: 0x05, the same without the schedules; 0x04, also without approvals: each
+(Still read: 0x06, the same without the schedules; 0x05, also without `idle_since` and
+`erased_at`; 0x04, also without approvals: each
 action key's digest, expiry, generation and reason, and the approval kinds of the active
 run and of each queued task; 0x03, also without the typed `input` at the end of the active
 run and of each queued task; 0x02, also without the active run's `actor`; 0x01, also without the
@@ -52,11 +53,11 @@ __all__ = [
     "FORMAT_V4",
     "FORMAT_V5",
     "FORMAT_V6",
+    "FORMAT_V7",
     "STATE_FIELDS",
     "decode_if_active",
     "decode_state",
     "encode_state",
-    "has_active_run",
     "is_current",
 ]
 
@@ -70,9 +71,11 @@ FORMAT_V4: Final = 0x04
 #: v4 + approvals: each action record's digest, expiry, generation and reason; the approval
 #: kinds of the active run and of each queued task
 FORMAT_V5: Final = 0x05
-#: v5 + the session's schedules
+#: v5 + erasure and retention: when the session went idle, when it was erased
 FORMAT_V6: Final = 0x06
-_TAG: Final = bytes([FORMAT_V6])
+#: v6 + the session's schedules
+FORMAT_V7: Final = 0x07
+_TAG: Final = bytes([FORMAT_V7])
 _READABLE: Final = frozenset(
     {
         bytes([FORMAT_V1]),
@@ -80,6 +83,7 @@ _READABLE: Final = frozenset(
         bytes([FORMAT_V3]),
         bytes([FORMAT_V4]),
         bytes([FORMAT_V5]),
+        bytes([FORMAT_V6]),
         _TAG,
     }
 )
@@ -96,6 +100,8 @@ STATE_FIELDS: Final[dict[type, tuple[str, ...]]] = {
         "clock",
         "finished",
         "last_checkpoint",
+        "idle_since",
+        "erased_at",
         "schedules",
     ),
     Schedule: (
@@ -311,6 +317,8 @@ def encode_state(state: SessionState) -> bytes:
                 for f in state.finished
             ],
             state.last_checkpoint,
+            state.idle_since,
+            state.erased_at,
             [
                 (
                     sc.schedule_id,
@@ -359,24 +367,16 @@ def is_current(data: bytes) -> bool:
     return data[:1] == _TAG
 
 
-def has_active_run(data: bytes) -> bool:
-    """Whether the record's session has an active run (its timers may be its schedules'
-    alone), without building the state of a current-format record."""
-    if not is_current(data):
-        return decode_state(data).active is not None
-    try:
-        return _decoder.decode(memoryview(data)[1:])[2] is not None
-    except (msgspec.DecodeError, TypeError, IndexError) as e:
-        raise ValueError(f"unreadable state record: {e}") from e
-
-
-def decode_if_active(data: bytes) -> SessionState | None:
-    """A current-format record's state if its session has an active run or a schedule,
-    else None (what the processor's restore needs for the timers; sessions with neither
-    stay bytes)."""
+def decode_if_active(data: bytes, *, idle_too: bool = False) -> SessionState | None:
+    """A current-format record's state if its session has an active run or a schedule (or,
+    with `idle_too`, went idle after a run: it has a retention deadline), else None (what
+    the processor's restore needs for the timers; other sessions stay bytes)."""
     try:
         t = _decoder.decode(memoryview(data)[1:])
-        return None if t[2] is None and not t[9] else _session(t)
+        scheduled = len(t) > 11 and bool(t[11])
+        if t[2] is None and not scheduled and not (idle_too and len(t) > 9 and t[9] is not None):
+            return None
+        return _session(t)
     except (msgspec.DecodeError, TypeError, ValueError, IndexError, KeyError) as e:
         raise ValueError(f"unreadable state record: {e}") from e
 
@@ -416,8 +416,11 @@ def _session(t: list[Any]) -> SessionState:
             for f in finished
         ),
         last_checkpoint=t[8] if len(t) > 8 else None,
-        # no schedules before format 6
-        schedules=tuple(_schedule(x) for x in t[9]) if len(t) > 9 else (),
+        # neither before format 6
+        idle_since=t[9] if len(t) > 9 else None,
+        erased_at=t[10] if len(t) > 10 else None,
+        # no schedules before format 7
+        schedules=tuple(_schedule(x) for x in t[11]) if len(t) > 11 else (),
     )
 
 

@@ -1,7 +1,7 @@
 """Which timers a session's state implies, and the `timer.fired` command each one becomes.
 
 Timers never change state: when one is due the processor sends a `timer.fired` command to
-`session.commands`, and the decider rules on it in partition order like any other command.
+`session.timers`, and the decider rules on it in partition order like any other command.
 Timer command ids are derived from (kind, run, generation, due time), so a timer fired twice
 (e.g. after a processor restart) is a duplicate and decides nothing twice. A schedule's timer
 names the schedule and its definition's revision instead of a run and a generation, and its
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from sessionstream.core.state import SessionState
 from sessionstream.schemas.commands import Command, TimerFiredPayload, TimerKind
+from sessionstream.schemas.events import SESSION_LOG
 
 __all__ = ["DueTimer", "due_timers", "next_due", "timer_command"]
 
@@ -28,12 +29,16 @@ class DueTimer:
     generation: int
 
 
-def due_timers(state: SessionState) -> list[DueTimer]:
-    """Every deadline the active run has and each schedule's next firing, earliest first
-    (empty when idle without schedules)."""
+def due_timers(state: SessionState, retention_ms: int | None = None) -> list[DueTimer]:
+    """Every deadline the active run has and each schedule's next firing, earliest first;
+    an idle session's retention deadline when `retention_ms` is set
+    (`DeciderConfig.retention_ms`)."""
     out = [DueTimer(sc.next_at, "schedule", sc.schedule_id, sc.revision) for sc in state.schedules]
     run = state.active
     if run is None:
+        due = state.idle_since
+        if due is not None and retention_ms is not None:
+            out.append(DueTimer(due + retention_ms, "retention", SESSION_LOG, 0))
         return sorted(out)
     out.append(DueTimer(run.timeout_at, "run_deadline", run.run_id, run.generation))
     if run.lease_owner is not None and run.lease_expires_at is not None:
@@ -48,8 +53,8 @@ def due_timers(state: SessionState) -> list[DueTimer]:
     return sorted(out)
 
 
-def next_due(state: SessionState) -> int | None:
-    timers = due_timers(state)
+def next_due(state: SessionState, retention_ms: int | None = None) -> int | None:
+    timers = due_timers(state, retention_ms)
     return timers[0].due_at if timers else None
 
 

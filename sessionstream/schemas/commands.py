@@ -30,6 +30,7 @@ from sessionstream.schemas.schedules import (
 from sessionstream.schemas.sessions import MAX_SESSION_ID_CHARS, session_id_problem
 
 __all__ = [
+    "ADMIN_COMMAND_TYPES",
     "COMMAND_CLASSES",
     "COMMAND_PAYLOADS",
     "LATEST_CHECKPOINT_REF",
@@ -69,6 +70,7 @@ __all__ = [
     "ScheduleDeletePayload",
     "ScheduleUpdatePayload",
     "SendPayload",
+    "SessionErasePayload",
     "SteerPayload",
     "StepKind",
     "StepRecordPayload",
@@ -101,7 +103,12 @@ MAX_APPROVAL_KINDS: Final = 16
 
 PromptPolicy = Literal["reject", "enqueue", "interrupt"]
 TimerKind = Literal[
-    "lease_expiry", "run_deadline", "cancel_deadline", "approval_expiry", "schedule"
+    "lease_expiry",
+    "run_deadline",
+    "cancel_deadline",
+    "approval_expiry",
+    "retention",
+    "schedule",
 ]
 #: a durable step: a model call or a tool call
 StepKind = Literal["model", "tool"]
@@ -321,6 +328,13 @@ class StepRecordPayload(Payload):
         return self
 
 
+class SessionErasePayload(Payload):
+    """An administrator erases the session: every record of it goes (docs/protocol.md,
+    erasure). `reason` is recorded on the erasure (no personal data belongs in it)."""
+
+    reason: str | None = Field(default=None, max_length=MAX_DENY_REASON_CHARS)
+
+
 class TimerFiredPayload(Payload):
     """Sent by the processor's timer; the decision happens when it is processed in order."""
 
@@ -354,6 +368,7 @@ CommandType = Literal[
     "run.fail",
     "step.record",
     "timer.fired",
+    "session.erase",
     "schedule.create",
     "schedule.update",
     "schedule.delete",
@@ -381,6 +396,7 @@ COMMAND_PAYLOADS: Final[dict[str, type[Payload]]] = {
     "run.fail": RunFailPayload,
     "step.record": StepRecordPayload,
     "timer.fired": TimerFiredPayload,
+    "session.erase": SessionErasePayload,
     "schedule.create": ScheduleCreatePayload,
     "schedule.update": ScheduleUpdatePayload,
     "schedule.delete": ScheduleDeletePayload,
@@ -433,13 +449,18 @@ WORKER_COMMAND_TYPES: Final[frozenset[str]] = frozenset(
 #: the processor's own commands: it fires them on its timers topic, no one else may
 TIMER_COMMAND_TYPES: Final[frozenset[str]] = frozenset({"timer.fired"})
 
+#: an administrator's commands: written to the control topic (the timers topic), which
+#: only the processor and administrators may write (Kafka ACLs); on the producers' topic
+#: they are rejected `not_allowed_here`
+ADMIN_COMMAND_TYPES: Final[frozenset[str]] = frozenset({"session.erase"})
+
 #: who may write a command, by the topic it arrives on: producers on the commands topic,
 #: workers on the worker-commands topic, the processor alone on the timers topic
 CommandClass = Literal["producer", "worker", "timer"]
 COMMAND_CLASSES: Final[dict[str, frozenset[str]]] = {
     "producer": PRODUCER_COMMAND_TYPES,
     "worker": WORKER_COMMAND_TYPES,
-    "timer": TIMER_COMMAND_TYPES,
+    "timer": TIMER_COMMAND_TYPES | ADMIN_COMMAND_TYPES,
 }
 
 
@@ -449,7 +470,7 @@ def command_class(command_type: str) -> CommandClass:
         return "producer"
     if command_type in WORKER_COMMAND_TYPES:
         return "worker"
-    if command_type in TIMER_COMMAND_TYPES:
+    if command_type in TIMER_COMMAND_TYPES or command_type in ADMIN_COMMAND_TYPES:
         return "timer"
     raise ValueError(f"unknown command type {command_type!r}")
 
@@ -539,9 +560,10 @@ class Command(WireModel):
                     _check_text(f"payload.{field}", v)
             elif v.__class__ in _CONTAINERS:
                 _check_text(f"payload.{field}", v)
-        if self.type in PRODUCER_COMMAND_TYPES:
-            # only producers name sessions: worker and timer commands copy the id from
-            # the log, and a run of a session named before these rules must still end
+        if self.type in PRODUCER_COMMAND_TYPES or self.type in ADMIN_COMMAND_TYPES:
+            # only producers and administrators name sessions: worker and timer commands
+            # copy the id from the log, and a run of a session named before these rules
+            # must still end
             problem = session_id_problem(self.tenant_id, self.session_id)
             if problem is not None:
                 raise ValueError(problem)

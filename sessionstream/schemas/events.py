@@ -60,6 +60,7 @@ __all__ = [
     "ScheduleDefined",
     "ScheduleDeleted",
     "ScheduleFired",
+    "SessionErased",
     "StaleWriteRecorded",
     "Steered",
     "StepDelivered",
@@ -393,6 +394,19 @@ class CommandRejected(Payload):
     target_status: str | None = None
 
 
+class SessionErased(Payload):
+    """The session was erased: every record of it before this event goes (the sink
+    tombstones its event keys and deletes its rows). What stays of it is `sessionHash`
+    (SHA-256 of the session id), the time, who and why: no content."""
+
+    session_hash: str
+    trigger: Literal["admin", "retention"]
+    reason: str | None = None
+    actor: str | None = None
+    #: how many runs the session had started (its run counter, kept so later ids differ)
+    runs_started: int = 0
+
+
 class ScheduleDefined(Payload):
     """`schedule.created` / `schedule.updated`: the whole definition as it is kept, and its
     first firing computed at the event's time (`nextNominalAt` by the cron or the interval,
@@ -429,7 +443,7 @@ class ScheduleFired(Payload):
     """A schedule's time came (`nominalAt`, jitter aside). `outcome`: `prompted` (its
     prompt's own outcome follows: run.started, run.queued, or command.rejected), or
     `skipped` with `reason` `busy` (overlap `skip`) or `late` (catch-up `skip`). `missed`:
-    the later times passed over at once (counted up to 1000); `caughtUp`: how many late
+    the later times passed over at once (counted up to 100); `caughtUp`: how many late
     firings in a row this one is (catch-up `all`); then the next firing, computed here."""
 
     schedule_id: str
@@ -488,6 +502,7 @@ EventType = Literal[
     "run.stale_write_recorded",
     "step.recorded",
     "step.delivered",
+    "session.erased",
     "schedule.created",
     "schedule.updated",
     "schedule.deleted",
@@ -532,6 +547,7 @@ EVENT_PAYLOADS: Final[dict[str, type[Payload]]] = {
     "run.stale_write_recorded": StaleWriteRecorded,
     "step.recorded": StepRecorded,
     "step.delivered": StepDelivered,
+    "session.erased": SessionErased,
     "schedule.created": ScheduleDefined,
     "schedule.updated": ScheduleDefined,
     "schedule.deleted": ScheduleDeleted,

@@ -47,6 +47,14 @@ would and fails on anything the protocol forbids:
   same kind and digest and with the same window (a takeover never extends it), never
   approved a second time; an action completed without an approval, or one that needed a
   person completed without a person's approval;
+- erasure (docs/protocol.md#erasure-and-retention, and the feature's text): a session
+  erased while a run is active (refused or cancelled first: the spec says refused), or
+  with work waiting; an erasure record that names the session by anything but the
+  SHA-256 of its id, or counts its runs wrongly; a retention erasure before the session
+  was idle for the retention period by the log's clock, or while it was not idle; after
+  an erasure, an event of an erased run, a key that repeats an erased event's key (a run
+  id used before, a session-log seq going back), a retry of an erased run, a run started
+  from an erased checkpoint.
 - schedules (docs/protocol.md#schedules): a schedule created under an id the session keeps,
   or updated, deleted or fired under one it does not; more schedules than the bound; a
   first or next firing not after the time it was computed at (a catch-up `all` firing
@@ -61,6 +69,7 @@ would and fails on anything the protocol forbids:
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,6 +81,7 @@ SESSION_LOG_TYPES = {
     "command.rejected",
     "run.queued",
     "action.denied",
+    "session.erased",
     "schedule.created",
     "schedule.updated",
     "schedule.deleted",
@@ -115,6 +125,8 @@ class Bounds:
     max_open_calls: int | None = None
     #: how long a pending approval waits for a person
     approval_ttl_ms: int | None = None
+    #: how long a finished session stays before its retention erases it
+    retention_ms: int | None = None
     #: schedules a session may keep
     max_schedules: int | None = None
 
@@ -226,6 +238,10 @@ class LogModel:
         self.fates: dict[str, int] = {}
         #: the latest context.checkpointed of any run of the session
         self.checkpoint: str | None = None
+        #: when the last run finished, while no run started after it (None: not idle)
+        self.idle_since: int | None = None
+        #: runs of the session erased (nothing of them may follow)
+        self.erased: set[str] = set()
         #: the schedules kept: id -> what their definition and last firing said
         self.schedules: dict[str, dict[str, Any]] = {}
 
@@ -415,6 +431,7 @@ class LogModel:
         assert e.ts >= self.clock, f"{e.type} at {e.ts}: the session's clock went back"
         self.clock = e.ts
         assert e.run_id not in self.ended, f"{e.type} after {e.run_id} ended"
+        assert e.run_id not in self.erased, f"{e.type} of {e.run_id}, an erased run"
         p = e.payload.model_dump()
         if e.run_id == SESSION_LOG:
             self.session_event(e, p)
@@ -430,6 +447,8 @@ class LogModel:
     def session_event(self, e: Event, p: dict[str, Any]) -> None:
         assert e.type in SESSION_LOG_TYPES, e.type
         assert e.generation == 0
+        if e.type == "session.erased":
+            self.erasure(e, p)
         if e.type.startswith("schedule."):
             self.schedule_event(e, p)
         if e.type == "run.queued":
@@ -449,6 +468,29 @@ class LogModel:
                 for r in requeued:
                     r.requeued.remove(w.source)
             self.queue.insert(0 if p["front"] else len(self.queue), w)
+
+    def erasure(self, e: Event, p: dict[str, Any]) -> None:
+        """Refused while a run is active, so an erasure finds the session idle; it forgets
+        every run, the latest checkpoint, the retry links and the schedules (everything of
+        the session goes), keeps the keys counting."""
+        assert self.active is None, f"session erased while run {self.active} is active"
+        self.schedules.clear()
+        assert not self.queue, "session erased with work waiting"
+        want = "sha256:" + hashlib.sha256(e.session_id.encode()).hexdigest()
+        assert p["session_hash"] == want, "the erasure names the session by another hash"
+        assert p["runs_started"] == len(self.runs), "the erasure miscounts the session's runs"
+        if p["trigger"] == "retention":
+            assert self.idle_since is not None, "retention erased a session that was not idle"
+            if self.bounds.retention_ms is not None:
+                assert e.ts >= self.idle_since + self.bounds.retention_ms, (
+                    f"retention erased at {e.ts}, idle since {self.idle_since}"
+                )
+        else:
+            assert p["trigger"] == "admin", p["trigger"]
+        self.erased.update(self.runs)
+        self.ended.clear()
+        self.checkpoint = None
+        self.idle_since = None
 
     def start(self, e: Event, p: dict[str, Any]) -> None:
         assert self.active is None, f"run {e.run_id} started while {self.active} is active"
@@ -472,8 +514,10 @@ class LogModel:
             assert p["context_ref"] == self.checkpoint, "not started from the latest checkpoint"
         if p["origin"] in ("follow_up", "send"):
             assert p["input"] is None, f"a run started by a {p['origin']} with a typed input"
+        assert e.run_id not in self.runs, f"run id {e.run_id} used twice (an erased key again?)"
         run = RunModel(e.run_id, "running", 1, p["timeout_at"], p["prompt"], _input_of(p))
         self.active = self.runs[e.run_id] = run
+        self.idle_since = None
         self.last_run = e.run_id
 
     def run_event(self, run: RunModel, e: Event, p: dict[str, Any]) -> None:
@@ -737,6 +781,7 @@ class LogModel:
             assert not p["retryable"]
         self.ended[run.run_id] = (status, p["retryable"])
         self.active = None
+        self.idle_since = e.ts
 
     # -- what the stateful test asks at the end -------------------------------------------------
     def inputs_without_exactly_one_fate(self) -> list[str]:

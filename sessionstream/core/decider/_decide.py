@@ -8,6 +8,7 @@ from typing import Final
 from sessionstream.core.decider._actions import _decide_action
 from sessionstream.core.decider._base import DEFAULT_CONFIG, DeciderConfig, Decision, command_digest
 from sessionstream.core.decider._emit import _Emitter
+from sessionstream.core.decider._erase import _erase
 from sessionstream.core.decider._producer import _abort, _follow_up, _prompt, _send, _steer
 from sessionstream.core.decider._schedules import _define, _delete
 from sessionstream.core.decider._timers import _timer
@@ -85,6 +86,8 @@ def decide(
     remember: int | None = digest
     if command.type == "timer.fired" and em.events[0].type == "command.rejected":
         remember = None  # a timer that was not due (yet) may come again and decide then
+    elif em.events and em.events[-1].type == "session.erased":
+        remember = None  # an erasure leaves no record of the session, not even its own id
     return Decision(em.events, em.state, remember)
 
 
@@ -125,6 +128,7 @@ _HANDLERS = {
     "action.approve": _decide_action,
     "action.deny": _decide_action,
     "timer.fired": _timer,
+    "session.erase": _erase,
     "schedule.create": _define,
     "schedule.update": _define,
     "schedule.delete": _delete,

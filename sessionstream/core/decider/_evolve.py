@@ -67,6 +67,17 @@ def evolve(
                 approval_kinds=tuple(q.approval_kinds),
             )
             update["queue"] = (entry, *state.queue) if q.front else (*state.queue, entry)
+        elif event.type == "session.erased":
+            # nothing of the session's content stays: its id, tenant, clock and counters
+            # (so a later run or session-log event never gets an erased event's key)
+            return SessionState(
+                session_id=state.session_id,
+                tenant_id=state.tenant_id,
+                log_seq=event.seq,
+                runs_started=state.runs_started,
+                clock=update.get("clock", state.clock),
+                erased_at=event.ts,
+            )
         elif event.type.startswith("schedule."):
             update["schedules"] = _schedules_after(state, event)
             if state.tenant_id is None:  # a schedule, like a run, gives the session its owner
@@ -92,6 +103,7 @@ def evolve(
             approval_kinds=tuple(p.approval_kinds),
         )
         update["runs_started"] = state.runs_started + 1
+        update["idle_since"] = None
         update["queue"] = tuple(
             q for q in state.queue if q.source_command_id != p.source_command_id
         )
@@ -210,6 +222,8 @@ def evolve(
         )
         update["active"] = None
         update["finished"] = (*state.finished, done)[-config.finished_window :]
+        # the session is idle from here (a queued task's run.started clears it again)
+        update["idle_since"] = event.ts
         return evolved(state, **update)
     # model.*, tool.*, subtask.*, step.delivered, action.decision_replayed,
     # run.input_delivered, run.round_completed, run.follow_up_delivered,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from sessionstream.core.decider._base import _LEASE_LOST
 from sessionstream.core.decider._emit import _Emitter
+from sessionstream.core.decider._erase import _retention
 from sessionstream.core.decider._runs import (
     _close_open_calls,
     _finish,
@@ -29,6 +30,9 @@ def _timer(em: _Emitter, cmd: Command) -> None:
     p = cmd.payload_as(TimerFiredPayload)
     if p.kind == "schedule":
         _fire(em, cmd)
+        return
+    if p.kind == "retention":
+        _retention(em)
         return
     run = em.state.active
     if run is None or run.run_id != cmd.run_id:

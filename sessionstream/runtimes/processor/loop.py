@@ -73,7 +73,6 @@ from sessionstream.adapters.kafka.transactions import (
 )
 from sessionstream.adapters.registry import attach_registry
 from sessionstream.adapters.topics import check_topics, ensure_topics
-from sessionstream.core.approvals import parse_approval_kinds
 from sessionstream.core.decider import DeciderConfig
 from sessionstream.core.step import CommandStep
 from sessionstream.errors import KafkaFailed
@@ -87,6 +86,7 @@ from sessionstream.runtimes.processor.batch import (
     produce_misfits,
 )
 from sessionstream.runtimes.processor.cloudevents import CloudEventHeaders
+from sessionstream.runtimes.processor.config import decider_config
 from sessionstream.runtimes.processor.failures import Recovery
 from sessionstream.runtimes.processor.partition import PartitionState, co_partitioned
 from sessionstream.runtimes.processor.records import coords
@@ -151,14 +151,7 @@ class TransactionalProcessor(Recovery):
         self.codec = Codec()
         #: input topic -> the class of commands it may carry
         self.classes = input_classes(settings)
-        self.config = config or DeciderConfig(
-            max_payload_bytes=settings.max_payload_bytes,
-            max_lease_ms=settings.max_lease_ms,
-            approval_policy=parse_approval_kinds(settings.approval_kinds),
-            approval_ttl_ms=settings.approval_ttl_ms,
-            max_schedules=settings.max_schedules,
-            schedule_min_interval_ms=settings.schedule_min_interval_ms,
-        )
+        self.config = config or decider_config(settings)
         self.batch_size = batch_size or settings.processor_batch_size
         self.linger_s = settings.processor_linger_ms / 1000
         self._last_begin = 0.0
@@ -539,7 +532,8 @@ class TransactionalProcessor(Recovery):
         (delivery reports are served by commit_transaction; one missing leaves the
         checkpoint behind, which only lengthens the next restore's tail)."""
         s, batch = self.settings, commit.batch
-        for p in batch.records.keys() | batch.dedup.keys():
+        forgotten = batch.forgotten_by_partition()
+        for p in batch.records.keys() | batch.dedup.keys() | forgotten.keys():
             owner = self.partitions.get(p)
             if owner is not None:
                 delta = owner.commit(
@@ -547,6 +541,7 @@ class TransactionalProcessor(Recovery):
                     batch.dedup.get(p, ()),
                     commit.delivered.get((s.state_topic, p)),
                     commit.delivered.get((s.dedup_topic, p)),
+                    forgotten.get(p, ()),
                 )
                 if delta:
                     metrics.ACTIVE_RUNS.inc(delta)

@@ -26,6 +26,7 @@ from sessionstream.core.state_codec import (
     FORMAT_V2,
     FORMAT_V3,
     FORMAT_V4,
+    FORMAT_V5,
     STATE_FIELDS,
     decode_if_active,
     decode_state,
@@ -128,6 +129,9 @@ def _full() -> SessionState:
             FinishedRun(run_id=RUN.replace("0f8f", "1f8f"), status="completed", generation=1),
         ),
         last_checkpoint="s3://ck/7",
+        # not a state the decider makes beside an active run: here for the codec only
+        idle_since=1_767_225_500_000,
+        erased_at=1_767_225_400_000,
     )
 
 
@@ -177,11 +181,17 @@ OLD_JSON = (
 )
 
 
+def _full_before_erasure() -> SessionState:
+    """`_full()` without what format 6 added: when the session went idle, when it was
+    erased."""
+    return evolved(_full(), idle_since=None, erased_at=None)
+
+
 def _full_before_approvals() -> SessionState:
     """`_full()` without what format 5 added: approvals (each key's digest, window,
     generation and reason; the approval kinds of the run and the tasks). Format 4 knew
     no pending decision and no approvals: its keys were approved or denied by the gate."""
-    full = _full()
+    full = _full_before_erasure()
     assert full.active is not None
     actions = {
         k: ActionRecord(kind=r.kind, decision=r.decision, completed=r.completed)
@@ -232,6 +242,25 @@ def _older(tag: int, run_fields: int, session_fields: int = 9, queue_fields: int
 def test_the_json_of_earlier_versions_is_still_read() -> None:
     assert decode_state(OLD_JSON.encode()) == _full_before_steps()
     assert decode_state(state_to_json(_full())) == _full()
+
+
+def test_a_format_5_record_is_still_read() -> None:
+    """Format 5 is format 6 without the session's idle and erasure times: read with
+    none (no retention deadline until its next run ends), written again in format 6."""
+    t = msgspec.msgpack.decode(encode_state(_full())[1:])
+    v5 = bytes([FORMAT_V5]) + msgspec.msgpack.encode(t[:9])
+    assert not is_current(v5)
+    state = decode_state(v5)
+    assert state == _full_before_erasure()
+    assert is_current(encode_state(state)) and decode_state(encode_state(state)) == state
+
+
+def test_decode_if_active_with_retention_also_decodes_sessions_gone_idle() -> None:
+    idle = SessionState(session_id="s", tenant_id="t", idle_since=5, clock=5)
+    assert decode_if_active(encode_state(idle)) is None
+    assert decode_if_active(encode_state(idle), idle_too=True) == idle
+    never = SessionState.initial("n")
+    assert decode_if_active(encode_state(never), idle_too=True) is None
 
 
 def test_a_format_4_record_is_still_read() -> None:
