@@ -1,8 +1,8 @@
 """The commands a producer sends by name: `SessionClient.prompt`, `steer`, `follow_up`,
-`send`, `abort`, `approve`, `deny`, `answer` (and an administrator's `erase`). Each builds
-its payload, names the run it acts on (`KNOWN_RUN`: the one the client last saw active in
-the session; a decision names its run always) and hands the command to
-`SessionClient.submit`.
+`send`, `abort`, `approve`, `deny`, `answer`, a session's schedules (`schedule_create`,
+`schedule_update`, `schedule_delete`), and an administrator's `erase`. Each builds its
+payload, names the run it acts on (`KNOWN_RUN`: the one the client last saw active in the
+session; a decision names its run always) and hands the command to `SessionClient.submit`.
 """
 
 from __future__ import annotations
@@ -18,11 +18,14 @@ from sessionstream.schemas.commands import (
     FollowUpPayload,
     PromptPayload,
     PromptPolicy,
-    QuestionAnswerPayload,
+    ScheduleCreatePayload,
+    ScheduleDeletePayload,
+    ScheduleUpdatePayload,
     SendPayload,
     SessionErasePayload,
     SteerPayload,
 )
+from sessionstream.schemas.questions import QuestionAnswerPayload
 
 if TYPE_CHECKING:
     from sessionstream._outcomes import CommandHandle
@@ -199,3 +202,31 @@ class ProducerCommands:
         outcome is `session.erased`, or `session_busy` while a run is active."""
         payload = SessionErasePayload(reason=reason)
         return self.submit(self.command(session_id, "session.erase", payload, **fields))
+
+    def schedule_create(
+        self, session_id: str, schedule_id: str, text: str, **definition: Any
+    ) -> CommandHandle:
+        """A schedule in `session_id`: `text` sent as a prompt on `cron` (read in
+        `timezone`) or every `interval_ms`; `overlap`, `catch_up`, `max_catch_up`,
+        `jitter_ms`, `input`, `timeout_ms`, `context_ref` as docs/protocol.md#schedules
+        says. The decider checks the definition: a bad one is rejected `invalid_schedule`."""
+        fields = {k: definition.pop(k) for k in ("command_id", "run_id") if k in definition}
+        if "input" in definition:
+            definition["input"] = jsonable(definition["input"])
+        payload = ScheduleCreatePayload(schedule_id=schedule_id, text=text, **definition)
+        return self.submit(self.command(session_id, "schedule.create", payload, **fields))
+
+    def schedule_update(
+        self, session_id: str, schedule_id: str, text: str, **definition: Any
+    ) -> CommandHandle:
+        """Replace the schedule's whole definition (as `schedule_create` takes it)."""
+        fields = {k: definition.pop(k) for k in ("command_id", "run_id") if k in definition}
+        if "input" in definition:
+            definition["input"] = jsonable(definition["input"])
+        payload = ScheduleUpdatePayload(schedule_id=schedule_id, text=text, **definition)
+        return self.submit(self.command(session_id, "schedule.update", payload, **fields))
+
+    def schedule_delete(self, session_id: str, schedule_id: str, **fields: Any) -> CommandHandle:
+        """Delete the schedule; a firing already on its way is refused `timer_stale`."""
+        payload = ScheduleDeletePayload(schedule_id=schedule_id)
+        return self.submit(self.command(session_id, "schedule.delete", payload, **fields))

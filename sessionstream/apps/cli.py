@@ -329,6 +329,10 @@ from sessionstream.apps._cli_gateway import register as _register_gateway  # noq
 
 _register_gateway(app)
 
+from sessionstream.apps._cli_schedules import register as _register_schedules  # noqa: E402
+
+_register_schedules(app)
+
 from sessionstream.apps._cli_webhooks import register as _register_webhooks  # noqa: E402
 
 _register_webhooks(app)

@@ -32,6 +32,7 @@ __all__ = [
     "QuestionRecord",
     "QueueEntry",
     "RunState",
+    "Schedule",
     "SessionState",
     "StepRecord",
     "command_hash",
@@ -215,6 +216,40 @@ class FinishedRun(_State, frozen=True, kw_only=True):
     retryable: bool = False
 
 
+class Schedule(_State, frozen=True, kw_only=True):
+    """A schedule the session keeps: its definition and its next firing, as the events of
+    its definition and of its last firing recorded them (never computed by the fold)."""
+
+    schedule_id: str
+    #: the log position of the event that defined it (created / updated): its timers carry
+    #: it as their generation, so a timer of an older definition is stale
+    revision: int
+    cron: str | None = None
+    timezone: str = "UTC"
+    interval_ms: int | None = None
+    anchor_at: int = 0
+    # the prompt it sends (prompt metadata, once the prompt carries it, goes here too)
+    text: str
+    input_json: str | None = None
+    timeout_ms: int | None = None
+    context_ref: str | None = None
+    overlap: Literal["reject", "enqueue", "interrupt", "skip"] = "skip"
+    catch_up: Literal["once", "all", "skip"] = "once"
+    max_catch_up: int = 10
+    jitter_ms: int = 0
+    #: the next time by the cron or the interval, and the instant it fires (with jitter)
+    next_nominal_at: int
+    next_at: int
+    #: late firings in a row so far (catch-up `all` stops at `max_catch_up`)
+    caught_up: int = 0
+    actor: str | None = None
+
+    def held_bytes(self) -> int:
+        return len(self.text.encode()) + (
+            0 if self.input_json is None else len(self.input_json.encode())
+        )
+
+
 class SessionState(_State, frozen=True, kw_only=True):
     """Everything the decider needs about one session."""
 
@@ -236,6 +271,8 @@ class SessionState(_State, frozen=True, kw_only=True):
     #: when the session was last erased (`session.erased`): the state then holds nothing
     #: but its id, tenant, clock and counters, so later keys never repeat an erased one
     erased_at: int | None = None
+    #: the session's schedules, in the order they were created (at most `max_schedules`)
+    schedules: tuple[Schedule, ...] = ()
 
     @classmethod
     def initial(cls, session_id: str) -> SessionState:
@@ -247,11 +284,17 @@ class SessionState(_State, frozen=True, kw_only=True):
                 return f
         return None
 
+    def schedule(self, schedule_id: str) -> Schedule | None:
+        for sc in self.schedules:
+            if sc.schedule_id == schedule_id:
+                return sc
+        return None
+
     def held_bytes(self) -> int:
         """UTF-8 bytes of producer text the state holds: the active prompt and its typed
-        input, its pending inputs, and the queue's texts and typed inputs. Bounded by
-        `DeciderConfig.max_held_bytes`."""
-        n = 0
+        input, its pending inputs, the queue's texts and typed inputs, and the schedules'
+        prompts. Bounded by `DeciderConfig.max_held_bytes`."""
+        n = sum(sc.held_bytes() for sc in self.schedules)
         for q in self.queue:
             n += len(q.text.encode())
             if q.input_json is not None:

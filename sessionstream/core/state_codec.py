@@ -4,15 +4,15 @@ The state table (`session.state` and the processor's local store) holds one reco
 session, written on every batch that changes the session. The record is MessagePack
 (msgspec) of the state's fields **by position**, behind a one-byte format tag:
 
-    0x07 | msgpack [session_id, tenant_id, active, queue, log_seq, runs_started, clock,
-                    finished, last_checkpoint, idle_since, erased_at]
+    0x08 | msgpack [session_id, tenant_id, active, queue, log_seq, runs_started, clock,
+                    finished, last_checkpoint, idle_since, erased_at, schedules]
 
-(Still read: 0x06, the same without the active run's questions to a person at its end;
-0x05, also without `idle_since` and `erased_at`; 0x04, also without approvals: each
+(Still read: 0x07, the same without the active run's questions to a person at its end;
+0x06, also without the schedules; 0x05, also without `idle_since` and
+`erased_at`; 0x04, also without approvals: each
 action key's digest, expiry, generation and reason, and the approval kinds of the active
-run and of each queued task;
-0x03, the same without the typed `input` at the end of the active run and of
-each queued task; 0x02, also without the active run's `actor`; 0x01, also without the
+run and of each queued task; 0x03, also without the typed `input` at the end of the active
+run and of each queued task; 0x02, also without the active run's `actor`; 0x01, also without the
 fields durable steps added: the active run's `checkpoint_ref`, `steps` and `open_calls`,
 and the session's `last_checkpoint`.)
 
@@ -41,6 +41,7 @@ from sessionstream.core.state import (
     QuestionRecord,
     QueueEntry,
     RunState,
+    Schedule,
     SessionState,
     StepRecord,
     state_from_json,
@@ -55,6 +56,7 @@ __all__ = [
     "FORMAT_V5",
     "FORMAT_V6",
     "FORMAT_V7",
+    "FORMAT_V8",
     "STATE_FIELDS",
     "decode_if_active",
     "decode_state",
@@ -74,9 +76,11 @@ FORMAT_V4: Final = 0x04
 FORMAT_V5: Final = 0x05
 #: v5 + erasure and retention: when the session went idle, when it was erased
 FORMAT_V6: Final = 0x06
-#: v6 + the active run's questions to a person (status, window, generation, answer, reason)
+#: v6 + the session's schedules
 FORMAT_V7: Final = 0x07
-_TAG: Final = bytes([FORMAT_V7])
+#: v7 + the active run's questions to a person (status, window, generation, answer, reason)
+FORMAT_V8: Final = 0x08
+_TAG: Final = bytes([FORMAT_V8])
 _READABLE: Final = frozenset(
     {
         bytes([FORMAT_V1]),
@@ -85,6 +89,7 @@ _READABLE: Final = frozenset(
         bytes([FORMAT_V4]),
         bytes([FORMAT_V5]),
         bytes([FORMAT_V6]),
+        bytes([FORMAT_V7]),
         _TAG,
     }
 )
@@ -103,6 +108,27 @@ STATE_FIELDS: Final[dict[type, tuple[str, ...]]] = {
         "last_checkpoint",
         "idle_since",
         "erased_at",
+        "schedules",
+    ),
+    Schedule: (
+        "schedule_id",
+        "revision",
+        "cron",
+        "timezone",
+        "interval_ms",
+        "anchor_at",
+        "text",
+        "input_json",
+        "timeout_ms",
+        "context_ref",
+        "overlap",
+        "catch_up",
+        "max_catch_up",
+        "jitter_ms",
+        "next_nominal_at",
+        "next_at",
+        "caught_up",
+        "actor",
     ),
     RunState: (
         "run_id",
@@ -182,6 +208,8 @@ _DECISION, _DECISION_I = _vocab(*get_args(_field_type(ActionRecord, "decision"))
 _STEP_KIND, _STEP_KIND_I = _vocab(*get_args(_field_type(StepRecord, "kind")))
 _CALL_KIND, _CALL_KIND_I = _vocab(*get_args(_field_type(OpenCall, "kind")))
 _QSTATUS, _QSTATUS_I = _vocab(*get_args(_field_type(QuestionRecord, "status")))
+_OVERLAP, _OVERLAP_I = _vocab(*get_args(_field_type(Schedule, "overlap")))
+_CATCH_UP, _CATCH_UP_I = _vocab(*get_args(_field_type(Schedule, "catch_up")))
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder()
@@ -312,6 +340,29 @@ def encode_state(state: SessionState) -> bytes:
             state.last_checkpoint,
             state.idle_since,
             state.erased_at,
+            [
+                (
+                    sc.schedule_id,
+                    sc.revision,
+                    sc.cron,
+                    sc.timezone,
+                    sc.interval_ms,
+                    sc.anchor_at,
+                    sc.text,
+                    sc.input_json,
+                    sc.timeout_ms,
+                    sc.context_ref,
+                    _OVERLAP_I[sc.overlap],
+                    _CATCH_UP_I[sc.catch_up],
+                    sc.max_catch_up,
+                    sc.jitter_ms,
+                    sc.next_nominal_at,
+                    sc.next_at,
+                    sc.caught_up,
+                    sc.actor,
+                )
+                for sc in state.schedules
+            ],
         )
     )
 
@@ -338,12 +389,13 @@ def is_current(data: bytes) -> bool:
 
 
 def decode_if_active(data: bytes, *, idle_too: bool = False) -> SessionState | None:
-    """A current-format record's state if its session has an active run (or, with
-    `idle_too`, went idle after a run: it has a retention deadline), else None (what the
-    processor's restore needs for the timers; other sessions stay bytes)."""
+    """A current-format record's state if its session has an active run or a schedule (or,
+    with `idle_too`, went idle after a run: it has a retention deadline), else None (what
+    the processor's restore needs for the timers; other sessions stay bytes)."""
     try:
         t = _decoder.decode(memoryview(data)[1:])
-        if t[2] is None and not (idle_too and len(t) > 9 and t[9] is not None):
+        scheduled = len(t) > 11 and bool(t[11])
+        if t[2] is None and not scheduled and not (idle_too and len(t) > 9 and t[9] is not None):
             return None
         return _session(t)
     except (msgspec.DecodeError, TypeError, ValueError, IndexError, KeyError) as e:
@@ -388,6 +440,31 @@ def _session(t: list[Any]) -> SessionState:
         # neither before format 6
         idle_since=t[9] if len(t) > 9 else None,
         erased_at=t[10] if len(t) > 10 else None,
+        # no schedules before format 7
+        schedules=tuple(_schedule(x) for x in t[11]) if len(t) > 11 else (),
+    )
+
+
+def _schedule(x: list[Any]) -> Schedule:
+    return Schedule(
+        schedule_id=x[0],
+        revision=x[1],
+        cron=x[2],
+        timezone=x[3],
+        interval_ms=x[4],
+        anchor_at=x[5],
+        text=x[6],
+        input_json=x[7],
+        timeout_ms=x[8],
+        context_ref=x[9],
+        overlap=_OVERLAP[x[10]],
+        catch_up=_CATCH_UP[x[11]],
+        max_catch_up=x[12],
+        jitter_ms=x[13],
+        next_nominal_at=x[14],
+        next_at=x[15],
+        caught_up=x[16],
+        actor=x[17],
     )
 
 
@@ -442,7 +519,7 @@ def _run(a: list[Any]) -> RunState:
         input_json=a[20] if len(a) > 20 else None,
         # a record before format 5: no approval kinds
         approval_kinds=tuple(a[21]) if len(a) > 21 else (),
-        # a record before format 7: no questions
+        # a record before format 8: no questions
         questions={
             q[0]: QuestionRecord(
                 status=_QSTATUS[q[1]],

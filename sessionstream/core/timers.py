@@ -3,7 +3,9 @@
 Timers never change state: when one is due the processor sends a `timer.fired` command to
 `session.timers`, and the decider rules on it in partition order like any other command.
 Timer command ids are derived from (kind, run, generation, due time), so a timer fired twice
-(e.g. after a processor restart) is a duplicate and decides nothing twice.
+(e.g. after a processor restart) is a duplicate and decides nothing twice. A schedule's timer
+names the schedule and its definition's revision instead of a run and a generation, and its
+actor is `schedule:<id>`.
 """
 
 from __future__ import annotations
@@ -21,20 +23,24 @@ __all__ = ["DueTimer", "due_timers", "next_due", "timer_command"]
 class DueTimer:
     due_at: int
     kind: TimerKind
+    #: the run (a schedule's timer: the schedule id)
     run_id: str
+    #: the run's generation (a schedule's timer: its definition's revision)
     generation: int
 
 
 def due_timers(state: SessionState, retention_ms: int | None = None) -> list[DueTimer]:
-    """Every deadline the active run has, earliest first; an idle session's retention
-    deadline when `retention_ms` is set (`DeciderConfig.retention_ms`)."""
+    """Every deadline the active run has and each schedule's next firing, earliest first;
+    an idle session's retention deadline when `retention_ms` is set
+    (`DeciderConfig.retention_ms`)."""
+    out = [DueTimer(sc.next_at, "schedule", sc.schedule_id, sc.revision) for sc in state.schedules]
     run = state.active
     if run is None:
         due = state.idle_since
-        if due is None or retention_ms is None:
-            return []
-        return [DueTimer(due + retention_ms, "retention", SESSION_LOG, 0)]
-    out = [DueTimer(run.timeout_at, "run_deadline", run.run_id, run.generation)]
+        if due is not None and retention_ms is not None:
+            out.append(DueTimer(due + retention_ms, "retention", SESSION_LOG, 0))
+        return sorted(out)
+    out.append(DueTimer(run.timeout_at, "run_deadline", run.run_id, run.generation))
     if run.lease_owner is not None and run.lease_expires_at is not None:
         out.append(DueTimer(run.lease_expires_at, "lease_expiry", run.run_id, run.generation))
     if run.status == "cancelling" and run.cancel_deadline_at is not None:
@@ -56,6 +62,19 @@ def next_due(state: SessionState, retention_ms: int | None = None) -> int | None
 
 def timer_command(state: SessionState, timer: DueTimer, now: int) -> Command:
     """The `timer.fired` command for a due timer; `now` is the processor's clock."""
+    if timer.kind == "schedule":
+        return Command(
+            command_id=f"timer:schedule:{timer.run_id}:{timer.generation}:{timer.due_at}",
+            session_id=state.session_id,
+            tenant_id=state.tenant_id or "",
+            type="timer.fired",
+            ts=max(now, timer.due_at),
+            generation=timer.generation,
+            actor=f"schedule:{timer.run_id}",
+            payload=TimerFiredPayload(
+                kind="schedule", due_at=timer.due_at, schedule_id=timer.run_id
+            ),
+        )
     return Command(
         command_id=f"timer:{timer.kind}:{timer.run_id}:{timer.generation}:{timer.due_at}",
         session_id=state.session_id,

@@ -18,7 +18,16 @@ from pydantic import (
 )
 
 from sessionstream.schemas._base import Payload, WireModel
-from sessionstream.schemas._json_value import MAX_INPUT_DEPTH, JsonInput, json_text
+from sessionstream.schemas.inputs import MAX_INPUT_DEPTH, JsonInput, json_text
+from sessionstream.schemas.inputs import is_absent as _absent
+from sessionstream.schemas.inputs import is_empty as _empty
+from sessionstream.schemas.questions import QuestionAnswerPayload, QuestionAskPayload
+from sessionstream.schemas.schedules import (
+    MAX_SCHEDULE_ID_CHARS,
+    ScheduleCreatePayload,
+    ScheduleDeletePayload,
+    ScheduleUpdatePayload,
+)
 from sessionstream.schemas.sessions import MAX_SESSION_ID_CHARS, session_id_problem
 
 __all__ = [
@@ -34,6 +43,7 @@ __all__ = [
     "MAX_WIRE_INT",
     "PRODUCER_COMMAND_TYPES",
     "RUN_SCOPED_PRODUCER_TYPES",
+    "SCHEDULE_COMMAND_TYPES",
     "TIMER_COMMAND_TYPES",
     "WORKER_COMMAND_TYPES",
     "AbortPayload",
@@ -54,11 +64,12 @@ __all__ = [
     "LeaseRenewPayload",
     "PromptPayload",
     "PromptPolicy",
-    "QuestionAnswerPayload",
-    "QuestionAskPayload",
     "RunCompletePayload",
     "RunFailPayload",
     "RunProgressPayload",
+    "ScheduleCreatePayload",
+    "ScheduleDeletePayload",
+    "ScheduleUpdatePayload",
     "SendPayload",
     "SessionErasePayload",
     "SteerPayload",
@@ -91,21 +102,14 @@ MAX_DENY_REASON_CHARS: Final = 500
 #: how many action kinds a prompt may add to its run's approval policy
 MAX_APPROVAL_KINDS: Final = 16
 
-#: longest question a worker may ask a person
-MAX_QUESTION_CHARS: Final = 4096
-
-
-def _absent(value: object) -> bool:
-    return value is None
-
-
-def _empty(value: object) -> bool:
-    return not value
-
-
 PromptPolicy = Literal["reject", "enqueue", "interrupt"]
 TimerKind = Literal[
-    "lease_expiry", "run_deadline", "cancel_deadline", "approval_expiry", "retention"
+    "lease_expiry",
+    "run_deadline",
+    "cancel_deadline",
+    "approval_expiry",
+    "retention",
+    "schedule",
 ]
 #: a durable step: a model call or a tool call
 StepKind = Literal["model", "tool"]
@@ -270,24 +274,6 @@ class ActionDenyPayload(Payload):
     reason: str | None = Field(default=None, max_length=MAX_DENY_REASON_CHARS)
 
 
-class QuestionAskPayload(Payload):
-    """The holder asks a person `question` and waits for the answer (`schema`: the JSON
-    value the answer must fit, as the SDK declares it; null: any answer)."""
-
-    question_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
-    question: str = Field(min_length=1, max_length=MAX_QUESTION_CHARS)
-    schema_: JsonInput = Field(default=None, alias="schema", exclude_if=_absent)
-
-
-class QuestionAnswerPayload(Payload):
-    """A person answers an open question of the run the envelope names: any JSON value;
-    `generation`, when given, the question's generation."""
-
-    question_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
-    answer: JsonInput = None
-    generation: int | None = Field(default=None, ge=1, le=MAX_WIRE_INT)
-
-
 class ActionResultPayload(Payload):
     """Outcome of an approved external action."""
 
@@ -355,6 +341,11 @@ class TimerFiredPayload(Payload):
 
     kind: TimerKind
     due_at: int = Field(ge=-MAX_WIRE_INT, le=MAX_WIRE_INT)
+    #: kind `schedule` only: the schedule that fires (left out of the JSON when null, so
+    #: the digests of the timers decided before it existed stay what they were)
+    schedule_id: str | None = Field(
+        default=None, max_length=MAX_SCHEDULE_ID_CHARS, exclude_if=_absent
+    )
 
 
 CommandType = Literal[
@@ -381,6 +372,9 @@ CommandType = Literal[
     "step.record",
     "timer.fired",
     "session.erase",
+    "schedule.create",
+    "schedule.update",
+    "schedule.delete",
 ]
 
 #: type -> payload model; the single source of the command vocabulary
@@ -408,6 +402,9 @@ COMMAND_PAYLOADS: Final[dict[str, type[Payload]]] = {
     "step.record": StepRecordPayload,
     "timer.fired": TimerFiredPayload,
     "session.erase": SessionErasePayload,
+    "schedule.create": ScheduleCreatePayload,
+    "schedule.update": ScheduleUpdatePayload,
+    "schedule.delete": ScheduleDeletePayload,
 }
 
 #: producer commands that act on one run only: without `runId` they are refused (dead
@@ -420,7 +417,24 @@ RUN_SCOPED_PRODUCER_TYPES: Final[frozenset[str]] = frozenset(
 #: commands written by producers (UI, scheduler, gateway, ...); `runId` on one of these names
 #: the run it is meant for, and it is rejected `run_not_active` if that run is not active
 PRODUCER_COMMAND_TYPES: Final[frozenset[str]] = frozenset(
-    {"prompt", "steer", "follow_up", "send", "abort", *RUN_SCOPED_PRODUCER_TYPES}
+    {
+        "prompt",
+        "steer",
+        "follow_up",
+        "send",
+        "abort",
+        "action.approve",
+        "action.deny",
+        "question.answer",
+        "schedule.create",
+        "schedule.update",
+        "schedule.delete",
+    }
+)
+
+#: the producer commands that keep a session's schedules (docs/protocol.md#schedules)
+SCHEDULE_COMMAND_TYPES: Final[frozenset[str]] = frozenset(
+    {"schedule.create", "schedule.update", "schedule.delete"}
 )
 
 #: commands written by the worker that holds (or asks for) a run's lease
@@ -570,8 +584,13 @@ class Command(WireModel):
                 raise ValueError(f"{self.type} needs runId and workerId")
             if self.type != "lease.acquire" and self.generation is None:
                 raise ValueError(f"{self.type} needs generation")
-        if self.type == "timer.fired" and not self.run_id:
-            raise ValueError("timer.fired needs runId")
+        if self.type == "timer.fired":
+            # a schedule's timer names its schedule; every other timer names its run
+            if getattr(self.payload, "kind", None) == "schedule":
+                if not getattr(self.payload, "schedule_id", None):
+                    raise ValueError("timer.fired of kind schedule needs payload.scheduleId")
+            elif not self.run_id:
+                raise ValueError("timer.fired needs runId")
         return self
 
     def payload_as(self, model: builtins.type[P]) -> P:

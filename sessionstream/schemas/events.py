@@ -15,8 +15,10 @@ from typing import Any, Final, Literal, TypeVar, get_args
 
 from pydantic import Field, SerializeAsAny, model_validator
 
+import sessionstream.schemas.questions as _questions
 from sessionstream.schemas._base import Payload, WireModel
 from sessionstream.schemas.commands import validate_payload
+from sessionstream.schemas.schedules import ScheduleCatchUp, ScheduleOverlap
 
 __all__ = [
     "ACTIVE_STATUSES",
@@ -50,16 +52,15 @@ __all__ = [
     "LeaseReleased",
     "LeaseRenewed",
     "Progress",
-    "QuestionAnswered",
-    "QuestionAsked",
-    "QuestionClosed",
-    "QuestionReplayed",
     "RejectionReason",
     "RoundCompleted",
     "RunFinished",
     "RunQueued",
     "RunStarted",
     "RunStatus",
+    "ScheduleDefined",
+    "ScheduleDeleted",
+    "ScheduleFired",
     "SessionErased",
     "StaleWriteRecorded",
     "Steered",
@@ -114,11 +115,11 @@ RejectionReason = Literal[
     "approval_stale",
     "digest_mismatch",
     "approval_expired",
-    "unknown_question",
-    "question_not_open",
-    "question_stale",
-    "question_expired",
-    "answer_too_large",
+    _questions.QuestionRejection,
+    "invalid_schedule",
+    "too_many_schedules",
+    "schedule_exists",
+    "unknown_schedule",
 ]
 REJECTION_REASONS: Final[frozenset[str]] = frozenset(get_args(RejectionReason))
 
@@ -352,43 +353,6 @@ class ActionDecisionReplayed(Payload):
     decision: Literal["approved", "denied", "pending"]
 
 
-class QuestionAsked(Payload):
-    """The run waits for a person's answer until `expiresAt` (the decider's clock);
-    `schema` is the JSON text of what the answer must fit (null: anything)."""
-
-    question_id: str
-    question: str
-    schema_: str | None = Field(default=None, alias="schema")
-    expires_at: int
-
-
-class QuestionAnswered(Payload):
-    """A person answered: `answer` is its compact JSON text, `answeredBy` the actor."""
-
-    question_id: str
-    answer: str
-    answered_by: str | None = None
-
-
-class QuestionClosed(Payload):
-    """The question gets no answer from this wait (`lease_lost`: the next holder may ask
-    it again)."""
-
-    question_id: str
-    reason: str
-
-
-class QuestionReplayed(Payload):
-    """The same question asked again: its record repeated (`answered`: the recorded
-    answer, never a second one; `open`: still waiting; `closed`: why)."""
-
-    question_id: str
-    status: Literal["open", "answered", "closed"]
-    answer: str | None = None
-    answered_by: str | None = None
-    reason: str | None = None
-
-
 class ActionCompleted(Payload):
     idempotency_key: str
     ok: bool
@@ -445,6 +409,55 @@ class SessionErased(Payload):
     runs_started: int = 0
 
 
+class ScheduleDefined(Payload):
+    """`schedule.created` / `schedule.updated`: the whole definition as it is kept, and its
+    first firing computed at the event's time (`nextNominalAt` by the cron or the interval,
+    `nextAt` with the jitter): the fold copies them, never computes one."""
+
+    schedule_id: str
+    cron: str | None = None
+    timezone: str = "UTC"
+    interval_ms: int | None = None
+    text: str
+    #: the prompt's typed input, compact JSON text (null: none)
+    input: str | None = None
+    timeout_ms: int | None = None
+    context_ref: str | None = None
+    overlap: ScheduleOverlap
+    catch_up: ScheduleCatchUp
+    max_catch_up: int
+    jitter_ms: int = 0
+    #: an interval's origin: its firings are at anchorAt + k * intervalMs
+    anchor_at: int
+    next_nominal_at: int
+    next_at: int
+    actor: str | None = None
+
+
+class ScheduleDeleted(Payload):
+    """The schedule is gone; a firing on its way is refused `timer_stale`."""
+
+    schedule_id: str
+    actor: str | None = None
+
+
+class ScheduleFired(Payload):
+    """A schedule's time came (`nominalAt`, jitter aside). `outcome`: `prompted` (its
+    prompt's own outcome follows: run.started, run.queued, or command.rejected), or
+    `skipped` with `reason` `busy` (overlap `skip`) or `late` (catch-up `skip`). `missed`:
+    the later times passed over at once (counted up to 100); `caughtUp`: how many late
+    firings in a row this one is (catch-up `all`); then the next firing, computed here."""
+
+    schedule_id: str
+    nominal_at: int
+    outcome: Literal["prompted", "skipped"]
+    reason: str | None = None
+    missed: int = 0
+    caught_up: int = 0
+    next_nominal_at: int
+    next_at: int
+
+
 class StaleWriteRecorded(Payload):
     """A write from a fenced (older) generation, kept for diagnosis; never applied."""
 
@@ -484,10 +497,7 @@ EventType = Literal[
     "action.pending",
     "action.decision_replayed",
     "action.completed",
-    "question.asked",
-    "question.answered",
-    "question.closed",
-    "question.replayed",
+    _questions.QuestionEventType,
     "run.cancel_requested",
     "run.cancel_acknowledged",
     "run.finished",
@@ -496,6 +506,10 @@ EventType = Literal[
     "step.recorded",
     "step.delivered",
     "session.erased",
+    "schedule.created",
+    "schedule.updated",
+    "schedule.deleted",
+    "schedule.fired",
 ]
 
 #: type -> payload model; the single source of the event vocabulary
@@ -529,10 +543,7 @@ EVENT_PAYLOADS: Final[dict[str, type[Payload]]] = {
     "action.pending": ActionPending,
     "action.decision_replayed": ActionDecisionReplayed,
     "action.completed": ActionCompleted,
-    "question.asked": QuestionAsked,
-    "question.answered": QuestionAnswered,
-    "question.closed": QuestionClosed,
-    "question.replayed": QuestionReplayed,
+    **_questions.QUESTION_EVENT_PAYLOADS,
     "run.cancel_requested": CancelRequested,
     "run.cancel_acknowledged": CancelAcknowledged,
     "run.finished": RunFinished,
@@ -541,6 +552,10 @@ EVENT_PAYLOADS: Final[dict[str, type[Payload]]] = {
     "step.recorded": StepRecorded,
     "step.delivered": StepDelivered,
     "session.erased": SessionErased,
+    "schedule.created": ScheduleDefined,
+    "schedule.updated": ScheduleDefined,
+    "schedule.deleted": ScheduleDeleted,
+    "schedule.fired": ScheduleFired,
 }
 
 EVENT_TYPES: Final[frozenset[str]] = frozenset(get_args(EventType))

@@ -276,6 +276,13 @@ class LimitSettings(Part):
     (by the log's clock: the processor's ``retention`` timer, honoured by the decider). Unset:
     sessions are kept until an administrator erases them (``sessionstream sessions erase``).
     Part of the decider's input: changing it changes what a replay decides."""
+    max_schedules: int = Field(default=16, ge=0, le=1000)
+    """Schedules one session may keep; one more is rejected ``too_many_schedules``. Part of
+    the decider's input."""
+
+    schedule_min_interval_ms: int = Field(default=60_000, ge=1000)
+    """Shortest interval an interval schedule may have (a cron fires at most once a
+    minute); a shorter one is rejected ``invalid_schedule``. Part of the decider's input."""
 
     @field_validator("approval_kinds")
     @classmethod

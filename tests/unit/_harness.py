@@ -251,6 +251,23 @@ class Harness:
         run_id = run_id or (run.run_id if run else self.last_run)
         return self.do(type_, payload, run_id=run_id, worker=worker, generation=generation)
 
+    # -- schedules ------------------------------------------------------------------------------
+    def schedule(self, schedule_id: str = "s1", **kw: Any) -> list[Event]:
+        """`schedule.create`: every 60 s by default, prompt "tick"."""
+        payload = {"schedule_id": schedule_id, "text": "tick", **kw}
+        if "cron" not in kw:
+            payload.setdefault("interval_ms", 60_000)
+        return self.do("schedule.create", payload)
+
+    def update_schedule(self, schedule_id: str = "s1", **kw: Any) -> list[Event]:
+        payload = {"schedule_id": schedule_id, "text": "tick", **kw}
+        if "cron" not in kw:
+            payload.setdefault("interval_ms", 60_000)
+        return self.do("schedule.update", payload)
+
+    def delete_schedule(self, schedule_id: str = "s1") -> list[Event]:
+        return self.do("schedule.delete", {"schedule_id": schedule_id})
+
     # -- timers ---------------------------------------------------------------------------------
     def timer(self, kind: str) -> Command:
         """The `timer.fired` command the processor sends once `kind` is due."""

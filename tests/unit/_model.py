@@ -66,6 +66,16 @@ would and fails on anything the protocol forbids:
   an erasure, an event of an erased run, a key that repeats an erased event's key (a run
   id used before, a session-log seq going back), a retry of an erased run, a run started
   from an erased checkpoint.
+- schedules (docs/protocol.md#schedules): a schedule created under an id the session keeps,
+  or updated, deleted or fired under one it does not; more schedules than the bound; a
+  first or next firing not after the time it was computed at (a catch-up `all` firing
+  excepted, and only up to its bound), or a jitter outside [0, jitterMs]; a firing before
+  its recorded time or for another time than recorded; a firing `skipped` `busy` without
+  an active run or with another overlap than `skip`, `skipped` `late` under catch-up
+  `once`; a `prompted` firing not followed by its prompt's one outcome — idle: its run
+  started with the schedule's text and input, asked by `schedule:<id>`; busy: `reject` a
+  `session_busy` / `session_compacting`, `enqueue` / `interrupt` the text queued (at the
+  front for `interrupt`) or refused `queue_full`; a skipped one followed by anything.
 """
 
 from __future__ import annotations
@@ -78,7 +88,16 @@ from typing import Any
 from sessionstream.schemas.commands import Command
 from sessionstream.schemas.events import SESSION_LOG, Event
 
-SESSION_LOG_TYPES = {"command.rejected", "run.queued", "action.denied", "session.erased"}
+SESSION_LOG_TYPES = {
+    "command.rejected",
+    "run.queued",
+    "action.denied",
+    "session.erased",
+    "schedule.created",
+    "schedule.updated",
+    "schedule.deleted",
+    "schedule.fired",
+}
 FATES = {"run.input_consumed", "run.input_dropped", "run.input_requeued"}
 
 #: progress types that start a call, and the type that ends each kind
@@ -123,6 +142,8 @@ class Bounds:
     max_answer_bytes: int | None = None
     #: how long a finished session stays before its retention erases it
     retention_ms: int | None = None
+    #: schedules a session may keep
+    max_schedules: int | None = None
 
 
 def _size(text: str) -> int:
@@ -253,6 +274,8 @@ class LogModel:
         self.idle_since: int | None = None
         #: runs of the session erased (nothing of them may follow)
         self.erased: set[str] = set()
+        #: the schedules kept: id -> what their definition and last firing said
+        self.schedules: dict[str, dict[str, Any]] = {}
 
     # -- per command ----------------------------------------------------------------------------
     def feed(self, events: list[Event], command: Command | None = None) -> None:
@@ -260,6 +283,7 @@ class LogModel:
         carry of it."""
         self.rounds(events)
         self.resolution_first(events)
+        self.schedule_firing(events)
         for e in events:
             self.event(e)
         if command is not None:
@@ -324,6 +348,81 @@ class LogModel:
             f"pending approvals resolved as {got} by {ends[0]}"
         )
 
+    def schedule_firing(self, events: list[Event]) -> None:
+        """A firing is the decision's first event; a skipped one its only event, a
+        prompted one followed by its prompt's one outcome, by the overlap policy."""
+        fired = [e for e in events if e.type == "schedule.fired"]
+        if not fired:
+            return
+        assert len(fired) == 1 and events[0] is fired[0], "a firing is its decision's first event"
+        f = fired[0].payload.model_dump()
+        sc = self.schedules.get(f["schedule_id"])
+        assert sc is not None, f"schedule {f['schedule_id']} fired and is not kept"
+        rest = events[1:]
+        if f["outcome"] == "skipped":
+            assert not rest, f"a skipped firing decided more: {[e.type for e in rest]}"
+            if f["reason"] == "busy":
+                assert self.active is not None and sc["overlap"] == "skip", "skipped busy"
+            else:
+                assert f["reason"] == "late" and sc["catch_up"] in ("skip", "all"), f["reason"]
+            return
+        assert rest, "a prompted firing with no outcome for its prompt"
+        head = rest[0].payload.model_dump()
+        actor = f"schedule:{f['schedule_id']}"
+        if self.active is None:
+            assert rest[0].type == "run.started", rest[0].type
+            assert (head["prompt"], head["actor"], head["input"]) == (
+                sc["text"],
+                actor,
+                sc["input"],
+            ), "the schedule's run started with another text, actor or input"
+            return
+        types = [e.type for e in rest]
+        if sc["overlap"] in ("reject", "skip"):
+            assert types == ["command.rejected"], types
+            assert head["reason"] in ("session_busy", "session_compacting"), head["reason"]
+            return
+        queued = [e.payload.model_dump() for e in rest if e.type == "run.queued"]
+        if not queued:
+            assert types == ["command.rejected"] and head["reason"] == "queue_full", types
+            return
+        q = queued[0]
+        assert (q["text"], q["actor"], q["input"]) == (sc["text"], actor, sc["input"])
+        assert q["front"] == (sc["overlap"] == "interrupt"), "interrupt queues at the front"
+
+    def schedule_event(self, e: Event, p: dict[str, Any]) -> None:
+        sid = p["schedule_id"]
+        sc = self.schedules.get(sid)
+        if e.type == "schedule.deleted":
+            assert sc is not None, f"deleted {sid}, which is not kept"
+            del self.schedules[sid]
+            return
+        if e.type == "schedule.fired":
+            assert sc is not None
+            assert e.ts >= sc["next_at"], f"{sid} fired at {e.ts}, before {sc['next_at']}"
+            assert p["nominal_at"] == sc["next_nominal_at"], "fired for another time"
+            nxt = p["next_nominal_at"]
+            assert nxt > p["nominal_at"], "the next time is not after the one fired"
+            if nxt <= e.ts:  # still behind: only catch-up `all` fires each missed time
+                # (each by the overlap policy: prompted, or skipped busy)
+                assert sc["catch_up"] == "all" and p["reason"] in (None, "busy")
+                assert 1 <= p["caught_up"] <= sc["max_catch_up"], p["caught_up"]
+            assert 0 <= p["next_at"] - nxt <= sc["jitter_ms"], "jitter out of bounds"
+            sc.update(next_at=p["next_at"], next_nominal_at=nxt)
+            return
+        if e.type == "schedule.created":
+            assert sc is None, f"created {sid}, which is kept already"
+            n = self.bounds.max_schedules
+            assert n is None or len(self.schedules) < n, "more schedules than the bound"
+        else:
+            assert sc is not None, f"updated {sid}, which is not kept"
+        assert (p["cron"] is None) != (p["interval_ms"] is None), "cron or interval, one"
+        assert p["next_nominal_at"] > e.ts, "a first firing not after its definition"
+        assert 0 <= p["next_at"] - p["next_nominal_at"] <= p["jitter_ms"], "jitter"
+        if p["input"] is not None:
+            json.loads(p["input"])
+        self.schedules[sid] = dict(p)
+
     @staticmethod
     def rounds(events: list[Event]) -> None:
         """A completion that leaves follow-ups pending keeps its round's result
@@ -362,6 +461,9 @@ class LogModel:
             assert len(run.pending) <= b.max_inputs, f"{len(run.pending)} inputs pending"
         if b.max_held_bytes is not None:
             held = sum(_size(w.text) + _size(w.input or "") for w in self.queue)
+            held += sum(
+                _size(sc["text"]) + _size(sc["input"] or "") for sc in self.schedules.values()
+            )
             if run is not None:
                 held += _size(run.prompt) + _size(run.input or "")
                 held += sum(_size(t) for _k, t in run.pending.values())
@@ -392,6 +494,8 @@ class LogModel:
         assert e.generation == 0
         if e.type == "session.erased":
             self.erasure(e, p)
+        if e.type.startswith("schedule."):
+            self.schedule_event(e, p)
         if e.type == "run.queued":
             w = Waiting(
                 p["source_command_id"],
@@ -412,8 +516,10 @@ class LogModel:
 
     def erasure(self, e: Event, p: dict[str, Any]) -> None:
         """Refused while a run is active, so an erasure finds the session idle; it forgets
-        every run, the latest checkpoint and the retry links, keeps the keys counting."""
+        every run, the latest checkpoint, the retry links and the schedules (everything of
+        the session goes), keeps the keys counting."""
         assert self.active is None, f"session erased while run {self.active} is active"
+        self.schedules.clear()
         assert not self.queue, "session erased with work waiting"
         want = "sha256:" + hashlib.sha256(e.session_id.encode()).hexdigest()
         assert p["session_hash"] == want, "the erasure names the session by another hash"

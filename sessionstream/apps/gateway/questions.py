@@ -32,7 +32,8 @@ from sessionstream.apps.gateway.caller import Caller
 from sessionstream.apps.gateway.commands import OutcomeResponse, read_json
 from sessionstream.apps.gateway.db import Database
 from sessionstream.apps.gateway.errors import ApiError
-from sessionstream.schemas.commands import MAX_ID_CHARS, Command, QuestionAnswerPayload
+from sessionstream.schemas.commands import MAX_ID_CHARS, Command
+from sessionstream.schemas.questions import QuestionAnswerPayload
 from sessionstream.settings import Settings
 
 __all__ = ["AnswerRequest", "add_question_routes"]

@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 
 from sessionstream.core.decider import evolve
-from sessionstream.core.state import SessionState
+from sessionstream.core.state import Schedule, SessionState
 from sessionstream.runtimes.sink.approvals import ACTION_EVENT_TYPES, actions_of
 from sessionstream.runtimes.sink.replay import (
     event_of_row,
@@ -124,6 +124,28 @@ def list_sessions(
     return [session_json(r, tenant_id) for r in rows]
 
 
+def schedule_json(sc: Schedule) -> dict[str, Any]:
+    """A schedule as the API shows it (times in epoch ms)."""
+    return {
+        "scheduleId": sc.schedule_id,
+        "cron": sc.cron,
+        "timezone": sc.timezone if sc.cron is not None else None,
+        "intervalMs": sc.interval_ms,
+        "text": sc.text,
+        "input": None if sc.input_json is None else json.loads(sc.input_json),
+        "timeoutMs": sc.timeout_ms,
+        "contextRef": sc.context_ref,
+        "overlap": sc.overlap,
+        "catchUp": sc.catch_up,
+        "maxCatchUp": sc.max_catch_up,
+        "jitterMs": sc.jitter_ms,
+        "nextAt": sc.next_at,
+        "nextNominalAt": sc.next_nominal_at,
+        "revision": sc.revision,
+        "createdBy": sc.actor,
+    }
+
+
 def session_view(
     conn: psycopg.Connection[Any], session_id: str, tenant_id: str, runs: int = 20
 ) -> dict[str, Any] | None:
@@ -189,6 +211,7 @@ def session_view(
             }
             for q in state.queue
         ],
+        "schedules": [schedule_json(sc) for sc in state.schedules],
         "runs": [run_json(r) for r in recent],
         # resume the live stream after this (GET .../events with Last-Event-ID)
         "lastEventId": None if last is None or last[0] is None else int(last[0]),

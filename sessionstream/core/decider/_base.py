@@ -99,6 +99,12 @@ class DeciderConfig:
     #: a session idle this long after its last run finished is erased (its `retention`
     #: timer, by the decider's clock); None: kept until an administrator erases it
     retention_ms: int | None = None
+    #: schedules per session, and the shortest interval one may have
+    max_schedules: int = 16
+    schedule_min_interval_ms: int = 60 * 1000
+    #: a schedule's firing decided this long after its time (or after a later time of the
+    #: schedule) is late: its catch-up policy decides (the processor was down)
+    schedule_late_ms: int = 60 * 1000
 
 
 DEFAULT_CONFIG: Final = DeciderConfig()

@@ -11,6 +11,7 @@ from sessionstream.core.decider._emit import _Emitter
 from sessionstream.core.decider._erase import _erase
 from sessionstream.core.decider._producer import _abort, _follow_up, _prompt, _send, _steer
 from sessionstream.core.decider._questions import _question_answer
+from sessionstream.core.decider._schedules import _define, _delete
 from sessionstream.core.decider._timers import _timer
 from sessionstream.core.decider._worker import _WORKER_HANDLERS, _worker
 from sessionstream.core.state import (
@@ -130,6 +131,9 @@ _HANDLERS = {
     "question.answer": _question_answer,
     "timer.fired": _timer,
     "session.erase": _erase,
+    "schedule.create": _define,
+    "schedule.update": _define,
+    "schedule.delete": _delete,
 }
 
 #: every command type with an explicit rule (`lease.acquire` is decided by `_worker` itself)

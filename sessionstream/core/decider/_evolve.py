@@ -19,6 +19,7 @@ from sessionstream.core.state import (
     QuestionRecord,
     QueueEntry,
     RunState,
+    Schedule,
     SessionState,
     StepRecord,
     evolved,
@@ -38,15 +39,16 @@ from sessionstream.schemas.events import (
     LeaseGranted,
     LeaseRenewed,
     Progress,
-    QuestionAnswered,
-    QuestionAsked,
-    QuestionClosed,
     RunFinished,
     RunQueued,
     RunStarted,
+    ScheduleDefined,
+    ScheduleDeleted,
+    ScheduleFired,
     Steered,
     StepRecorded,
 )
+from sessionstream.schemas.questions import QuestionAnswered, QuestionAsked, QuestionClosed
 
 
 def evolve(
@@ -84,6 +86,10 @@ def evolve(
                 clock=update.get("clock", state.clock),
                 erased_at=event.ts,
             )
+        elif event.type.startswith("schedule."):
+            update["schedules"] = _schedules_after(state, event)
+            if state.tenant_id is None:  # a schedule, like a run, gives the session its owner
+                update["tenant_id"] = event.tenant_id
         # command.rejected, action.denied for finished runs: recorded outcomes that change
         # nothing else
         return evolved(state, **update)
@@ -287,6 +293,45 @@ _CALL_FINISHED: Final = {
 
 
 _FINISHED_TYPE: Final = {kind: t for t, kind in _CALL_FINISHED.items()}
+
+
+def _schedules_after(state: SessionState, event: Event) -> tuple[Schedule, ...]:
+    """The schedules after a `schedule.*` event: its times are copied, never computed."""
+    t = event.type
+    if t == "schedule.fired":
+        f = event.payload_as(ScheduleFired)
+        return tuple(
+            evolved(sc, next_nominal_at=f.next_nominal_at, next_at=f.next_at, caught_up=f.caught_up)
+            if sc.schedule_id == f.schedule_id
+            else sc
+            for sc in state.schedules
+        )
+    if t == "schedule.deleted":
+        gone = event.payload_as(ScheduleDeleted).schedule_id
+        return tuple(sc for sc in state.schedules if sc.schedule_id != gone)
+    d = event.payload_as(ScheduleDefined)  # created / updated
+    new = Schedule(
+        schedule_id=d.schedule_id,
+        revision=event.seq,
+        cron=d.cron,
+        timezone=d.timezone,
+        interval_ms=d.interval_ms,
+        anchor_at=d.anchor_at,
+        text=d.text,
+        input_json=d.input,
+        timeout_ms=d.timeout_ms,
+        context_ref=d.context_ref,
+        overlap=d.overlap,
+        catch_up=d.catch_up,
+        max_catch_up=d.max_catch_up,
+        jitter_ms=d.jitter_ms,
+        next_nominal_at=d.next_nominal_at,
+        next_at=d.next_at,
+        actor=d.actor,
+    )
+    if t == "schedule.created":
+        return (*state.schedules, new)
+    return tuple(new if sc.schedule_id == d.schedule_id else sc for sc in state.schedules)
 
 
 def _calls_after(

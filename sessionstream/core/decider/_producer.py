@@ -17,6 +17,7 @@ from sessionstream.schemas.commands import (
     Command,
     FollowUpPayload,
     PromptPayload,
+    PromptPolicy,
     SendPayload,
     SteerPayload,
     json_text,
@@ -34,51 +35,77 @@ def _prompt(em: _Emitter, cmd: Command) -> None:
         return
     # the input travels and is held as its compact JSON text: nothing after this parses it
     # (a retry carries its own: the session keeps nothing of a finished run's prompt)
-    input = None if p.input is None else json_text(p.input)
+    _ask(
+        em,
+        text=p.text,
+        policy=p.policy,
+        context_ref=p.context_ref,
+        timeout_ms=p.timeout_ms,
+        input=None if p.input is None else json_text(p.input),
+        actor=cmd.actor,
+        retry_of=p.retry_of,
+        approval_kinds=p.approval_kinds,
+    )
+
+
+def _ask(
+    em: _Emitter,
+    *,
+    text: str,
+    policy: PromptPolicy,
+    context_ref: str | None,
+    timeout_ms: int | None,
+    input: str | None,
+    actor: str | None,
+    retry_of: str | None = None,
+    approval_kinds: list[str] | None = None,
+) -> None:
+    """A prompt's task: started when idle, else by `policy` (a schedule's firing too)."""
+    kinds = approval_kinds or []
     run = em.state.active
     if run is None:
         _start_run(
             em,
-            text=p.text,
+            text=text,
             origin="prompt",
-            source_command_id=cmd.command_id,
-            context_ref=p.context_ref,
-            timeout_ms=p.timeout_ms,
-            actor=cmd.actor,
-            retry_of=p.retry_of,
+            source_command_id=em.cmd.command_id,
+            context_ref=context_ref,
+            timeout_ms=timeout_ms,
+            actor=actor,
+            retry_of=retry_of,
             input=input,
-            approval_kinds=p.approval_kinds,
+            approval_kinds=kinds,
         )
-    elif p.policy == "reject":
+    elif policy == "reject":
         reason: RejectionReason = (
             "session_compacting" if run.status == "compacting" else "session_busy"
         )
         em.reject(reason, f"run {run.run_id} is {run.status}")
-    elif p.policy == "enqueue":
+    elif policy == "enqueue":
         _enqueue(
             em,
             "prompt",
-            p.text,
-            context_ref=p.context_ref,
-            timeout_ms=p.timeout_ms,
-            retry_of=p.retry_of,
+            text,
+            context_ref=context_ref,
+            timeout_ms=timeout_ms,
+            retry_of=retry_of,
             input=input,
-            approval_kinds=p.approval_kinds,
+            approval_kinds=kinds,
         )
     else:  # interrupt: queue in front, then cancel the active run
-        if run.status != "cancelling" and _no_room(em, p.text, queue=True, input=input) is None:
+        if run.status != "cancelling" and _no_room(em, text, queue=True, input=input) is None:
             # the cancel's refusals of pending approvals come before all else it decides
             _resolve_pending(em, "cancelling")
         queued = _enqueue(
             em,
             "prompt",
-            p.text,
+            text,
             front=True,
-            context_ref=p.context_ref,
-            timeout_ms=p.timeout_ms,
-            retry_of=p.retry_of,
+            context_ref=context_ref,
+            timeout_ms=timeout_ms,
+            retry_of=retry_of,
             input=input,
-            approval_kinds=p.approval_kinds,
+            approval_kinds=kinds,
         )
         if queued and run.status != "cancelling":
             _request_cancel(em, "interrupted")

@@ -8,13 +8,13 @@ from sessionstream.core.state import QuestionRecord, RunState
 from sessionstream.schemas._base import make
 from sessionstream.schemas.commands import (
     Command,
-    QuestionAnswerPayload,
-    QuestionAskPayload,
     json_text,
 )
-from sessionstream.schemas.events import (
+from sessionstream.schemas.questions import (
     QuestionAnswered,
+    QuestionAnswerPayload,
     QuestionAsked,
+    QuestionAskPayload,
     QuestionClosed,
     QuestionReplayed,
 )

@@ -1,4 +1,5 @@
-"""The processor's timers: run deadlines, leases, cancel grace, approval expiry."""
+"""The processor's timers: run deadlines, leases, cancel grace, approval expiry (and the
+schedules', decided in `_schedules`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from sessionstream.core.decider._runs import (
     _lose_lease,
     _resolve_pending,
 )
+from sessionstream.core.decider._schedules import _fire
 from sessionstream.schemas._base import make
 from sessionstream.schemas.commands import (
     Command,
@@ -27,6 +29,9 @@ def _timer(em: _Emitter, cmd: Command) -> None:
     """A timer is honoured only if it is due by the decider's own clock, for the active run
     at its current generation: a forged or early one changes nothing."""
     p = cmd.payload_as(TimerFiredPayload)
+    if p.kind == "schedule":
+        _fire(em, cmd)
+        return
     if p.kind == "retention":
         _retention(em)
         return

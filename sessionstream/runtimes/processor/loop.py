@@ -73,7 +73,6 @@ from sessionstream.adapters.kafka.transactions import (
 )
 from sessionstream.adapters.registry import attach_registry
 from sessionstream.adapters.topics import check_topics, ensure_topics
-from sessionstream.core.approvals import parse_approval_kinds
 from sessionstream.core.decider import DeciderConfig
 from sessionstream.core.step import CommandStep
 from sessionstream.errors import KafkaFailed
@@ -87,6 +86,7 @@ from sessionstream.runtimes.processor.batch import (
     produce_misfits,
 )
 from sessionstream.runtimes.processor.cloudevents import CloudEventHeaders
+from sessionstream.runtimes.processor.config import decider_config
 from sessionstream.runtimes.processor.failures import Recovery
 from sessionstream.runtimes.processor.partition import PartitionState, co_partitioned
 from sessionstream.runtimes.processor.records import coords
@@ -149,15 +149,9 @@ class TransactionalProcessor(Recovery):
             instance_id or settings.processor_instance or default_instance_id()
         )
         self.codec = Codec()
-        self.classes = input_classes(settings)  # input topic -> the commands it may carry
-        self.config = config or DeciderConfig(
-            max_payload_bytes=settings.max_payload_bytes,
-            max_lease_ms=settings.max_lease_ms,
-            approval_policy=parse_approval_kinds(settings.approval_kinds),
-            approval_ttl_ms=settings.approval_ttl_ms,
-            question_ttl_ms=settings.question_ttl_ms,
-            retention_ms=settings.session_retention_ms,
-        )
+        #: input topic -> the class of commands it may carry
+        self.classes = input_classes(settings)
+        self.config = config or decider_config(settings)
         self.batch_size = batch_size or settings.processor_batch_size
         self.linger_s = settings.processor_linger_ms / 1000
         self._last_begin = 0.0

@@ -25,7 +25,7 @@ from sessionstream.core.partitioning import partition_for
 from sessionstream.errors import KafkaFailed, KafkaUnavailable
 from sessionstream.runtimes.sink.rebuild import RebuildReport, rebuild
 from sessionstream.schemas.codec import Codec
-from sessionstream.schemas.events import Event
+from sessionstream.schemas.events import SESSION_LOG, Event
 from sessionstream.settings import Settings
 
 __all__ = [
@@ -40,6 +40,7 @@ __all__ = [
     "parse_time",
     "read_range",
     "rebuild",
+    "schedule_events",
     "session_partition",
 ]
 
@@ -90,6 +91,17 @@ def events_of_session(conn: psycopg.Connection[Any], session_id: str) -> list[Ev
     """A session's events (its runs and its own log) in log order."""
     rows = conn.execute(
         f"{_EVENT_SELECT} where session_id = %s order by kafka_offset", (session_id,)
+    ).fetchall()
+    return [_event(r) for r in rows]
+
+
+def schedule_events(conn: psycopg.Connection[Any], session_id: str) -> list[Event]:
+    """A session's `schedule.*` events (of its own log) in log order: what its schedules
+    are folded from."""
+    rows = conn.execute(
+        f"{_EVENT_SELECT} where session_id = %s and run_id = %s and type like 'schedule.%%'"
+        " order by kafka_offset",
+        (session_id, SESSION_LOG),
     ).fetchall()
     return [_event(r) for r in rows]
 

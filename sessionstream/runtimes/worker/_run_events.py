@@ -22,14 +22,12 @@ from sessionstream.schemas.events import (
     LeaseExpired,
     LeaseGranted,
     LeaseRenewed,
-    QuestionAnswered,
-    QuestionClosed,
-    QuestionReplayed,
     RunFinished,
     StaleWriteRecorded,
     Steered,
     StepDelivered,
 )
+from sessionstream.schemas.questions import QuestionAnswered, QuestionClosed, QuestionReplayed
 
 if TYPE_CHECKING:
     from sessionstream.runtimes.worker._questions import QuestionBook

@@ -28,6 +28,9 @@ SPEC: dict[str, set[str]] = {
         "action.approve",
         "action.deny",
         "question.answer",
+        "schedule.create",
+        "schedule.update",
+        "schedule.delete",
     },
     "worker": {
         "lease.acquire",

@@ -67,6 +67,7 @@ CONFIG = DeciderConfig(
     max_questions=2,
     max_answer_bytes=64,
     retention_ms=150_000,
+    max_schedules=2,
 )
 BOUNDS = Bounds(
     max_queue=CONFIG.max_queue,
@@ -82,6 +83,7 @@ BOUNDS = Bounds(
     max_questions=CONFIG.max_questions,
     max_answer_bytes=CONFIG.max_answer_bytes,
     retention_ms=CONFIG.retention_ms,
+    max_schedules=CONFIG.max_schedules,
 )
 #: the largest state record these bounds allow (JSON; generous for the ids and metadata)
 MAX_STATE_BYTES = 2 * CONFIG.max_held_bytes + 12_000
@@ -118,6 +120,21 @@ QIDS = st.sampled_from(["q1", "q2", "q3"])
 ANSWERS = st.sampled_from(["yes", None, {"account": "acme-main"}, [1, 2.5], "é" * 40])
 #: which run a producer command names
 TARGET = st.sampled_from(["none", "none", "active", "old"])
+#: schedules: an id (three, beyond the bound of two), when (an interval, a cron in UTC or in
+#: a zone, or a refused one), overlap, catch-up and its bound, jitter
+SCHEDULE_IDS = st.sampled_from(["s1", "s2", "s3"])
+SCHEDULE_WHEN = st.sampled_from(
+    [
+        {"interval_ms": 60_000},
+        {"interval_ms": 150_000},
+        {"cron": "*/2 * * * *"},
+        {"cron": "* * * * mon-fri", "timezone": "America/New_York"},
+        {"interval_ms": 0},
+        {"cron": "0 0 30 2 *"},
+    ]
+)
+OVERLAPS = st.sampled_from(["skip", "reject", "enqueue", "interrupt"])
+CATCH_UPS = st.sampled_from(["once", "all", "skip"])
 
 
 def replay(commands: list[tuple[Command, int, CommandClass | None]]) -> list[bytes]:
@@ -236,6 +253,15 @@ class SessionMachine(RuleBasedStateMachine):
             assert [e.type for e in events] == ["command.rejected", "run.stale_write_recorded"]
         if stale_done:
             assert [e.type for e in events] == ["command.rejected"]
+        if events[0].type == "schedule.fired":
+            # a schedule's firing, then its prompt's own outcome (a refusal among them)
+            assert all(e.type != "schedule.fired" for e in events[1:])
+            assert all(
+                r.payload_as(CommandRejected).reason
+                in ("session_busy", "session_compacting", "queue_full")
+                for r in rejected
+            )
+            rejected = []
         if rejected:
             assert rejected == events[:1] and rejected[0].run_id == SESSION_LOG
             reason = rejected[0].payload_as(CommandRejected).reason
@@ -442,7 +468,7 @@ class SessionMachine(RuleBasedStateMachine):
         if answered:
             # only an open question, for its generation, within its window
             assert rec is not None and rec.status == "open" and self.now < rec.expires_at
-            assert generation in (None, rec.generation)
+            assert payload["generation"] in (None, rec.generation)
 
     @precondition(lambda self: self.state.active and self.state.active.lease_owner)
     @rule(qid=QIDS, answer=ANSWERS, wait=st.sampled_from([0, 0, 9_000]))
@@ -746,12 +772,57 @@ class SessionMachine(RuleBasedStateMachine):
     def fail(self, worker: str, retryable: bool) -> None:
         self.work(worker, "run.fail", {"error": "boom", "retryable": retryable})
 
+    # -- schedules ----------------------------------------------------------------------------
+    @rule(
+        sid=SCHEDULE_IDS,
+        update=st.booleans(),
+        when=SCHEDULE_WHEN,
+        overlap=OVERLAPS,
+        catch_up=CATCH_UPS,
+        max_catch_up=st.sampled_from([1, 3]),
+        jitter=st.sampled_from([0, 0, 5_000]),
+        text=TEXT,
+    )
+    def define_schedule(
+        self,
+        sid: str,
+        update: bool,
+        when: dict[str, Any],
+        overlap: str,
+        catch_up: str,
+        max_catch_up: int,
+        jitter: int,
+        text: str,
+    ) -> None:
+        payload = {
+            "schedule_id": sid,
+            "text": text,
+            "overlap": overlap,
+            "catch_up": catch_up,
+            "max_catch_up": max_catch_up,
+            "jitter_ms": jitter,
+            **when,
+        }
+        type_ = "schedule.update" if update else "schedule.create"
+        events = self.apply(self.cmd(type_, payload, actor="user:ana"))
+        kept = {sc.schedule_id for sc in self.state.schedules}
+        assert len(kept) <= CONFIG.max_schedules
+        if events and events[0].type.startswith("schedule."):
+            assert sid in kept
+
+    @rule(sid=SCHEDULE_IDS)
+    def delete_schedule(self, sid: str) -> None:
+        self.apply(self.cmd("schedule.delete", {"schedule_id": sid}, actor="user:ana"))
+        assert self.state.schedule(sid) is None
+
     # -- the clock ----------------------------------------------------------------------------
     @rule(ms=st.sampled_from([500, 4_000, 6_000, 21_000, 31_000, 125_000]))
     def advance(self, ms: int) -> None:
         self.seen_timers.extend(due_timers(self.state, CONFIG.retention_ms))
         self.now += ms
-        for _ in range(4):  # each due timer removes itself: a few at most, never a loop
+        # each due timer removes itself or moves on: a few at most (a schedule catching up
+        # fires at most its bound in a row), never a loop
+        for _ in range(4 + CONFIG.max_schedules * 5):
             due = [t for t in due_timers(self.state, CONFIG.retention_ms) if t.due_at <= self.now]
             if not due:
                 return
@@ -770,6 +841,8 @@ class SessionMachine(RuleBasedStateMachine):
         """A timer computed from an older state, fired late (e.g. by a restarted processor)."""
         t = self.seen_timers[i % len(self.seen_timers)]
         events = self.apply(timer_command(self.state, t, max(self.now, t.due_at)))
+        if events and events[0].type == "schedule.fired":
+            return  # still the schedule's current firing, and due: honoured as it should be
         for e in events:
             if e.type == "command.rejected":
                 assert e.payload_as(CommandRejected).reason == "timer_stale"

@@ -33,6 +33,15 @@ INPUTS1 = DeciderConfig(max_inputs=1)
 HELD = DeciderConfig(max_held_bytes=8)  # the arranged prompt "p0" holds 2 bytes
 ACTIONS1 = DeciderConfig(max_actions=1)
 SMALL = DeciderConfig(max_payload_bytes=128)
+SCHEDULES1 = DeciderConfig(max_schedules=1)
+
+
+def schedule_timer_after_delete(h: Harness) -> Any:
+    """A schedule's firing already on its way when the schedule is deleted."""
+    h.schedule()
+    t = h.timer("schedule")
+    h.delete_schedule()
+    return h.apply(t)
 
 
 def stale_lease_timer(h: Harness) -> Any:
@@ -601,6 +610,38 @@ CASES: list[tuple[str, Callable[[Harness], None], Act, list[str], str | None, De
      ["run.lease_granted"], "running", DEFAULT_CONFIG),
     ("timer-topic-run_deadline", leased, on("timer", lambda h: h.fire("run_deadline")),
      [f"{FIN}:timed_out"], None, DEFAULT_CONFIG),
+    # schedules (docs/protocol.md#schedules)
+    ("idle-schedule.create", idle, lambda h: h.schedule(), ["schedule.created"], None,
+     DEFAULT_CONFIG),
+    ("running-schedule.create", running, lambda h: h.schedule(), ["schedule.created"], "running",
+     DEFAULT_CONFIG),
+    ("schedule.create-twice", idle, lambda h: (h.schedule(), h.schedule())[-1],
+     ["rejected:schedule_exists"], None, DEFAULT_CONFIG),
+    ("schedule.create-too-many", idle, lambda h: (h.schedule("a"), h.schedule("b"))[-1],
+     ["rejected:too_many_schedules"], None, SCHEDULES1),
+    ("schedule.create-bad-cron", idle, lambda h: h.schedule(cron="61 * * * *"),
+     ["rejected:invalid_schedule"], None, DEFAULT_CONFIG),
+    ("schedule.update-unknown", idle, lambda h: h.update_schedule("nope"),
+     ["rejected:unknown_schedule"], None, DEFAULT_CONFIG),
+    ("schedule.update", idle, lambda h: (h.schedule(), h.update_schedule(interval_ms=120_000))[-1],
+     ["schedule.updated"], None, DEFAULT_CONFIG),
+    ("schedule.delete", idle, lambda h: (h.schedule(), h.delete_schedule())[-1],
+     ["schedule.deleted"], None, DEFAULT_CONFIG),
+    ("idle-schedule-fires", idle, lambda h: (h.schedule(), h.fire("schedule"))[-1],
+     ["schedule.fired", "run.started:prompt"], "running", DEFAULT_CONFIG),
+    ("running-schedule-skip", running, lambda h: (h.schedule(), h.fire("schedule"))[-1],
+     ["schedule.fired"], "running", DEFAULT_CONFIG),
+    ("running-schedule-reject", running,
+     lambda h: (h.schedule(overlap="reject"), h.fire("schedule"))[-1],
+     ["schedule.fired", "rejected:session_busy"], "running", DEFAULT_CONFIG),
+    ("running-schedule-enqueue", running,
+     lambda h: (h.schedule(overlap="enqueue"), h.fire("schedule"))[-1],
+     ["schedule.fired", "run.queued"], "running", DEFAULT_CONFIG),
+    ("leased-schedule-interrupt", leased,
+     lambda h: (h.schedule(overlap="interrupt"), h.fire("schedule"))[-1],
+     ["schedule.fired", "run.queued", "run.cancel_requested"], "cancelling", DEFAULT_CONFIG),
+    ("schedule-timer-after-delete", idle, schedule_timer_after_delete, ["rejected:timer_stale"],
+     None, DEFAULT_CONFIG),
 ]
 # fmt: on
 

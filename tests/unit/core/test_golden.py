@@ -107,6 +107,7 @@ def test_the_required_stories_are_there() -> None:
         "typed_input",
         "approvals",
         "erasure",
+        "schedules",
     } <= names
 
 

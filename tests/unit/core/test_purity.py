@@ -26,14 +26,21 @@ PURE = [
     "sessionstream/core/timers.py",
     "sessionstream/core/open_runs.py",
     "sessionstream/core/approvals.py",
+    "sessionstream/core/cron.py",
 ]
 #: msgspec: the state structs (C, no I/O; chosen for the fold's speed, sessionstream/core/state.py)
 ALLOWED = {"__future__", "dataclasses", "typing", "uuid", "hashlib", "pydantic", "msgspec"}
 ALLOWED_LOCAL = {
     "sessionstream.core.state",
+    "sessionstream.core.cron",
+    "sessionstream.errors",
     "sessionstream.core.decider",
     "sessionstream.core.approvals",
 }
+#: the cron evaluator reads wall-clock times in a zone: datetime's arithmetic and zoneinfo's
+#: tz database (never a clock: `datetime.now` is refused by `no_world` below)
+CRON = {"sessionstream/core/cron.py"}
+CRON_ALLOWED = {"datetime", "zoneinfo", "functools"}
 #: the schemas modules the decider may lean on, and what they may import in turn
 SCHEMA_ALLOWED = ALLOWED | {"builtins", "pydantic.alias_generators"}
 FORBIDDEN_CALLS = {"open", "__import__", "exec", "eval", "compile", "input", "print"}
@@ -64,6 +71,7 @@ def test_pure_modules_import_only_pure_things(rel: str) -> None:
         top = name.split(".")[0]
         ok = (
             top in ALLOWED
+            or (rel in CRON and top in CRON_ALLOWED)
             or name.startswith(("sessionstream.schemas.", "sessionstream.core.decider."))
             or name in ALLOWED_LOCAL
         )
@@ -163,3 +171,25 @@ def test_full_scenario_without_clock_random_or_io(no_world: None) -> None:
     # the follow-up went with the interrupted run (dropped, with its fate recorded)
     assert started == ["p0", "next", "again"]
     assert "run.input_dropped" in types and "run.input_delivered" in types
+
+
+@pytest.fixture
+def zones_read() -> None:
+    """The tz database is read once per zone, as a module is imported (it is the one outside
+    input of schedules: docs/protocol.md#schedules); deciding reads nothing after."""
+    from sessionstream.core.cron import zone
+
+    zone("Europe/Lisbon")
+
+
+def test_schedules_decide_without_clock_random_or_io(zones_read: None, no_world: None) -> None:
+    h = Harness()
+    h.do("schedule.create", {"schedule_id": "a", "text": "t", "interval_ms": 60_000})
+    h.do(
+        "schedule.create",
+        {"schedule_id": "b", "text": "t", "cron": "*/5 * * * mon-fri", "timezone": "Europe/Lisbon"},
+    )
+    for _ in range(4):
+        h.fire("schedule")
+    h.do("schedule.delete", {"schedule_id": "a"})
+    assert {e.type for e in h.log} >= {"schedule.created", "schedule.fired", "schedule.deleted"}

@@ -28,7 +28,7 @@ from sessionstream.core.state_codec import (
     FORMAT_V3,
     FORMAT_V4,
     FORMAT_V5,
-    FORMAT_V6,
+    FORMAT_V7,
     STATE_FIELDS,
     decode_if_active,
     decode_state,
@@ -197,7 +197,7 @@ OLD_JSON = (
 
 
 def _full_before_questions() -> SessionState:
-    """`_full()` without what format 7 added: the active run's questions to a person."""
+    """`_full()` without what format 8 added: the active run's questions to a person."""
     full = _full()
     assert full.active is not None
     return evolved(full, active=evolved(full.active, questions={}))
@@ -266,14 +266,14 @@ def test_the_json_of_earlier_versions_is_still_read() -> None:
     assert decode_state(state_to_json(_full())) == _full()
 
 
-def test_a_format_6_record_is_still_read() -> None:
-    """Format 6 is format 7 without the active run's questions: read with none, written
-    again in format 7."""
+def test_a_format_7_record_is_still_read() -> None:
+    """Format 7 is format 8 without the active run's questions: read with none, written
+    again in format 8."""
     t = msgspec.msgpack.decode(encode_state(_full())[1:])
     t[2] = t[2][:22]
-    v6 = bytes([FORMAT_V6]) + msgspec.msgpack.encode(t)
-    assert not is_current(v6)
-    state = decode_state(v6)
+    v7 = bytes([FORMAT_V7]) + msgspec.msgpack.encode(t)
+    assert not is_current(v7)
+    state = decode_state(v7)
     assert state == _full_before_questions()
     assert is_current(encode_state(state)) and decode_state(encode_state(state)) == state
 

@@ -9,6 +9,7 @@
   const S = {
     session: null,       // the open session id
     events: new Map(),   // "runId/seq" -> event, for the open session
+    schedules: new Map(),  // scheduleId -> its definition and next firing, for the open session
     runs: [],            // run ids in start order
     current: null,       // the run the timeline shows
     follow: true,        // switch to a newly started run
@@ -106,7 +107,7 @@
     if (S.session === id) return;
     if (S.stop) S.stop();
     Object.assign(S, { session: id, events: new Map(), runs: [], current: null, follow: true, queue: 0,
-                       listStatus: null, answers: new Map(), answerOf: new Map() });
+                       listStatus: null, answers: new Map(), answerOf: new Map(), schedules: new Map() });
     $("session").hidden = false;
     $("session-title").textContent = id;
     $("outcomes").textContent = "";
@@ -123,6 +124,8 @@
       if (show) await loadRun(show);
       S.current = show;
     }
+    $("schedules").textContent = "";
+    loadSchedules();
     // live from what PostgreSQL had; a session it has not seen yet: from now on
     S.stop = Api.streamSession(id, last, (ev) => {
       if (ev.event === "model.delta") { delta(ev.data); return; }
@@ -130,6 +133,40 @@
       add(ev.data, ev.id);
     }, (on) => { $("live").classList.toggle("on", on); $("live").dataset.on = on ? "1" : "0"; });
     draw();
+  }
+
+  // the session's schedules and their next firing: PostgreSQL's list, then the live
+  // schedule.* events (each carries the times it computed: nothing is computed here)
+  async function loadSchedules() {
+    const id = S.session;
+    const r = await Api.call("GET", `/v1/sessions/${encodeURIComponent(id)}/schedules`);
+    if (id !== S.session || r.status !== 200) return;
+    for (const sc of r.data.schedules) if (!S.schedules.has(sc.scheduleId)) S.schedules.set(sc.scheduleId, sc);
+    drawSchedules();
+  }
+
+  function scheduleEvent(e) {
+    const p = e.payload;
+    if (e.type === "schedule.deleted") S.schedules.delete(p.scheduleId);
+    else if (e.type === "schedule.fired") {
+      const sc = S.schedules.get(p.scheduleId);
+      if (sc) sc.nextAt = p.nextAt;
+    } else S.schedules.set(p.scheduleId, { ...p });
+    drawSchedules();
+  }
+
+  function drawSchedules() {
+    const ul = $("schedules");
+    ul.textContent = "";
+    for (const sc of S.schedules.values()) {
+      const li = document.createElement("li");
+      li.dataset.schedule = sc.scheduleId;
+      const when = sc.cron ? `cron "${sc.cron}" ${sc.timezone}` : `every ${sc.intervalMs / 1000} s`;
+      const next = new Date(sc.nextAt).toLocaleString();
+      li.textContent = `⏰ ${sc.scheduleId}: ${when}, next ${next} — ${sc.text.slice(0, 60)}`;
+      li.title = `overlap ${sc.overlap}, catch-up ${sc.catchUp}, jitter ${sc.jitterMs} ms`;
+      ul.append(li);
+    }
   }
 
   async function loadRun(runId) {
@@ -171,6 +208,7 @@
     if (!quiet && (e.type === "run.started" || e.type === "run.finished")) {
       setTimeout(loadSessions, 300);  // the list comes from PostgreSQL: a moment behind
     }
+    if (e.type.startsWith("schedule.")) scheduleEvent(e);
     if (!S.current && e.runId !== "_session") S.current = e.runId;
     if (e.type === "model.request.finished") {
       const a = S.answers.get(e.runId + "/" + e.payload.callId);

@@ -83,6 +83,17 @@ def test_console_sends_a_prompt_shows_the_live_timeline_and_aborts(
     assert "key=" not in browser.current_url, "the key does not stay in the address bar"
     assert "tenant acme" in browser.find_element(By.ID, "whoami").text
 
+    # a schedule created over the API shows with its next firing (from the live event)
+    with world.client(key) as api:
+        made = api.post(
+            f"/v1/sessions/{sid}/schedules",
+            json={"scheduleId": "daily", "cron": "0 9 * * *", "text": "the daily report"},
+        )
+        assert made.json()["status"] == "accepted", made.text
+    _wait(browser, "listed schedule", 30, lambda d: _css(d, '#schedules li[data-schedule="daily"]'))
+    listed = browser.find_element(By.CSS_SELECTOR, '#schedules li[data-schedule="daily"]').text
+    assert 'cron "0 9 * * *" UTC' in listed and "next " in listed, listed
+
     text = browser.find_element(By.ID, "text")
     text.send_keys("compile the report steps=4 tool_ms=3000 model_ms=300 email=end")
     browser.find_element(By.ID, "send").click()
@@ -144,6 +155,8 @@ def test_console_sends_a_prompt_shows_the_live_timeline_and_aborts(
     )
     assert _css(browser, "rect.bar.model") and _css(browser, "rect.bar.tool")
     _wait(browser, "session in the list", 15, lambda d: _css(d, f'li[data-session="{sid}"]'))
+    # and the schedule from PostgreSQL's list
+    _wait(browser, "schedule again", 30, lambda d: _css(d, '#schedules li[data-schedule="daily"]'))
     _shot(browser, "3-replayed")
 
     # the stats page: the cancelled run is counted by the analytics app

@@ -466,6 +466,61 @@ def test_session_state_and_runs_replayed_from_postgres(world: GatewayWorld) -> N
         assert c.get(f"/v1/sessions/{_sid()}").status_code == 404
 
 
+def test_schedules_created_listed_replaced_and_deleted_per_tenant(world: GatewayWorld) -> None:
+    """The schedule routes are commands with outcomes; the list (from PostgreSQL) has the
+    next firing; a bad definition is the session's `invalid_schedule` with its reason, a
+    bad id a 400; another tenant's key sees and deletes nothing of them."""
+    sid = _sid()
+    daily = {
+        "scheduleId": "daily",
+        "cron": "30 9 * * mon-fri",
+        "timezone": "Europe/Lisbon",
+        "text": "the daily report",
+        "input": {"team": "ops"},
+        "overlap": "enqueue",
+    }
+    with world.client(world.key("acme")) as c, world.client(world.key("globex")) as other:
+        r = c.post(f"/v1/sessions/{sid}/schedules", json={**daily, "commandId": f"{sid}-1"})
+        assert r.status_code == 200 and r.json()["status"] == "accepted", r.text
+        created = r.json()["events"][0]
+        assert created["type"] == "schedule.created" and created["payload"]["actor"]
+        again = c.post(f"/v1/sessions/{sid}/schedules", json={**daily, "commandId": f"{sid}-1"})
+        assert again.json()["status"] == "duplicate"
+        bad = c.post(
+            f"/v1/sessions/{sid}/schedules",
+            json={"scheduleId": "bad", "cron": "0 0 30 2 *", "text": "x"},
+        )
+        assert bad.status_code == 409 and bad.json()["reason"] == "invalid_schedule"
+        assert "30 February" in bad.json()["events"][0]["payload"]["detail"]
+        slash = c.post(
+            f"/v1/sessions/{sid}/schedules", json={"scheduleId": "a b", "intervalMs": 60_000}
+        )
+        assert slash.status_code == 400
+        world.wait_sink(f"acme:{sid}", "schedule.created")
+        listed = c.get(f"/v1/sessions/{sid}/schedules").json()["schedules"]
+        assert [(x["scheduleId"], x["input"], x["nextAt"]) for x in listed] == [
+            ("daily", {"team": "ops"}, created["payload"]["nextAt"])
+        ]
+        # another tenant: its own session of that name, none of acme's schedules
+        assert other.get(f"/v1/sessions/{sid}/schedules").json()["schedules"] == []
+        gone = other.delete(f"/v1/sessions/{sid}/schedules/daily")
+        assert gone.status_code == 409 and gone.json()["reason"] == "unknown_schedule"
+        put = c.put(
+            f"/v1/sessions/{sid}/schedules/daily",
+            json={"intervalMs": 3_600_000, "text": "hourly now"},
+        )
+        assert put.json()["events"][0]["type"] == "schedule.updated", put.text
+        mismatch = c.put(
+            f"/v1/sessions/{sid}/schedules/daily",
+            json={"scheduleId": "other", "intervalMs": 3_600_000, "text": "x"},
+        )
+        assert mismatch.status_code == 400
+        deleted = c.delete(f"/v1/sessions/{sid}/schedules/daily?commandId={sid}-del")
+        assert deleted.json()["events"][0]["type"] == "schedule.deleted"
+        world.wait_sink(f"acme:{sid}", "schedule.deleted")
+        assert c.get(f"/v1/sessions/{sid}/schedules").json()["schedules"] == []
+
+
 def test_a_typed_input_on_either_route_reaches_the_log_and_the_views(world: GatewayWorld) -> None:
     """A prompt's `input` (any JSON value) is taken by the fast path and by FastAPI's route
     (a percent-encoded path goes down the usual stack), carried by its run and its queued

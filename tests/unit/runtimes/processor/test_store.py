@@ -10,7 +10,7 @@ import pytest
 import rocksdict
 from confluent_kafka import OFFSET_BEGINNING
 
-from sessionstream.core.state import RunState, SessionState, evolved
+from sessionstream.core.state import RunState, Schedule, SessionState, evolved
 from sessionstream.core.state_codec import encode_state
 from sessionstream.core.step import DedupRecord
 from sessionstream.core.timers import next_due
@@ -69,6 +69,35 @@ def test_a_commit_survives_a_reopen_with_its_checkpoint(tmp_path: Path) -> None:
     again.load_timers()
     assert again.active == 1
     assert list(again.store.deadlines()) == [(next_due(a), "a", True)]
+    again.close()
+
+
+def test_a_session_with_a_schedule_and_no_run_is_watched_and_not_counted_active(
+    tmp_path: Path,
+) -> None:
+    """Its schedule's next firing is a deadline: in the index (a restart fires it), but the
+    session has no active run (the active runs' gauge does not count it)."""
+
+    part = _part(_store(tmp_path))
+    sc = Schedule(
+        schedule_id="s1",
+        revision=1,
+        interval_ms=60_000,
+        text="t",
+        next_nominal_at=5_000,
+        next_at=5_000,
+    )
+    idle = evolved(SessionState.initial("idle"), tenant_id="acme", schedules=(sc,))
+    a = _active("a")
+    part.commit([(idle, encode_state(idle)), (a, encode_state(a))], [], 1, None)
+    assert part.active == 1
+    part.close()
+    again = _part(_store(tmp_path))
+    again.load_timers()
+    assert sorted(again.store.deadlines()) == sorted(
+        [(5_000, "idle", False), (next_due(a), "a", True)]
+    )
+    assert again.active == 1
     again.close()
 
 

@@ -1,5 +1,5 @@
-"""Any JSON value a command carries (a prompt's typed input, a person's answer, a
-question's schema): validated to what JSON can write, held parsed, carried as JSON text."""
+"""A prompt's typed input on the wire: any JSON value, its checks and its compact text.
+Shared by the prompt and the schedules that send one."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pydantic import AfterValidator, JsonValue, TypeAdapter
 
 from sessionstream.schemas._base import AvroJsonText
 
-__all__ = ["MAX_INPUT_DEPTH", "JsonInput", "json_text"]
+__all__ = ["MAX_INPUT_DEPTH", "JsonInput", "is_absent", "is_empty", "json_text"]
 
 #: how deeply a prompt's input may nest objects and arrays inside each other
 MAX_INPUT_DEPTH: Final = 64
@@ -41,3 +41,14 @@ def json_text(value: JsonValue) -> str:
     """A JSON value's compact text (no spaces, non-ASCII kept, object keys in their order):
     what the state, the events and the open-runs record hold of a prompt's input."""
     return _JSON.dump_json(value).decode()
+
+
+def is_absent(value: object) -> bool:
+    """A field left out of its payload's JSON when null (the digests of commands decided
+    before it existed stay what they were)."""
+    return value is None
+
+
+def is_empty(value: object) -> bool:
+    """A field left out of its payload's JSON when empty (digests, likewise)."""
+    return not value
