@@ -4,14 +4,15 @@ The state table (`session.state` and the processor's local store) holds one reco
 session, written on every batch that changes the session. The record is MessagePack
 (msgspec) of the state's fields **by position**, behind a one-byte format tag:
 
-    0x05 | msgpack [session_id, tenant_id, active, queue, log_seq, runs_started, clock,
-                    finished, last_checkpoint]
+    0x06 | msgpack [session_id, tenant_id, active, queue, log_seq, runs_started, clock,
+                    finished, last_checkpoint, removed]
 
-(Still read: 0x04, the same without approvals: each action key's digest, expiry,
-generation and reason, and the approval kinds of the active run and of each queued task;
-0x03, the same without the typed `input` at the end of the active run and of
-each queued task; 0x02, also without the active run's `actor`; 0x01, also without the
-fields durable steps added: the active run's `checkpoint_ref`, `steps` and `open_calls`,
+(Still read: 0x05, the same without queue control and labels: the `removed` tasks at the
+end, each finished run's source command id, each queued task's metadata; 0x04, the same
+without approvals: each action key's digest, expiry, generation and reason, and the
+approval kinds of the active run and of each queued task; 0x03, the same without the
+typed `input` at the end of the active run and of each queued task; 0x02, also without
+the active run's `actor`; 0x01, also without the fields durable steps added: the active run's `checkpoint_ref`, `steps` and `open_calls`,
 and the session's `last_checkpoint`.)
 
 Field names are not written; statuses and kinds are small integers (their index in the
@@ -37,6 +38,7 @@ from sessionstream.core.state import (
     OpenCall,
     PendingInput,
     QueueEntry,
+    RemovedTask,
     RunState,
     SessionState,
     StepRecord,
@@ -50,6 +52,7 @@ __all__ = [
     "FORMAT_V3",
     "FORMAT_V4",
     "FORMAT_V5",
+    "FORMAT_V6",
     "STATE_FIELDS",
     "decode_if_active",
     "decode_state",
@@ -67,9 +70,19 @@ FORMAT_V4: Final = 0x04
 #: v4 + approvals: each action record's digest, expiry, generation and reason; the approval
 #: kinds of the active run and of each queued task
 FORMAT_V5: Final = 0x05
-_TAG: Final = bytes([FORMAT_V5])
+#: v5 + queue control and labels: the tasks removed from the queue, each finished run's
+#: source command id, each queued task's metadata
+FORMAT_V6: Final = 0x06
+_TAG: Final = bytes([FORMAT_V6])
 _READABLE: Final = frozenset(
-    {bytes([FORMAT_V1]), bytes([FORMAT_V2]), bytes([FORMAT_V3]), bytes([FORMAT_V4]), _TAG}
+    {
+        bytes([FORMAT_V1]),
+        bytes([FORMAT_V2]),
+        bytes([FORMAT_V3]),
+        bytes([FORMAT_V4]),
+        bytes([FORMAT_V5]),
+        _TAG,
+    }
 )
 
 #: the fields each tuple holds, in order: what a unit test holds the models to
@@ -84,6 +97,7 @@ STATE_FIELDS: Final[dict[type, tuple[str, ...]]] = {
         "clock",
         "finished",
         "last_checkpoint",
+        "removed",
     ),
     RunState: (
         "run_id",
@@ -139,8 +153,10 @@ STATE_FIELDS: Final[dict[type, tuple[str, ...]]] = {
         "retry_of",
         "input_json",
         "approval_kinds",
+        "metadata",
     ),
-    FinishedRun: ("run_id", "status", "generation", "retryable"),
+    FinishedRun: ("run_id", "status", "generation", "retryable", "source_command_id"),
+    RemovedTask: ("source_command_id", "reason", "actor"),
 }
 
 
@@ -160,6 +176,7 @@ _QUEUE_KIND, _QUEUE_KIND_I = _vocab(*get_args(_field_type(QueueEntry, "kind")))
 _DECISION, _DECISION_I = _vocab(*get_args(_field_type(ActionRecord, "decision")))
 _STEP_KIND, _STEP_KIND_I = _vocab(*get_args(_field_type(StepRecord, "kind")))
 _CALL_KIND, _CALL_KIND_I = _vocab(*get_args(_field_type(OpenCall, "kind")))
+_REMOVED, _REMOVED_I = _vocab(*get_args(_field_type(RemovedTask, "reason")))
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder()
@@ -265,6 +282,7 @@ def encode_state(state: SessionState) -> bytes:
                     q.retry_of,
                     q.input_json,
                     q.approval_kinds,
+                    q.metadata,
                 )
                 for q in state.queue
             ],
@@ -272,10 +290,17 @@ def encode_state(state: SessionState) -> bytes:
             state.runs_started,
             state.clock,
             [
-                (_uuid_or_str(f.run_id), _TERMINAL_I[f.status], f.generation, f.retryable)
+                (
+                    _uuid_or_str(f.run_id),
+                    _TERMINAL_I[f.status],
+                    f.generation,
+                    f.retryable,
+                    f.source_command_id,
+                )
                 for f in state.finished
             ],
             state.last_checkpoint,
+            [(r.source_command_id, _REMOVED_I[r.reason], r.actor) for r in state.removed],
         )
     )
 
@@ -335,6 +360,8 @@ def _session(t: list[Any]) -> SessionState:
                 input_json=q[7] if len(q) > 7 else None,
                 # nor approval kinds before format 5
                 approval_kinds=tuple(q[8]) if len(q) > 8 else (),
+                # nor metadata before format 6
+                metadata=q[9] if len(q) > 9 else {},
             )
             for q in queue
         ),
@@ -342,10 +369,22 @@ def _session(t: list[Any]) -> SessionState:
         runs_started=runs_started,
         clock=clock,
         finished=tuple(
-            FinishedRun(run_id=_id(f[0]), status=_TERMINAL[f[1]], generation=f[2], retryable=f[3])
+            FinishedRun(
+                run_id=_id(f[0]),
+                status=_TERMINAL[f[1]],
+                generation=f[2],
+                retryable=f[3],
+                # before format 6 a finished run's source is not known
+                source_command_id=f[4] if len(f) > 4 else None,
+            )
             for f in finished
         ),
         last_checkpoint=t[8] if len(t) > 8 else None,
+        # nor the removed tasks
+        removed=tuple(
+            RemovedTask(source_command_id=r[0], reason=_REMOVED[r[1]], actor=r[2])
+            for r in (t[9] if len(t) > 9 else ())
+        ),
     )
 
 

@@ -21,6 +21,7 @@ from pydantic import (
 )
 
 from sessionstream.schemas._base import AvroJsonText, Payload, WireModel
+from sessionstream.schemas.labels import label_problem
 from sessionstream.schemas.sessions import MAX_SESSION_ID_CHARS, session_id_problem
 
 __all__ = [
@@ -43,11 +44,13 @@ __all__ = [
     "ActionRequestPayload",
     "ActionResultPayload",
     "CancelAckPayload",
+    "ClearQueuePayload",
     "Command",
     "CommandClass",
     "CommandType",
     "CompactFinishPayload",
     "CompactStartPayload",
+    "DequeuePayload",
     "FollowUpPayload",
     "JsonInput",
     "LeaseAcquirePayload",
@@ -162,12 +165,19 @@ class PromptPayload(Payload):
     approval_kinds: list[str] = Field(
         default_factory=list, max_length=MAX_APPROVAL_KINDS, exclude_if=_empty
     )
+    #: the run's labels (bounded: `label_problem`), carried on `run.started` / `run.queued`
+    #: and searchable once the sink has them; left out of the payload's JSON when empty
+    #: (digests of earlier prompts stay what they were)
+    metadata: dict[str, str] = Field(default_factory=dict, exclude_if=_empty)
 
     @model_validator(mode="after")
     def _kinds_are_names(self) -> PromptPayload:
         for k in self.approval_kinds:
             if not 1 <= len(k) <= MAX_ID_CHARS:
                 raise ValueError(f"an approval kind is 1-{MAX_ID_CHARS} characters")
+        problem = label_problem(self.metadata)
+        if problem is not None:
+            raise ValueError(problem)
         return self
 
 
@@ -198,6 +208,17 @@ class AbortPayload(Payload):
     """Cancel the active run."""
 
     reason: str = "user"
+
+
+class DequeuePayload(Payload):
+    """Remove one waiting task from the session's queue: the one its `run.queued` named by
+    `commandId` (the command that queued it)."""
+
+    command_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+
+
+class ClearQueuePayload(Payload):
+    """Remove every waiting task from the session's queue."""
 
 
 class CompactStartPayload(Payload):
@@ -364,6 +385,8 @@ CommandType = Literal[
     "abort",
     "action.approve",
     "action.deny",
+    "dequeue",
+    "clear_queue",
     "compact.start",
     "compact.finish",
     "lease.acquire",
@@ -388,6 +411,8 @@ COMMAND_PAYLOADS: Final[dict[str, type[Payload]]] = {
     "abort": AbortPayload,
     "action.approve": ActionApprovePayload,
     "action.deny": ActionDenyPayload,
+    "dequeue": DequeuePayload,
+    "clear_queue": ClearQueuePayload,
     "compact.start": CompactStartPayload,
     "compact.finish": CompactFinishPayload,
     "lease.acquire": LeaseAcquirePayload,
@@ -406,7 +431,17 @@ COMMAND_PAYLOADS: Final[dict[str, type[Payload]]] = {
 #: commands written by producers (UI, scheduler, gateway, ...); `runId` on one of these names
 #: the run it is meant for, and it is rejected `run_not_active` if that run is not active
 PRODUCER_COMMAND_TYPES: Final[frozenset[str]] = frozenset(
-    {"prompt", "steer", "follow_up", "send", "abort", "action.approve", "action.deny"}
+    {
+        "prompt",
+        "steer",
+        "follow_up",
+        "send",
+        "abort",
+        "action.approve",
+        "action.deny",
+        "dequeue",
+        "clear_queue",
+    }
 )
 
 #: producer commands that act on one run only: without `runId` they are refused (dead

@@ -52,6 +52,7 @@ __all__ = [
     "Progress",
     "RejectionReason",
     "RoundCompleted",
+    "RunDequeued",
     "RunFinished",
     "RunQueued",
     "RunStarted",
@@ -109,6 +110,8 @@ RejectionReason = Literal[
     "approval_stale",
     "digest_mismatch",
     "approval_expired",
+    "not_queued",
+    "queue_empty",
 ]
 REJECTION_REASONS: Final[frozenset[str]] = frozenset(get_args(RejectionReason))
 
@@ -130,6 +133,8 @@ class RunStarted(Payload):
     input: str | None = None
     #: action kinds the prompt said need approval in this run (beyond the settings')
     approval_kinds: list[str] = Field(default_factory=list)
+    #: the prompt's labels (`metadata`), what run search filters on
+    metadata: dict[str, str] = Field(default_factory=dict)
 
 
 class RunQueued(Payload):
@@ -147,6 +152,20 @@ class RunQueued(Payload):
     retry_of: str | None = None
     input: str | None = None
     approval_kinds: list[str] = Field(default_factory=list)
+    #: a prompt's labels, kept until it starts
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+
+class RunDequeued(Payload):
+    """A waiting task left the queue without starting (session log): `dequeue` named it
+    (`reason: dequeued`) or `clear_queue` emptied the queue (`cleared`). `actor` removed
+    it; `queuedBy` had queued it."""
+
+    source_command_id: str
+    kind: Literal["prompt", "follow_up"]
+    reason: Literal["dequeued", "cleared"]
+    actor: str | None = None
+    queued_by: str | None = None
 
 
 class LeaseGranted(Payload):
@@ -397,6 +416,7 @@ class StaleWriteRecorded(Payload):
 EventType = Literal[
     "run.started",
     "run.queued",
+    "run.dequeued",
     "run.lease_granted",
     "run.lease_renewed",
     "run.lease_released",
@@ -437,6 +457,7 @@ EventType = Literal[
 EVENT_PAYLOADS: Final[dict[str, type[Payload]]] = {
     "run.started": RunStarted,
     "run.queued": RunQueued,
+    "run.dequeued": RunDequeued,
     "run.lease_granted": LeaseGranted,
     "run.lease_renewed": LeaseRenewed,
     "run.lease_released": LeaseReleased,

@@ -9,6 +9,7 @@ from sessionstream.core.decider._actions import _decide_action
 from sessionstream.core.decider._base import DEFAULT_CONFIG, DeciderConfig, Decision, command_digest
 from sessionstream.core.decider._emit import _Emitter
 from sessionstream.core.decider._producer import _abort, _follow_up, _prompt, _send, _steer
+from sessionstream.core.decider._queue import _clear_queue, _dequeue
 from sessionstream.core.decider._timers import _timer
 from sessionstream.core.decider._worker import _WORKER_HANDLERS, _worker
 from sessionstream.core.state import (
@@ -123,6 +124,8 @@ _HANDLERS = {
     "abort": _abort,
     "action.approve": _decide_action,
     "action.deny": _decide_action,
+    "dequeue": _dequeue,
+    "clear_queue": _clear_queue,
     "timer.fired": _timer,
 }
 

@@ -11,6 +11,7 @@ from sessionstream.core.state import (
     OpenCall,
     PendingInput,
     QueueEntry,
+    RemovedTask,
     RunState,
     SessionState,
     StepRecord,
@@ -31,6 +32,7 @@ from sessionstream.schemas.events import (
     LeaseGranted,
     LeaseRenewed,
     Progress,
+    RunDequeued,
     RunFinished,
     RunQueued,
     RunStarted,
@@ -61,8 +63,23 @@ def evolve(
                 retry_of=q.retry_of,
                 input_json=q.input,
                 approval_kinds=tuple(q.approval_kinds),
+                metadata=q.metadata,
             )
             update["queue"] = (entry, *state.queue) if q.front else (*state.queue, entry)
+        elif event.type == "run.dequeued":
+            out = event.payload_as(RunDequeued)
+            gone = RemovedTask(
+                source_command_id=out.source_command_id, reason=out.reason, actor=out.actor
+            )
+            # the first waiting task of that id leaves (ids are unique in the queue while
+            # the dedup window holds them)
+            queue = list(state.queue)
+            for i, w in enumerate(queue):
+                if w.source_command_id == out.source_command_id:
+                    del queue[i]
+                    break
+            update["queue"] = tuple(queue)
+            update["removed"] = (*state.removed, gone)[-config.finished_window :]
         # command.rejected, action.denied for finished runs: recorded outcomes that change
         # nothing else
         return evolved(state, **update)
@@ -199,6 +216,7 @@ def evolve(
             status=f_.terminal_status,
             generation=event.generation,
             retryable=f_.retryable,
+            source_command_id=run.source_command_id,
         )
         update["active"] = None
         update["finished"] = (*state.finished, done)[-config.finished_window :]

@@ -48,6 +48,7 @@ def _prompt(em: _Emitter, cmd: Command) -> None:
             retry_of=p.retry_of,
             input=input,
             approval_kinds=p.approval_kinds,
+            metadata=p.metadata,
         )
     elif p.policy == "reject":
         reason: RejectionReason = (
@@ -64,6 +65,7 @@ def _prompt(em: _Emitter, cmd: Command) -> None:
             retry_of=p.retry_of,
             input=input,
             approval_kinds=p.approval_kinds,
+            metadata=p.metadata,
         )
     else:  # interrupt: queue in front, then cancel the active run
         if run.status != "cancelling" and _no_room(em, p.text, queue=True, input=input) is None:
@@ -79,6 +81,7 @@ def _prompt(em: _Emitter, cmd: Command) -> None:
             retry_of=p.retry_of,
             input=input,
             approval_kinds=p.approval_kinds,
+            metadata=p.metadata,
         )
         if queued and run.status != "cancelling":
             _request_cancel(em, "interrupted")

@@ -18,7 +18,17 @@ from tests.unit._harness import Harness, cancelling, compacting, idle, leased, r
 from tests.unit._samples import COMMAND_TYPES, command
 
 SPEC: dict[str, set[str]] = {
-    "producer": {"prompt", "steer", "follow_up", "send", "abort", "action.approve", "action.deny"},
+    "producer": {
+        "prompt",
+        "steer",
+        "follow_up",
+        "send",
+        "abort",
+        "action.approve",
+        "action.deny",
+        "dequeue",
+        "clear_queue",
+    },
     "worker": {
         "lease.acquire",
         "lease.renew",

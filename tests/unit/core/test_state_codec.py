@@ -14,6 +14,7 @@ from sessionstream.core.state import (
     OpenCall,
     PendingInput,
     QueueEntry,
+    RemovedTask,
     RunState,
     SessionState,
     StepRecord,
@@ -26,6 +27,7 @@ from sessionstream.core.state_codec import (
     FORMAT_V2,
     FORMAT_V3,
     FORMAT_V4,
+    FORMAT_V5,
     STATE_FIELDS,
     decode_if_active,
     decode_state,
@@ -117,6 +119,7 @@ def _full() -> SessionState:
                 text="next",
                 input_json="[1.5,null]",
                 approval_kinds=("send_email",),
+                metadata={"team": "growth", "ticket/id": "T-1"},
             ),
         ),
         log_seq=4,
@@ -125,9 +128,18 @@ def _full() -> SessionState:
         finished=(
             FinishedRun(run_id="not-a-uuid", status="failed", generation=2, retryable=True),
             FinishedRun(run_id=RUN.upper(), status="timed_out", generation=1),
-            FinishedRun(run_id=RUN.replace("0f8f", "1f8f"), status="completed", generation=1),
+            FinishedRun(
+                run_id=RUN.replace("0f8f", "1f8f"),
+                status="completed",
+                generation=1,
+                source_command_id="c-0",
+            ),
         ),
         last_checkpoint="s3://ck/7",
+        removed=(
+            RemovedTask(source_command_id="c-6", reason="dequeued", actor="user:bo"),
+            RemovedTask(source_command_id="c-7", reason="cleared"),
+        ),
     )
 
 
@@ -177,11 +189,23 @@ OLD_JSON = (
 )
 
 
+def _full_before_queue_control() -> SessionState:
+    """`_full()` without what format 6 added: the removed tasks, the finished runs' source
+    command ids, the queued tasks' labels."""
+    full = _full()
+    return evolved(
+        full,
+        removed=(),
+        finished=tuple(evolved(f, source_command_id=None) for f in full.finished),
+        queue=tuple(evolved(q, metadata={}) for q in full.queue),
+    )
+
+
 def _full_before_approvals() -> SessionState:
     """`_full()` without what format 5 added: approvals (each key's digest, window,
     generation and reason; the approval kinds of the run and the tasks). Format 4 knew
     no pending decision and no approvals: its keys were approved or denied by the gate."""
-    full = _full()
+    full = _full_before_queue_control()
     assert full.active is not None
     actions = {
         k: ActionRecord(kind=r.kind, decision=r.decision, completed=r.completed)
@@ -226,7 +250,22 @@ def _older(tag: int, run_fields: int, session_fields: int = 9, queue_fields: int
     t[2] = t[2][:run_fields]
     t[2][14] = [r[:4] for r in t[2][14]]
     t[3] = [q[:queue_fields] for q in t[3]]
+    t[7] = [f[:4] for f in t[7]]
     return bytes([tag]) + msgspec.msgpack.encode(t[:session_fields])
+
+
+def test_a_format_5_record_is_still_read() -> None:
+    """Format 5 is format 6 without queue control and labels: read with no removed tasks,
+    finished runs of unknown source, queued tasks without labels; written again in
+    format 6."""
+    t = msgspec.msgpack.decode(encode_state(_full())[1:])
+    t[3] = [q[:9] for q in t[3]]
+    t[7] = [f[:4] for f in t[7]]
+    v5 = bytes([FORMAT_V5]) + msgspec.msgpack.encode(t[:9])
+    assert not is_current(v5)
+    state = decode_state(v5)
+    assert state == _full_before_queue_control()
+    assert is_current(encode_state(state)) and decode_state(encode_state(state)) == state
 
 
 def test_the_json_of_earlier_versions_is_still_read() -> None:
