@@ -10,10 +10,10 @@ session, written on every batch that changes the session. The record is MessageP
 (Still read: 0x05, the same without queue control and labels: the `removed` tasks at the
 end, each finished run's source command id, each queued task's metadata; 0x04, the same
 without approvals: each action key's digest, expiry, generation and reason, and the
-approval kinds of the active run and of each queued task; 0x03, the same without the
-typed `input` at the end of the active run and of each queued task; 0x02, also without
-the active run's `actor`; 0x01, also without the fields durable steps added: the active run's `checkpoint_ref`, `steps` and `open_calls`,
-and the session's `last_checkpoint`.)
+approval kinds of the active run and of each queued task; 0x03, the same without the typed
+`input` at the end of the active run and of each queued task; 0x02, also without the
+active run's `actor`; 0x01, also without the fields durable steps added: the active run's
+`checkpoint_ref`, `steps` and `open_calls`, and the session's `last_checkpoint`.)
 
 Field names are not written; statuses and kinds are small integers (their index in the
 `Literal` they come from); run ids that are canonical UUIDs (every run id the decider makes)
