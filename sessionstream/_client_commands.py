@@ -1,16 +1,20 @@
 """The commands a producer sends by name: `SessionClient.prompt`, `steer`, `follow_up`,
-`send`, `abort`. Each builds its payload, names the run it acts on (`KNOWN_RUN`: the one the
-client last saw active in the session) and hands the command to `SessionClient.submit`.
+`send`, `abort`, `dequeue`, `clear_queue`. Each builds its payload, names the run it acts
+on (`KNOWN_RUN`: the one the client last saw active in the session) and hands the command
+to `SessionClient.submit`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from sessionstream.schemas._json import jsonable
 from sessionstream.schemas.commands import (
     AbortPayload,
+    ClearQueuePayload,
     Command,
+    DequeuePayload,
     FollowUpPayload,
     PromptPayload,
     PromptPolicy,
@@ -58,11 +62,15 @@ class ProducerCommands:
         timeout_ms: int | None = None,
         retry_of: str | None = None,
         input: Any = None,
+        metadata: Mapping[str, str] | None = None,
         **fields: Any,
     ) -> CommandHandle:
         """A new task in `session_id`. `input` is its typed input: any JSON value, or a
         pydantic model or dataclass (sent as its JSON); the worker validates it against the
-        type its handler declares (docs/workers.md#typed-input)."""
+        type its handler declares (docs/workers.md#typed-input). `metadata` labels its run
+        (≤ 16 keys of 1-64 chars of `A-Za-z0-9._/-`, values ≤ 256 chars; `ValueError`
+        beyond), what run search filters on. With `policy="enqueue"` the task it queues is
+        named by this command's id: `dequeue(session_id, handle.command.command_id)`."""
         payload = PromptPayload(
             text=text,
             policy=policy,
@@ -70,6 +78,7 @@ class ProducerCommands:
             timeout_ms=timeout_ms,
             retry_of=retry_of,
             input=jsonable(input),
+            metadata=dict(metadata or {}),
         )
         return self.submit(self.command(session_id, "prompt", payload, **fields))
 
@@ -122,3 +131,17 @@ class ProducerCommands:
         run = self._target(session_id, run_id)
         payload = AbortPayload(reason=reason)
         return self.submit(self.command(session_id, "abort", payload, run_id=run, **fields))
+
+    def dequeue(self, session_id: str, task: str | CommandHandle, **fields: Any) -> CommandHandle:
+        """Remove a waiting task from the session's queue: `task` is the id of the command
+        that queued it (or that command's handle). Its outcome is `run.dequeued`, or a
+        rejection `not_queued` whose `targetStatus` says what became of the task."""
+        command_id = task if isinstance(task, str) else task.command.command_id
+        payload = DequeuePayload(command_id=command_id)
+        return self.submit(self.command(session_id, "dequeue", payload, **fields))
+
+    def clear_queue(self, session_id: str, **fields: Any) -> CommandHandle:
+        """Remove every waiting task: one `run.dequeued {reason: cleared}` each, or the
+        rejection `queue_empty`."""
+        payload = ClearQueuePayload()
+        return self.submit(self.command(session_id, "clear_queue", payload, **fields))

@@ -40,6 +40,7 @@ from sessionstream.apps.gateway.fanout import EventFanout
 from sessionstream.apps.gateway.fastpath import CommandsFastPath
 from sessionstream.apps.gateway.guard import DOCS_CSP, Guard
 from sessionstream.apps.gateway.limits import StreamCounts
+from sessionstream.apps.gateway.queue import add_queue_routes
 from sessionstream.apps.gateway.search import (
     CursorQuery,
     LabelQuery,
@@ -59,7 +60,7 @@ from sessionstream.apps.gateway.tenancy import Sessions
 from sessionstream.apps.gateway.webhooks import add_webhook_routes
 from sessionstream.errors import DatabaseUnavailable, IncompatibleEvent, SessionstreamError
 from sessionstream.runtimes.sink.replay import events_of_command, offsets_for_time, parse_time
-from sessionstream.schemas.commands import MAX_ID_CHARS
+from sessionstream.schemas.commands import MAX_ID_CHARS, Command
 from sessionstream.settings import Settings
 
 __all__ = ["create_app"]
@@ -216,6 +217,11 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
         wait = _positive(request.query_params.get("wait"), "wait")
         body = await read_json(request, settings.gateway_max_body_bytes)
         command = build_command(await gw.sessions.full_id(who.tenant_id, local), body, who)
+        return await execute(command, wait)
+
+    async def execute(command: Command, wait: float | None) -> tuple[int, dict[str, Any]]:
+        """Send `command`, wait for its outcome: the HTTP status and body of every command
+        route; ApiError for what the gateway cannot answer."""
         wait_s = min(wait or settings.gateway_wait_s, settings.gateway_wait_s)
         try:
             result = await gw.bridge.execute(command, wait_s)
@@ -400,6 +406,7 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
         return await _stats(gw, who.tenant_id, minutes)
 
     add_webhook_routes(app, settings, gw.db)
+    add_queue_routes(app, gw.sessions, execute)
 
     @app.get("/v1/whoami", summary="The tenant and actor of the key")
     async def whoami(who: Caller) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from sessionstream.core.state import SessionState
 from sessionstream.runtimes.sink.replay import events_of_session, offsets_of_run
 from sessionstream.runtimes.sink.search import RUN_COLUMNS
 from sessionstream.schemas.codec import Codec
-from sessionstream.schemas.events import SESSION_LOG, Event
+from sessionstream.schemas.events import SESSION_LOG, Event, RunQueued
 from sessionstream.schemas.sessions import NAMESPACE_SEP, local_session_id
 
 __all__ = [
@@ -141,8 +141,11 @@ def session_view(
     ).fetchall()
     conn.rollback()
     state = SessionState.initial(session_id)
+    queued_at: dict[str, int] = {}
     for e in events:
         state = evolve(state, e)
+        if e.type == "run.queued":
+            queued_at[e.payload_as(RunQueued).source_command_id] = e.ts
     active = state.active
     return {
         "sessionId": local_session_id(tenant_id, session_id),
@@ -170,12 +173,17 @@ def session_view(
                 for i in active.inputs
             ],
         },
+        # the waiting tasks in the order they will start, each named by the command that
+        # queued it (what DELETE .../queue/{commandId} takes)
         "queue": [
             {
                 "sourceCommandId": q.source_command_id,
                 "kind": q.kind,
                 "text": q.text,
+                "actor": q.actor,
+                "queuedAt": queued_at.get(q.source_command_id),
                 "input": _input(q.input_json),
+                "metadata": q.metadata,
             }
             for q in state.queue
         ],
