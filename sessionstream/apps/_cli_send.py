@@ -257,7 +257,7 @@ def dequeue(
         typer.Argument(
             metavar="COMMAND_ID",
             help="the waiting task: the id of the command that queued it "
-X
+            "(run.queued's sourceCommandId; GET /v1/sessions/{id} lists the queue)",
             show_default=False,
         ),
     ],
