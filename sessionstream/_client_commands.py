@@ -78,7 +78,7 @@ class ProducerCommands:
             timeout_ms=timeout_ms,
             retry_of=retry_of,
             input=jsonable(input),
-            metadata=dict(metadata or {}),
+            metadata=dict(metadata) if metadata else None,
         )
         return self.submit(self.command(session_id, "prompt", payload, **fields))
 

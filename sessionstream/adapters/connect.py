@@ -56,10 +56,10 @@ _CCOMPAT: Final = "/apis/ccompat/v7"
 
 
 def array_columns() -> list[str]:
-    """The flattened names (`payload_{Record}_{field}`) of every array and map field of the
-    events' payloads, read from the event schema: the JDBC sink can neither add an optional
-    array (or map) column nor resolve its default, so they are left out (the projection's
-    `agent_run_events.payload` has them; a run's labels are `agent_runs.labels`)."""
+    """The flattened names (`payload_{Record}_{field}`) of every array field of the events'
+    payloads, read from the event schema: the JDBC sink can neither add an optional array
+    column nor resolve an array's default, so they are left out (the projection's
+    `agent_run_events.payload` has them)."""
     out: list[str] = []
 
     def walk(t: Any) -> None:
@@ -70,7 +70,7 @@ def array_columns() -> list[str]:
             for f in t["fields"]:
                 kinds = f["type"] if isinstance(f["type"], list) else [f["type"]]
                 for k in kinds:
-                    if isinstance(k, dict) and k.get("type") in ("array", "map"):
+                    if isinstance(k, dict) and k.get("type") == "array":
                         out.append(f"payload_{t['name']}_{f['name']}")
                     walk(k)
 

@@ -42,12 +42,6 @@ def _avro_type(annotation: Any) -> tuple[Any, bool]:
         (item,) = get_args(annotation)
         inner, _ = _avro_type(item)
         return {"type": "array", "items": inner}, False
-    if origin is dict:
-        key, value = get_args(annotation)
-        if key is not str:
-            raise TypeError(f"an Avro map's keys are strings, not {key!r}")
-        inner, _ = _avro_type(value)
-        return {"type": "map", "values": inner}, False
     if annotation in _PRIMITIVES:
         return _PRIMITIVES[annotation], False
     raise TypeError(f"unsupported field type {annotation!r}")

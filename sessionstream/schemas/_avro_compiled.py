@@ -3,7 +3,7 @@
 fastavro walks the schema for every record (a dict lookup per field, a union search per
 payload); these functions are generated once per payload type from the same schema, so a
 record is a straight run of field writes or reads. They cover the subset of Avro our
-envelopes use — null, boolean, int, long, double, string, arrays, maps, `["null", X]` unions, a
+envelopes use — null, boolean, int, long, double, string, arrays, `["null", X]` unions, a
 union of payload records, and strings of `logicalType: json` (a JSON value the model holds
 parsed, written as its compact text) — and `compile_envelope` raises `Unsupported` for
 anything else,
@@ -190,16 +190,6 @@ class _Gen:
             self.emit(d + 1, f"for {x} in {v}:")
             self.write(t["items"], x, d + 2)
             self.emit(d, "out.append(0)")
-        elif isinstance(t, dict) and t.get("type") == "map":
-            # one block of (string key, value) pairs, then the empty block
-            v, k, x = self.var(), self.var(), self.var()
-            self.emit(d, f"{v} = {expr}")
-            self.emit(d, f"if {v}:")
-            self.emit(d + 1, f"_w_long(out, len({v}))")
-            self.emit(d + 1, f"for {k}, {x} in {v}.items():")
-            self.write("string", k, d + 2)
-            self.write(t["values"], x, d + 2)
-            self.emit(d, "out.append(0)")
         elif isinstance(t, dict) and t.get("type") in _PRIMITIVE_NAMES:
             self.write(t["type"], expr, d)
         else:
@@ -263,21 +253,6 @@ class _Gen:
             self.read(t["items"], item, d + 2)
             self.emit(d + 2, f"{lst}.append({item})")
             self.emit(d, f"{target} = {lst}")
-        elif isinstance(t, dict) and t.get("type") == "map":
-            m, cnt, key, val = self.var(), self.var(), self.var(), self.var()
-            self.emit(d, f"{m} = {{}}")
-            self.emit(d, "while True:")
-            self.emit(d + 1, f"{cnt}, i = _r_long(b, i)")
-            self.emit(d + 1, f"if {cnt} == 0:")
-            self.emit(d + 2, "break")
-            self.emit(d + 1, f"if {cnt} < 0:")  # a block with its byte size (spec)
-            self.emit(d + 2, f"{cnt} = -{cnt}")
-            self.emit(d + 2, "_, i = _r_long(b, i)")
-            self.emit(d + 1, f"for _ in range({cnt}):")
-            self.read("string", key, d + 2)
-            self.read(t["values"], val, d + 2)
-            self.emit(d + 2, f"{m}[{key}] = {val}")
-            self.emit(d, f"{target} = {m}")
         elif isinstance(t, dict) and t.get("type") in _PRIMITIVE_NAMES:
             self.read(t["type"], target, d)
         else:

@@ -17,6 +17,7 @@ from pydantic import Field, SerializeAsAny, model_validator
 
 from sessionstream.schemas._base import Payload, WireModel
 from sessionstream.schemas.commands import validate_payload
+from sessionstream.schemas.labels import Labels
 
 __all__ = [
     "ACTIVE_STATUSES",
@@ -133,8 +134,8 @@ class RunStarted(Payload):
     input: str | None = None
     #: action kinds the prompt said need approval in this run (beyond the settings')
     approval_kinds: list[str] = Field(default_factory=list)
-    #: the prompt's labels (`metadata`), what run search filters on
-    metadata: dict[str, str] = Field(default_factory=dict)
+    #: the prompt's labels (`metadata`; null: none), what run search filters on
+    metadata: Labels = None
 
 
 class RunQueued(Payload):
@@ -152,8 +153,8 @@ class RunQueued(Payload):
     retry_of: str | None = None
     input: str | None = None
     approval_kinds: list[str] = Field(default_factory=list)
-    #: a prompt's labels, kept until it starts
-    metadata: dict[str, str] = Field(default_factory=dict)
+    #: a prompt's labels (null: none), kept until it starts
+    metadata: Labels = None
 
 
 class RunDequeued(Payload):

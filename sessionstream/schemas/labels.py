@@ -3,9 +3,16 @@ filters on (`GET /v1/runs?label=k:v`)."""
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Annotated, Final
 
-__all__ = ["MAX_LABELS", "MAX_LABEL_KEY_CHARS", "MAX_LABEL_VALUE_CHARS", "label_problem"]
+from sessionstream.schemas._base import AvroJsonText
+
+__all__ = ["MAX_LABELS", "MAX_LABEL_KEY_CHARS", "MAX_LABEL_VALUE_CHARS", "Labels", "label_problem"]
+
+#: a run's labels (null: none). Avro carries them as a JSON object's text, not as a `map`:
+#: Kafka Connect's Flatten refuses a map in a record with a schema, which would stop the
+#: JDBC sink's task on every `run.started`
+Labels = Annotated[dict[str, str] | None, AvroJsonText()]
 
 #: bounds of a prompt's `metadata` (the run's labels): how many keys, how long a key (of
 #: `[A-Za-z0-9._/-]`) and a value may be

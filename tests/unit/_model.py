@@ -301,8 +301,8 @@ class LogModel:
             assert p["approval_kinds"] == kinds, (
                 f"{e.type} carries the approval kinds {p['approval_kinds']}, the prompt {kinds}"
             )
-            labels = command.payload.model_dump().get("metadata", {})
-            assert p["metadata"] == labels, (
+            labels = command.payload.model_dump().get("metadata") or {}
+            assert (p["metadata"] or {}) == labels, (
                 f"{e.type} carries the labels {p['metadata']}, the prompt had {labels}"
             )
 
@@ -401,7 +401,7 @@ class LogModel:
                 p["actor"],
                 p["retry_of"],
                 _input_of(p),
-                dict(p["metadata"]),
+                dict(p["metadata"] or {}),
             )
             if w.kind == "follow_up":
                 assert not w.metadata, "a follow-up queued with labels"
@@ -433,7 +433,7 @@ class LogModel:
                 p["actor"],
                 p["retry_of"],
                 _input_of(p),
-                p["metadata"],
+                p["metadata"] or {},
             ), "a queued run started with another task's text, actor, retry link, input or labels"
         else:
             assert not self.queue, "a new run jumped the queue"

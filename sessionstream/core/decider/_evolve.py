@@ -63,7 +63,7 @@ def evolve(
                 retry_of=q.retry_of,
                 input_json=q.input,
                 approval_kinds=tuple(q.approval_kinds),
-                metadata=q.metadata,
+                metadata=q.metadata or {},
             )
             update["queue"] = (entry, *state.queue) if q.front else (*state.queue, entry)
         elif event.type == "run.dequeued":

@@ -64,7 +64,7 @@ def _start_run(
             from_checkpoint=from_checkpoint,
             input=input,
             approval_kinds=list(approval_kinds),
-            metadata=metadata or {},
+            metadata=metadata or None,
         ),
     )
 
@@ -196,7 +196,7 @@ def _enqueue(
             retry_of=retry_of,
             input=input,
             approval_kinds=approval_kinds or [],
-            metadata=metadata or {},
+            metadata=metadata or None,
         ),
     )
     return True

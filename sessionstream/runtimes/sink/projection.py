@@ -68,7 +68,7 @@ class RunRow(msgspec.Struct, frozen=True, gc=False):
         return self.terminal_status is None
 
 
-def _labels(metadata: dict[str, str]) -> str | None:
+def _labels(metadata: dict[str, str] | None) -> str | None:
     if not metadata:
         return None
     return json.dumps(metadata, ensure_ascii=False, separators=(",", ":"), sort_keys=True)

@@ -271,12 +271,12 @@ def test_a_retry_carries_its_own_labels_not_the_retried_runs() -> None:
     h.acquire()
     h.work("run.fail", {"error": "x", "retryable": True})
     retry = h.do("prompt", {"text": "a", "retry_of": h.last_run})
-    assert retry[0].payload.model_dump()["metadata"] == {}
+    assert retry[0].payload.model_dump()["metadata"] is None
 
 
 def test_runs_started_otherwise_carry_no_labels() -> None:
     h = Harness()
-    assert h.send()[0].payload.model_dump()["metadata"] == {}
+    assert h.send()[0].payload.model_dump()["metadata"] is None
 
 
 def _prompt(payload: dict[str, Any], **kw: Any) -> Command:
