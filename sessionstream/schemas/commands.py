@@ -21,7 +21,7 @@ from pydantic import (
 )
 
 from sessionstream.schemas._base import AvroJsonText, Payload, WireModel
-from sessionstream.schemas.labels import Labels, label_problem
+from sessionstream.schemas.labels import Labels
 from sessionstream.schemas.sessions import MAX_SESSION_ID_CHARS, session_id_problem
 
 __all__ = [
@@ -165,19 +165,15 @@ class PromptPayload(Payload):
     approval_kinds: list[str] = Field(
         default_factory=list, max_length=MAX_APPROVAL_KINDS, exclude_if=_empty
     )
-    #: the run's labels (bounded: `label_problem`; null: none), carried on `run.started` /
-    #: `run.queued`, searchable once the sink has them; left out of the payload's JSON when
-    #: empty (digests of earlier prompts stay what they were)
-    metadata: Labels = Field(default=None, exclude_if=_empty)
+    #: the run's labels (bounded; `{}` is none), carried on `run.started` / `run.queued`;
+    #: left out of the payload's JSON when none (earlier prompts' digests stay)
+    metadata: Labels = Field(default=None, exclude_if=_absent)
 
     @model_validator(mode="after")
     def _kinds_are_names(self) -> PromptPayload:
         for k in self.approval_kinds:
             if not 1 <= len(k) <= MAX_ID_CHARS:
                 raise ValueError(f"an approval kind is 1-{MAX_ID_CHARS} characters")
-        problem = label_problem(self.metadata or {})
-        if problem is not None:
-            raise ValueError(problem)
         return self
 
 

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 from typing import Annotated, Final
 
+from pydantic import AfterValidator
+
 from sessionstream.schemas._base import AvroJsonText
 
 __all__ = ["MAX_LABELS", "MAX_LABEL_KEY_CHARS", "MAX_LABEL_VALUE_CHARS", "Labels", "label_problem"]
 
-#: a run's labels (null: none). Avro carries them as a JSON object's text, not as a `map`:
-#: Kafka Connect's Flatten refuses a map in a record with a schema, which would stop the
-#: JDBC sink's task on every `run.started`
-Labels = Annotated[dict[str, str] | None, AvroJsonText()]
 
 #: bounds of a prompt's `metadata` (the run's labels): how many keys, how long a key (of
 #: `[A-Za-z0-9._/-]`) and a value may be
@@ -39,3 +37,16 @@ def label_problem(labels: dict[str, str]) -> str | None:
         if len(v) > MAX_LABEL_VALUE_CHARS:
             return f"metadata {k!r}: a value is at most {MAX_LABEL_VALUE_CHARS} characters"
     return None
+
+
+def _checked(labels: dict[str, str] | None) -> dict[str, str] | None:
+    problem = label_problem(labels or {})
+    if problem is not None:
+        raise ValueError(problem)
+    return labels or None  # `{}` is no labels: one form, one digest, one Avro record
+
+
+#: a run's labels (null: none), checked against their bounds. Avro carries them as a JSON
+#: object's text, not as a `map`: Kafka Connect's Flatten refuses a map in a record with a
+#: schema, which would stop the JDBC sink's task on every `run.started`
+Labels = Annotated[dict[str, str] | None, AfterValidator(_checked), AvroJsonText()]
