@@ -1,7 +1,7 @@
 """The commands a producer sends by name: `SessionClient.prompt`, `steer`, `follow_up`,
-`send`, `abort`, `dequeue`, `clear_queue`. Each builds its payload, names the run it acts
-on (`KNOWN_RUN`: the one the client last saw active in the session) and hands the command
-to `SessionClient.submit`.
+`send`, `abort`, `approve`, `deny`, `dequeue`, `clear_queue`. Each builds its payload, names
+the run it acts on (`KNOWN_RUN`: the one the client last saw active in the session; a
+decision names its run always) and hands the command to `SessionClient.submit`.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 from sessionstream.schemas._json import jsonable
 from sessionstream.schemas.commands import (
     AbortPayload,
+    ActionApprovePayload,
+    ActionDenyPayload,
     ClearQueuePayload,
     Command,
     DequeuePayload,
@@ -131,6 +133,48 @@ class ProducerCommands:
         run = self._target(session_id, run_id)
         payload = AbortPayload(reason=reason)
         return self.submit(self.command(session_id, "abort", payload, run_id=run, **fields))
+
+    def approve(
+        self,
+        session_id: str,
+        run_id: str,
+        key: str,
+        *,
+        args_digest: str | None,
+        generation: int | None = None,
+        **fields: Any,
+    ) -> CommandHandle:
+        """A person (the client's `actor`, recorded as `decidedBy`) approves the pending
+        action `key` of run `run_id`: `args_digest` is the digest they were shown,
+        `generation` (optional) the request's. `wait()` answers accepted
+        (`action.approved`) or rejected with the reason (`action_not_pending`,
+        `digest_mismatch`, `approval_stale`, `approval_expired`, `unknown_action`,
+        `run_not_active`; docs/protocol.md#approvals)."""
+        payload = ActionApprovePayload(
+            idempotency_key=key, args_digest=args_digest, generation=generation
+        )
+        cmd = self.command(session_id, "action.approve", payload, run_id=run_id, **fields)
+        return self.submit(cmd)
+
+    def deny(
+        self,
+        session_id: str,
+        run_id: str,
+        key: str,
+        *,
+        args_digest: str | None,
+        reason: str | None = None,
+        generation: int | None = None,
+        **fields: Any,
+    ) -> CommandHandle:
+        """A person denies the pending action `key` of run `run_id`; `reason` is theirs
+        (`action.denied {reason: denied, detail: reason, decidedBy}`). The same rejections
+        as `approve`."""
+        payload = ActionDenyPayload(
+            idempotency_key=key, args_digest=args_digest, generation=generation, reason=reason
+        )
+        cmd = self.command(session_id, "action.deny", payload, run_id=run_id, **fields)
+        return self.submit(cmd)
 
     def dequeue(self, session_id: str, task: str | CommandHandle, **fields: Any) -> CommandHandle:
         """Remove a waiting task from the session's queue: `task` is the id of the command

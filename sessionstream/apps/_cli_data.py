@@ -320,7 +320,8 @@ def audit(as_json: JsonDoc = False) -> None:
     from sessionstream.runtimes.sink.audit import run_audit
 
     with _db() as conn:
-        checks = run_audit(get_settings(), conn)
+        settings = get_settings()
+        checks = run_audit(settings, conn, policy=settings.approval_kinds)
     if as_json:
         typer.echo(
             json.dumps(

@@ -321,6 +321,10 @@ from sessionstream.apps._cli_send import register as _register_send  # noqa: E40
 
 _register_send(app)
 
+from sessionstream.apps._cli_approvals import register as _register_approvals  # noqa: E402
+
+_register_approvals(app)
+
 from sessionstream.apps._cli_gateway import register as _register_gateway  # noqa: E402
 
 _register_gateway(app)

@@ -403,7 +403,7 @@ def _finale(s: Settings, runs: list[tuple[str, str]], services: dict[str, Servic
             + ", ".join(f"{sid.split('-')[-1]} {run[:8]}: {sent.get(run, 0)}" for sid, run in runs)
         )
         _scene(8, "Audit")
-        checks = run_audit(s, conn)
+        checks = run_audit(s, conn, policy=s.approval_kinds)
     for c in checks:
         mark = "[green]PASS[/green]" if c.ok else "[red]FAIL[/red]"
         _say(f"{mark} {c.number}. {c.title}")

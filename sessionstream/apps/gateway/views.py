@@ -21,7 +21,13 @@ import psycopg
 
 from sessionstream.core.decider import evolve
 from sessionstream.core.state import SessionState
-from sessionstream.runtimes.sink.replay import events_of_session, offsets_of_run
+from sessionstream.runtimes.sink.approvals import ACTION_EVENT_TYPES, actions_of
+from sessionstream.runtimes.sink.replay import (
+    event_of_row,
+    event_select,
+    events_of_session,
+    offsets_of_run,
+)
 from sessionstream.runtimes.sink.search import RUN_COLUMNS
 from sessionstream.schemas.codec import Codec
 from sessionstream.schemas.events import SESSION_LOG, Event, RunQueued
@@ -172,6 +178,10 @@ def session_view(
                 {"sourceCommandId": i.source_command_id, "kind": i.kind, "text": i.text}
                 for i in active.inputs
             ],
+            # the gate's keys: pending ones wait for a person (docs/http.md#approvals)
+            "actions": [
+                a.json() for a in actions_of(e for e in events if e.run_id == active.run_id)
+            ],
         },
         # the waiting tasks in the order they will start, each named by the command that
         # queued it (what DELETE .../queue/{commandId} takes)
@@ -204,6 +214,12 @@ def run_view(conn: psycopg.Connection[Any], run_id: str, tenant_id: str) -> dict
     if row is None or row[2] != tenant_id:
         return None
     run = run_json(row)
+    gate = conn.execute(
+        f"{event_select()} where run_id = %s and type = any(%s) order by seq",
+        (run_id, list(ACTION_EVENT_TYPES)),
+    ).fetchall()
+    # the gate's keys, pending or decided, and who decided (docs/http.md#approvals)
+    run["actions"] = [a.json() for a in actions_of(event_of_row(r) for r in gate)]
     usage = conn.execute(
         "select model_requests, input_tokens, output_tokens, cost_usd, model_ms"
         " from run_model_usage where run_id = %s",

@@ -1,6 +1,6 @@
 """`sessionstream audit`: the seed's pre-launch checklist, run against the live system.
 
-Each of the eight points is PASS or FAIL with the evidence that decided it: counts, the
+Each of the nine points is PASS or FAIL with the evidence that decided it: counts, the
 first offenders by id, the topic settings read from the broker.
 """
 
@@ -15,7 +15,9 @@ import psycopg
 from sessionstream.adapters.kafka import read_topic
 from sessionstream.adapters.topics import check_topics
 from sessionstream.core import decider
+from sessionstream.core.approvals import parse_approval_kinds, unapproved_actions
 from sessionstream.errors import SessionstreamError
+from sessionstream.runtimes.sink.replay import event_of_row, event_select
 from sessionstream.schemas.commands import COMMAND_PAYLOADS
 from sessionstream.settings import Settings
 
@@ -229,6 +231,25 @@ def _replayable(c: Check, conn: psycopg.Connection[Any], settings: Settings) -> 
     c.note(f"{runs} runs replay completely by run id (events 1..last_seq present)")
 
 
+def _approvals(c: Check, conn: psycopg.Connection[Any], kinds: str) -> None:
+    policy = parse_approval_kinds(kinds)
+    rows = _rows(
+        conn,
+        f"{event_select()} where run_id in (select run_id from agent_run_events"
+        " where type = 'action.completed') and type in ('run.started', 'action.pending',"
+        " 'action.approved', 'action.denied', 'action.completed') order by run_id, seq",
+    )
+    bad = unapproved_actions([event_of_row(r) for r in rows], policy)
+    if bad:
+        c.fail("actions completed without the person's approval their kind needs", bad)
+    completed = sum(1 for r in rows if r[3] == "action.completed")
+    pending = _one(conn, "select count(*) from agent_run_events where type = 'action.pending'")
+    c.note(
+        f"{completed} completed actions; {pending} approvals asked of a person; policy "
+        f"{kinds or '(none)'} and each run's approvalKinds"
+    )
+
+
 CHECKS: list[tuple[str, Callable[[Check, psycopg.Connection[Any], Settings], None]]] = [
     ("at most one active run per session", _single_writer),
     ("history append-only and ordered", _append_only),
@@ -239,14 +260,22 @@ CHECKS: list[tuple[str, Callable[[Check, psycopg.Connection[Any], Settings], Non
     ("external actions carry idempotency keys", _idempotency),
     ("the event stream replays completely by run id", _replayable),
 ]
+_APPROVALS = "no action executed without its required approval"
 
 
-def run_audit(settings: Settings, conn: psycopg.Connection[Any]) -> list[Check]:
-    """All eight checks; read-only."""
+def run_audit(
+    settings: Settings, conn: psycopg.Connection[Any], *, policy: str = ""
+) -> list[Check]:
+    """All nine checks; read-only. `policy`: the approval kinds the processors run with
+    (`SESSIONSTREAM_APPROVAL_KINDS`; the ninth check judges by it and by each run's own
+    kinds)."""
     out = []
     for i, (title, fn) in enumerate(CHECKS, start=1):
         check = Check(i, title)
         fn(check, conn, settings)
         out.append(check)
+    check = Check(len(CHECKS) + 1, _APPROVALS)
+    _approvals(check, conn, policy)
+    out.append(check)
     conn.rollback()
     return out

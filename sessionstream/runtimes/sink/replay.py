@@ -30,6 +30,8 @@ from sessionstream.settings import Settings
 
 __all__ = [
     "RebuildReport",
+    "event_of_row",
+    "event_select",
     "events_of_command",
     "events_of_run",
     "events_of_session",
@@ -65,6 +67,17 @@ def _event(row: tuple[Any, ...]) -> Event:
             "producerTs": producer_ts,
         }
     )
+
+
+def event_select() -> str:
+    """``select <an event's columns> from agent_run_events``: add the where clause; read
+    each row with `event_of_row`."""
+    return _EVENT_SELECT
+
+
+def event_of_row(row: tuple[Any, ...]) -> Event:
+    """The event a row of `event_select` holds."""
+    return _event(row)
 
 
 def events_of_run(conn: psycopg.Connection[Any], run_id: str) -> list[Event]:

@@ -247,11 +247,12 @@
       const badge = document.querySelector("#session-list li.selected .badge");
       if (badge) { badge.textContent = S.listStatus; badge.dataset.status = S.listStatus; }
     }
+    const waiting = Approvals.render($("approvals"), evs, now, decide);
     const active = S.current && !m.fin;
     $("abort").disabled = !active;
     $("steer").disabled = !active;
     clearTimeout(S.tick);
-    if (active) S.tick = setTimeout(draw, 250);  // open bars grow with time
+    if (active || waiting) S.tick = setTimeout(draw, 250);  // open bars grow, time left shrinks
   }
 
   // the waiting tasks, each with a remove button (DELETE .../queue/{commandId})
@@ -315,6 +316,25 @@
       (d.reason ? ` (${d.reason})` : "") + (d.error ? ` — ${d.error.message}` : "");
     $("outcomes").prepend(li);
     for (const e of d.events || []) add(e, null);
+    draw();
+  }
+
+  // a person (the key's actor) decides a pending action of the run shown
+  async function decide(a, verb) {
+    const runId = S.current;
+    const body = { argsDigest: a.digest ?? null, generation: a.generation, commandId: crypto.randomUUID() };
+    const path = `/v1/runs/${encodeURIComponent(runId)}/actions/${encodeURIComponent(a.key)}/${verb}`;
+    const r = await Api.call("POST", path, body);
+    const d = r.data || {};
+    const li = document.createElement("li");
+    const status = d.status || (d.error ? d.error.code : "HTTP " + r.status);
+    li.className = d.status || "rejected";
+    li.dataset.type = "action." + verb;
+    li.textContent = `${verb} ${a.key}: ${status}` + (d.reason ? ` (${d.reason})` : "") +
+      (d.error ? ` — ${d.error.message}` : "");
+    $("outcomes").prepend(li);
+    for (const e of d.events || []) add(e, null);
+    $("approvals").dataset.sig = "";  // rebuilt: a refused decision's buttons come back
     draw();
   }
 

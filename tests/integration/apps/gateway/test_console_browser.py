@@ -10,16 +10,12 @@ test: it is never skipped.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from selenium import webdriver
-from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
-from selenium.webdriver.chrome.service import Service
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
@@ -31,8 +27,6 @@ from tests.integration.gateway_world import GatewayWorld, gateway_world
 pytestmark = pytest.mark.integration
 
 ARTIFACTS = Path(__file__).resolve().parents[3] / "artifacts"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 
 
 @pytest.fixture(scope="module")
@@ -42,41 +36,6 @@ def world(settings: Settings) -> Iterator[GatewayWorld]:
         yield w.start(workers=1, analytics=True)
     finally:
         w.stop()
-
-
-@pytest.fixture
-def browser() -> Iterator[WebDriver]:
-    profile = tempfile.mkdtemp(prefix="ss-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-dev-shm-usage",
-        "--window-size=1400,1000",
-        f"--user-data-dir={profile}",
-    ):
-        options.add_argument(arg)
-    try:
-        driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    except WebDriverException as e:
-        shutil.rmtree(profile, ignore_errors=True)
-        pytest.fail(
-            f"headless Chromium did not start ({CHROMIUM}, {CHROMEDRIVER}): {e.msg}; "
-            "`make test` installs Debian's chromium and chromium-driver",
-            pytrace=False,
-        )
-    try:
-        yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 def _shot(driver: WebDriver, name: str) -> None:

@@ -15,11 +15,10 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from sessionstream.settings import Settings
-from tests.integration.apps.gateway.test_console_browser import _css, _shot, _wait, browser
+from tests.integration.apps.gateway.test_console_browser import _css, _shot, _wait
 from tests.integration.gateway_world import GatewayWorld, gateway_world
 
 pytestmark = pytest.mark.integration
-__all__ = ["browser"]  # the fixture, shared with the console's other browser test
 
 
 @pytest.fixture(scope="module")
