@@ -258,7 +258,12 @@
   // the waiting tasks, each with a remove button (DELETE .../queue/{commandId})
   function drawQueue() {
     $("queue-wrap").hidden = !S.queue.length;
+    // redrawn only when it changed (draw() runs every 250 ms while a run is active)
+    const drawn = S.queue.map((q) => q.id).join("\n");
     const list = $("queue-list");
+    if (list.dataset.drawn === drawn && list.dataset.session === S.session) return;
+    list.dataset.drawn = drawn;
+    list.dataset.session = S.session;
     list.textContent = "";
     for (const q of S.queue) {
       const li = document.createElement("li");
