@@ -99,9 +99,12 @@ test-unit: install
 # The unit lane first (a broken core fails in a minute, before the stack starts), then
 # the integration tests on the real stack (or what PYTEST_ARGS names).
 # pytest exits 5 when it collected no tests: that is a failure here, not a pass. The 30
-# slowest are listed at the end: the lane must stay under CI's 30 minutes.
+# slowest are listed at the end: the lane must stay under CI's 30 minutes. The 3-node
+# cluster under broker kills (4-7 minutes even in its short form) runs in `make soak`; the
+# lane keeps the 3-node replication and one-node-down tests (stack/test_stack_cluster.py).
+SOAK_ONLY := --ignore=tests/integration/stack/test_cluster_faults.py
 test: test-unit up browser flink
-	@rc=0; $(PY) -m pytest --durations=30 $(or $(PYTEST_ARGS),tests/integration) || rc=$$?; \
+	@rc=0; $(PY) -m pytest --durations=30 $(or $(PYTEST_ARGS),tests/integration $(SOAK_ONLY)) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
 

@@ -1,7 +1,8 @@
 """The commands a producer sends by name: `SessionClient.prompt`, `steer`, `follow_up`,
-`send`, `abort`, `approve`, `deny`, `dequeue`, `clear_queue`. Each builds its payload, names
-the run it acts on (`KNOWN_RUN`: the one the client last saw active in the session; a
-decision names its run always) and hands the command to `SessionClient.submit`.
+`send`, `abort`, `approve`, `deny`, `dequeue`, `clear_queue` (and an administrator's
+`erase`). Each builds its payload, names the run it acts on (`KNOWN_RUN`: the one the
+client last saw active in the session; a decision names its run always) and hands the
+command to `SessionClient.submit`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from sessionstream.schemas.commands import (
     PromptPayload,
     PromptPolicy,
     SendPayload,
+    SessionErasePayload,
     SteerPayload,
 )
 
@@ -189,3 +191,10 @@ class ProducerCommands:
         rejection `queue_empty`."""
         payload = ClearQueuePayload()
         return self.submit(self.command(session_id, "clear_queue", payload, **fields))
+
+    def erase(self, session_id: str, reason: str | None = None, **fields: Any) -> CommandHandle:
+        """An administrator's `session.erase` (docs/protocol.md, erasure and retention): it
+        goes to the control topic, which only administrators' credentials may write; the
+        outcome is `session.erased`, or `session_busy` while a run is active."""
+        payload = SessionErasePayload(reason=reason)
+        return self.submit(self.command(session_id, "session.erase", payload, **fields))

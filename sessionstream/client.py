@@ -347,6 +347,8 @@ class SessionClient(ProducerCommands):
                 return
             self._matcher.outcome_read(outcome, offset)
             return
+        if msg.value() is None:
+            return  # a tombstone: an erased session's event
         try:
             event = self.codec.decode_event(msg.value() or b"")
         except DecodeError as e:

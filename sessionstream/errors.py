@@ -11,6 +11,7 @@ __all__ = [
     "ConfigurationError",
     "DatabaseError",
     "DatabaseUnavailable",
+    "ErasureIncomplete",
     "IncompatibleEvent",
     "KafkaFailed",
     "KafkaUnavailable",
@@ -150,6 +151,11 @@ class CommandTimeout(SessionstreamError):
 
 class IncompatibleEvent(SessionstreamError):
     """An event this version cannot decode (written by a newer processor): upgrade first."""
+
+
+class ErasureIncomplete(SessionstreamError):
+    """The sink could not put an erased session's tombstones on the broker: nothing of the
+    erasure was committed, and the sink stops rather than delete the rows without them."""
 
 
 class SingleWriterViolation(SessionstreamError):

@@ -6,11 +6,14 @@ on a real cluster ``python -m sessionstream.adapters.access`` prints them (``--k
 ``kafka-acls.sh`` commands) for an operator to apply. Names come from the settings, so a
 deployment with other topic or group names gets ACLs for those.
 
-- `admin`: a Kafka super user (topics, users, ACLs); `ss_owner` owns the tables (migrate).
+- `admin`: a Kafka super user (topics, users, ACLs), and the only one besides the processor
+  who writes the control topic (`session.timers`: an administrator's `session.erase`);
+  `ss_owner` owns the tables (migrate).
 - `processor`: reads commands, worker commands and timers; the only writer of events,
   state, the DLQ and timers (and of commands it forwards to their partition), with its
   transactional ids; no database.
-- `sink`: reads events; `ss_sink` writes the projection tables.
+- `sink`: reads events, and writes the tombstones of erased sessions' event keys;
+  `ss_sink` writes the projection tables and deletes an erased session's rows.
 - `worker`: writes worker commands and its presence, reads events and open runs;
   `ss_worker` has only `agent_actions`, `agent_outbox` and `agent_run_fences`.
 - `producer` (the SDK, and the gateway): writes commands, reads events and dead letters
@@ -76,7 +79,8 @@ class Grant:
 
 def processor_own_topics(settings: Settings) -> list[str]:
     """Topics only the processor reads and writes besides state: its dedup changelog and
-    its fired timers (no one else may write a `timer.fired`)."""
+    its fired timers (no one else may write a `timer.fired`; an administrator, a super
+    user, writes `session.erase` there)."""
     return [settings.dedup_topic, settings.timers_topic]
 
 
@@ -126,7 +130,8 @@ def kafka_grants(settings: Settings) -> dict[str, list[Grant]]:
             Grant("processor", "transactional_id", f"{group}-", "prefixed", "DESCRIBE"),
         ],
         "sink": [
-            *_topic("sink", events, "READ", "DESCRIBE"),
+            # WRITE: the tombstones of an erased session's event keys
+            *_topic("sink", events, "READ", "WRITE", "DESCRIBE"),
             _group("sink", f"{group}-sink"),  # Sink's default group
         ],
         "worker": [
@@ -178,6 +183,17 @@ class DbGrant:
 PROJECTION = ("agent_sessions", "agent_runs", "agent_run_events")
 #: the gateway's API keys (migration 0005); grants on a table apply once it exists
 GATEWAY_HOOK_TABLES = ("api_keys",)
+#: what stays of an erasure (migration 0013)
+ERASURE_RECORDS = ("session_erasures", "erasure_pointers")
+#: other tables an erased session's rows are deleted from (by the sink)
+ERASED_ELSEWHERE = (
+    "agent_actions",
+    "agent_outbox",
+    "agent_run_fences",
+    "step_results",
+    "webhook_dead_letters",
+    "session_aliases",
+)
 
 
 def db_grants() -> list[DbGrant]:
@@ -185,6 +201,14 @@ def db_grants() -> list[DbGrant]:
     (including future ones, by default privileges) on top of these."""
     rw = ("SELECT", "INSERT", "UPDATE")
     grants = [DbGrant("ss_sink", t, rw) for t in (*PROJECTION, "sink_offsets")]
+    # erasure (sessionstream.runtimes.sink.erasure): the sink deletes an erased session's
+    # rows wherever they are, and records the erasure
+    grants = [
+        DbGrant(g.role, g.table, (*g.privileges, "DELETE")) if g.table in PROJECTION else g
+        for g in grants
+    ]
+    grants += [DbGrant("ss_sink", t, ("SELECT", "INSERT")) for t in ERASURE_RECORDS]
+    grants += [DbGrant("ss_sink", t, ("SELECT", "DELETE")) for t in ERASED_ELSEWHERE]
     grants += [
         DbGrant("ss_worker", t, rw) for t in ("agent_actions", "agent_outbox", "agent_run_fences")
     ]

@@ -25,7 +25,11 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from sessionstream.adapters.kafka import client_config
 from sessionstream.adapters.kafka.errors import unavailable
 from sessionstream.errors import KafkaUnavailable, TopicMisconfigured
-from sessionstream.schemas.commands import WORKER_COMMAND_TYPES
+from sessionstream.schemas.commands import (
+    ADMIN_COMMAND_TYPES,
+    TIMER_COMMAND_TYPES,
+    WORKER_COMMAND_TYPES,
+)
 from sessionstream.settings import Settings
 
 __all__ = [
@@ -75,8 +79,13 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
                 "min.compaction.lag.ms": "60000",
                 "max.message.bytes": str(2 * 1024 * 1024),
             },
-            # replay by time: the broker's append time, monotonic per partition
-            preferred={"message.timestamp.type": "LogAppendTime"},
+            # replay by time: the broker's append time, monotonic per partition; an erased
+            # session's records leave the log within a day of their tombstones (the cleaner
+            # never compacts the active segment: this rolls it)
+            preferred={
+                "message.timestamp.type": "LogAppendTime",
+                "max.compaction.lag.ms": str(24 * 3600 * 1000),
+            },
         ),
         # one record per session matters; compact often so a restore reads little. Sized
         # to the largest state the decider's bounds allow (sessionstream.core.step)
@@ -167,10 +176,14 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
 
 def command_topic(settings: Settings, command_type: str) -> str:
     """The topic a command of `command_type` is written to: workers' commands to the
-    worker-commands topic, everything else to the commands topic (a `timer.fired` sent
-    there is rejected `not_allowed_here`: only the processor fires timers)."""
+    worker-commands topic, an administrator's (`session.erase`) to the control topic (the
+    timers topic: only the processor and administrators may write it), everything else to
+    the commands topic (a `timer.fired` sent there is rejected `not_allowed_here`: only the
+    processor fires timers)."""
     if command_type in WORKER_COMMAND_TYPES:
         return settings.worker_commands_topic
+    if command_type in ADMIN_COMMAND_TYPES and command_type not in TIMER_COMMAND_TYPES:
+        return settings.timers_topic
     return settings.commands_topic
 
 

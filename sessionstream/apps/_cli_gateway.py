@@ -63,6 +63,9 @@ def keys_create(
         str | None, typer.Option(help="who the key's commands are recorded as (default key:ID)")
     ] = None,
     name: Annotated[str | None, typer.Option(help="a note: what the key is for")] = None,
+    admin: Annotated[
+        bool, typer.Option("--admin", help="an admin key: may also erase the tenant's sessions")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
 ) -> None:
     """Create a key and print it once: only its hash is stored."""
@@ -70,19 +73,25 @@ def keys_create(
 
     with _connect() as conn:
         try:
-            key, rec = create_key(conn, tenant, actor, name)
+            key, rec = create_key(conn, tenant, actor, name, "admin" if admin else "producer")
         except ValueError as e:
             _fail(str(e))
     if as_json:
         typer.echo(
             json.dumps(
-                {"key": key, "keyId": rec.key_id, "tenantId": rec.tenant_id, "actor": rec.actor}
+                {
+                    "key": key,
+                    "keyId": rec.key_id,
+                    "tenantId": rec.tenant_id,
+                    "actor": rec.actor,
+                    "role": rec.role,
+                }
             )
         )
         return
     typer.echo(key)
     typer.echo(
-        f"key {rec.key_id}: tenant {rec.tenant_id}, actor {rec.actor} "
+        f"key {rec.key_id}: tenant {rec.tenant_id}, actor {rec.actor}, role {rec.role} "
         "(shown once; only its hash is stored)",
         err=True,
     )

@@ -383,7 +383,7 @@ def tail(
     try:
         while True:
             msg = consumer.poll(0.5)
-            if msg is None or msg.error() is not None:
+            if msg is None or msg.error() is not None or msg.value() is None:
                 continue
             event = codec.decode_event(msg.value() or b"")
             if event.session_id == session:

@@ -407,3 +407,8 @@ def main() -> None:
     except Exception as e:  # a driver error nobody translated: still no traceback
         typer.echo(f"error: {type(e).__name__}: {e}", err=True)
         raise SystemExit(2) from None
+
+
+from sessionstream.apps._cli_admin import register as _register_admin  # noqa: E402
+
+_register_admin(app)

@@ -56,7 +56,7 @@ class Watch:
         self.ready.set()
         while not self.stop.is_set():
             msg = c.poll(0.1)
-            if msg is None or msg.error() is not None:
+            if msg is None or msg.error() is not None or msg.value() is None:
                 continue
             e = codec.decode_event(msg.value() or b"")
             with self.lock:

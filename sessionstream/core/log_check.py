@@ -68,9 +68,11 @@ def check_log(records: Iterable[Record], codec: Codec | None = None, limit: int 
             report.violations.append(msg)
 
     for r in records:
-        if r.value is None or r.key is None:
-            bad(f"p{r.partition}@{r.offset}: tombstone or keyless record in the events topic")
+        if r.key is None:
+            bad(f"p{r.partition}@{r.offset}: keyless record in the events topic")
             continue
+        if r.value is None:
+            continue  # a tombstone: the sink erased the key (docs/protocol.md, erasure)
         if r.key in seen:
             if seen[r.key] == r.value:
                 report.identical_duplicates += 1

@@ -220,6 +220,13 @@ class SessionState(_State, frozen=True, kw_only=True):
     last_checkpoint: str | None = None
     #: tasks removed from the queue, the last `finished_window` of them
     removed: tuple[RemovedTask, ...] = ()
+    #: when the session's last run finished and nothing started after it (the retention
+    #: timer counts from it); None while a run is active, before the first run, after an
+    #: erasure
+    idle_since: int | None = None
+    #: when the session was last erased (`session.erased`): the state then holds nothing
+    #: but its id, tenant, clock and counters, so later keys never repeat an erased one
+    erased_at: int | None = None
 
     @classmethod
     def initial(cls, session_id: str) -> SessionState:

@@ -4,15 +4,16 @@ The state table (`session.state` and the processor's local store) holds one reco
 session, written on every batch that changes the session. The record is MessagePack
 (msgspec) of the state's fields **by position**, behind a one-byte format tag:
 
-    0x06 | msgpack [session_id, tenant_id, active, queue, log_seq, runs_started, clock,
-                    finished, last_checkpoint, removed]
+    0x07 | msgpack [session_id, tenant_id, active, queue, log_seq, runs_started, clock,
+                    finished, last_checkpoint, idle_since, erased_at, removed]
 
-(Still read: 0x05, the same without queue control and labels: the `removed` tasks at the
-end, each finished run's source command id, each queued task's metadata; 0x04, the same
-without approvals: each action key's digest, expiry, generation and reason, and the
-approval kinds of the active run and of each queued task; 0x03, the same without the typed
-`input` at the end of the active run and of each queued task; 0x02, also without the
-active run's `actor`; 0x01, also without the fields durable steps added: the active run's
+(Still read: 0x06, the same without queue control and labels: the `removed` tasks at the
+end, each finished run's source command id, each queued task's metadata; 0x05, also
+without erasure and retention's `idle_since` and `erased_at`; 0x04, the same without
+approvals: each action key's digest, expiry, generation and reason, and the approval kinds
+of the active run and of each queued task; 0x03, the same without the typed `input` at the
+end of the active run and of each queued task; 0x02, also without the active run's
+`actor`; 0x01, also without the fields durable steps added: the active run's
 `checkpoint_ref`, `steps` and `open_calls`, and the session's `last_checkpoint`.)
 
 Field names are not written; statuses and kinds are small integers (their index in the
@@ -53,6 +54,7 @@ __all__ = [
     "FORMAT_V4",
     "FORMAT_V5",
     "FORMAT_V6",
+    "FORMAT_V7",
     "STATE_FIELDS",
     "decode_if_active",
     "decode_state",
@@ -70,10 +72,12 @@ FORMAT_V4: Final = 0x04
 #: v4 + approvals: each action record's digest, expiry, generation and reason; the approval
 #: kinds of the active run and of each queued task
 FORMAT_V5: Final = 0x05
-#: v5 + queue control and labels: the tasks removed from the queue, each finished run's
-#: source command id, each queued task's metadata
+#: v5 + erasure and retention: when the session went idle, when it was erased
 FORMAT_V6: Final = 0x06
-_TAG: Final = bytes([FORMAT_V6])
+#: v6 + queue control and labels: the tasks removed from the queue, each finished run's
+#: source command id, each queued task's metadata
+FORMAT_V7: Final = 0x07
+_TAG: Final = bytes([FORMAT_V7])
 _READABLE: Final = frozenset(
     {
         bytes([FORMAT_V1]),
@@ -81,6 +85,7 @@ _READABLE: Final = frozenset(
         bytes([FORMAT_V3]),
         bytes([FORMAT_V4]),
         bytes([FORMAT_V5]),
+        bytes([FORMAT_V6]),
         _TAG,
     }
 )
@@ -97,6 +102,8 @@ STATE_FIELDS: Final[dict[type, tuple[str, ...]]] = {
         "clock",
         "finished",
         "last_checkpoint",
+        "idle_since",
+        "erased_at",
         "removed",
     ),
     RunState: (
@@ -300,6 +307,8 @@ def encode_state(state: SessionState) -> bytes:
                 for f in state.finished
             ],
             state.last_checkpoint,
+            state.idle_since,
+            state.erased_at,
             [(r.source_command_id, _REMOVED_I[r.reason], r.actor) for r in state.removed],
         )
     )
@@ -326,12 +335,15 @@ def is_current(data: bytes) -> bool:
     return data[:1] == _TAG
 
 
-def decode_if_active(data: bytes) -> SessionState | None:
-    """A current-format record's state if its session has an active run, else None
-    (what the processor's restore needs for the timers; idle sessions stay bytes)."""
+def decode_if_active(data: bytes, *, idle_too: bool = False) -> SessionState | None:
+    """A current-format record's state if its session has an active run (or, with
+    `idle_too`, went idle after a run: it has a retention deadline), else None (what the
+    processor's restore needs for the timers; other sessions stay bytes)."""
     try:
         t = _decoder.decode(memoryview(data)[1:])
-        return None if t[2] is None else _session(t)
+        if t[2] is None and not (idle_too and len(t) > 9 and t[9] is not None):
+            return None
+        return _session(t)
     except (msgspec.DecodeError, TypeError, ValueError, IndexError, KeyError) as e:
         raise ValueError(f"unreadable state record: {e}") from e
 
@@ -360,7 +372,7 @@ def _session(t: list[Any]) -> SessionState:
                 input_json=q[7] if len(q) > 7 else None,
                 # nor approval kinds before format 5
                 approval_kinds=tuple(q[8]) if len(q) > 8 else (),
-                # nor metadata before format 6
+                # nor metadata before format 7
                 metadata=q[9] if len(q) > 9 else {},
             )
             for q in queue
@@ -374,16 +386,19 @@ def _session(t: list[Any]) -> SessionState:
                 status=_TERMINAL[f[1]],
                 generation=f[2],
                 retryable=f[3],
-                # before format 6 a finished run's source is not known
+                # before format 7 a finished run's source is not known
                 source_command_id=f[4] if len(f) > 4 else None,
             )
             for f in finished
         ),
         last_checkpoint=t[8] if len(t) > 8 else None,
-        # nor the removed tasks
+        # neither before format 6
+        idle_since=t[9] if len(t) > 9 else None,
+        erased_at=t[10] if len(t) > 10 else None,
+        # nor the removed tasks before format 7
         removed=tuple(
             RemovedTask(source_command_id=r[0], reason=_REMOVED[r[1]], actor=r[2])
-            for r in (t[9] if len(t) > 9 else ())
+            for r in (t[11] if len(t) > 11 else ())
         ),
     )
 

@@ -1,7 +1,7 @@
 """Which timers a session's state implies, and the `timer.fired` command each one becomes.
 
 Timers never change state: when one is due the processor sends a `timer.fired` command to
-`session.commands`, and the decider rules on it in partition order like any other command.
+`session.timers`, and the decider rules on it in partition order like any other command.
 Timer command ids are derived from (kind, run, generation, due time), so a timer fired twice
 (e.g. after a processor restart) is a duplicate and decides nothing twice.
 """
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from sessionstream.core.state import SessionState
 from sessionstream.schemas.commands import Command, TimerFiredPayload, TimerKind
+from sessionstream.schemas.events import SESSION_LOG
 
 __all__ = ["DueTimer", "due_timers", "next_due", "timer_command"]
 
@@ -24,11 +25,15 @@ class DueTimer:
     generation: int
 
 
-def due_timers(state: SessionState) -> list[DueTimer]:
-    """Every deadline the active run has, earliest first (empty when idle)."""
+def due_timers(state: SessionState, retention_ms: int | None = None) -> list[DueTimer]:
+    """Every deadline the active run has, earliest first; an idle session's retention
+    deadline when `retention_ms` is set (`DeciderConfig.retention_ms`)."""
     run = state.active
     if run is None:
-        return []
+        due = state.idle_since
+        if due is None or retention_ms is None:
+            return []
+        return [DueTimer(due + retention_ms, "retention", SESSION_LOG, 0)]
     out = [DueTimer(run.timeout_at, "run_deadline", run.run_id, run.generation)]
     if run.lease_owner is not None and run.lease_expires_at is not None:
         out.append(DueTimer(run.lease_expires_at, "lease_expiry", run.run_id, run.generation))
@@ -42,8 +47,8 @@ def due_timers(state: SessionState) -> list[DueTimer]:
     return sorted(out)
 
 
-def next_due(state: SessionState) -> int | None:
-    timers = due_timers(state)
+def next_due(state: SessionState, retention_ms: int | None = None) -> int | None:
+    timers = due_timers(state, retention_ms)
     return timers[0].due_at if timers else None
 
 

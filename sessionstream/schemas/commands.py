@@ -25,6 +25,7 @@ from sessionstream.schemas.labels import Labels
 from sessionstream.schemas.sessions import MAX_SESSION_ID_CHARS, session_id_problem
 
 __all__ = [
+    "ADMIN_COMMAND_TYPES",
     "COMMAND_CLASSES",
     "COMMAND_PAYLOADS",
     "LATEST_CHECKPOINT_REF",
@@ -62,6 +63,7 @@ __all__ = [
     "RunFailPayload",
     "RunProgressPayload",
     "SendPayload",
+    "SessionErasePayload",
     "SteerPayload",
     "StepKind",
     "StepRecordPayload",
@@ -133,7 +135,9 @@ def _empty(value: object) -> bool:
 
 
 PromptPolicy = Literal["reject", "enqueue", "interrupt"]
-TimerKind = Literal["lease_expiry", "run_deadline", "cancel_deadline", "approval_expiry"]
+TimerKind = Literal[
+    "lease_expiry", "run_deadline", "cancel_deadline", "approval_expiry", "retention"
+]
 #: a durable step: a model call or a tool call
 StepKind = Literal["model", "tool"]
 ProgressKind = Literal[
@@ -366,6 +370,13 @@ class StepRecordPayload(Payload):
         return self
 
 
+class SessionErasePayload(Payload):
+    """An administrator erases the session: every record of it goes (docs/protocol.md,
+    erasure). `reason` is recorded on the erasure (no personal data belongs in it)."""
+
+    reason: str | None = Field(default=None, max_length=MAX_DENY_REASON_CHARS)
+
+
 class TimerFiredPayload(Payload):
     """Sent by the processor's timer; the decision happens when it is processed in order."""
 
@@ -396,6 +407,7 @@ CommandType = Literal[
     "run.fail",
     "step.record",
     "timer.fired",
+    "session.erase",
 ]
 
 #: type -> payload model; the single source of the command vocabulary
@@ -422,6 +434,7 @@ COMMAND_PAYLOADS: Final[dict[str, type[Payload]]] = {
     "run.fail": RunFailPayload,
     "step.record": StepRecordPayload,
     "timer.fired": TimerFiredPayload,
+    "session.erase": SessionErasePayload,
 }
 
 #: commands written by producers (UI, scheduler, gateway, ...); `runId` on one of these names
@@ -465,13 +478,18 @@ WORKER_COMMAND_TYPES: Final[frozenset[str]] = frozenset(
 #: the processor's own commands: it fires them on its timers topic, no one else may
 TIMER_COMMAND_TYPES: Final[frozenset[str]] = frozenset({"timer.fired"})
 
+#: an administrator's commands: written to the control topic (the timers topic), which
+#: only the processor and administrators may write (Kafka ACLs); on the producers' topic
+#: they are rejected `not_allowed_here`
+ADMIN_COMMAND_TYPES: Final[frozenset[str]] = frozenset({"session.erase"})
+
 #: who may write a command, by the topic it arrives on: producers on the commands topic,
 #: workers on the worker-commands topic, the processor alone on the timers topic
 CommandClass = Literal["producer", "worker", "timer"]
 COMMAND_CLASSES: Final[dict[str, frozenset[str]]] = {
     "producer": PRODUCER_COMMAND_TYPES,
     "worker": WORKER_COMMAND_TYPES,
-    "timer": TIMER_COMMAND_TYPES,
+    "timer": TIMER_COMMAND_TYPES | ADMIN_COMMAND_TYPES,
 }
 
 
@@ -481,7 +499,7 @@ def command_class(command_type: str) -> CommandClass:
         return "producer"
     if command_type in WORKER_COMMAND_TYPES:
         return "worker"
-    if command_type in TIMER_COMMAND_TYPES:
+    if command_type in TIMER_COMMAND_TYPES or command_type in ADMIN_COMMAND_TYPES:
         return "timer"
     raise ValueError(f"unknown command type {command_type!r}")
 
@@ -571,9 +589,10 @@ class Command(WireModel):
                     _check_text(f"payload.{field}", v)
             elif v.__class__ in _CONTAINERS:
                 _check_text(f"payload.{field}", v)
-        if self.type in PRODUCER_COMMAND_TYPES:
-            # only producers name sessions: worker and timer commands copy the id from
-            # the log, and a run of a session named before these rules must still end
+        if self.type in PRODUCER_COMMAND_TYPES or self.type in ADMIN_COMMAND_TYPES:
+            # only producers and administrators name sessions: worker and timer commands
+            # copy the id from the log, and a run of a session named before these rules
+            # must still end
             problem = session_id_problem(self.tenant_id, self.session_id)
             if problem is not None:
                 raise ValueError(problem)

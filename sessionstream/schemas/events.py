@@ -58,6 +58,7 @@ __all__ = [
     "RunQueued",
     "RunStarted",
     "RunStatus",
+    "SessionErased",
     "StaleWriteRecorded",
     "Steered",
     "StepDelivered",
@@ -405,6 +406,19 @@ class CommandRejected(Payload):
     target_status: str | None = None
 
 
+class SessionErased(Payload):
+    """The session was erased: every record of it before this event goes (the sink
+    tombstones its event keys and deletes its rows). What stays of it is `sessionHash`
+    (SHA-256 of the session id), the time, who and why: no content."""
+
+    session_hash: str
+    trigger: Literal["admin", "retention"]
+    reason: str | None = None
+    actor: str | None = None
+    #: how many runs the session had started (its run counter, kept so later ids differ)
+    runs_started: int = 0
+
+
 class StaleWriteRecorded(Payload):
     """A write from a fenced (older) generation, kept for diagnosis; never applied."""
 
@@ -452,6 +466,7 @@ EventType = Literal[
     "run.stale_write_recorded",
     "step.recorded",
     "step.delivered",
+    "session.erased",
 ]
 
 #: type -> payload model; the single source of the event vocabulary
@@ -493,6 +508,7 @@ EVENT_PAYLOADS: Final[dict[str, type[Payload]]] = {
     "run.stale_write_recorded": StaleWriteRecorded,
     "step.recorded": StepRecorded,
     "step.delivered": StepDelivered,
+    "session.erased": SessionErased,
 }
 
 EVENT_TYPES: Final[frozenset[str]] = frozenset(get_args(EventType))

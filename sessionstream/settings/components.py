@@ -268,6 +268,12 @@ class LimitSettings(Part):
     """How long a pending approval waits for a person, by the log's clock; then it is denied
     ``approval_expired``."""
 
+    session_retention_ms: int | None = Field(default=None, ge=1000)
+    """Erase a session this long after its last run finished and nothing started after it
+    (by the log's clock: the processor's ``retention`` timer, honoured by the decider). Unset:
+    sessions are kept until an administrator erases them (``sessionstream sessions erase``).
+    Part of the decider's input: changing it changes what a replay decides."""
+
     @field_validator("approval_kinds")
     @classmethod
     def _approval_kinds(cls, value: str) -> str:

@@ -37,6 +37,9 @@ class Dedup:
         d = decide(state, cmd, config, at=at, seen=self.records.get(key), via=via)
         if d.remember is not None:
             self.records[key] = (d.remember, d.state.clock)
+        if d.events and d.events[-1].type == "session.erased":
+            # the processor tombstones an erased session's records (docs/protocol.md)
+            self.records = {k: v for k, v in self.records.items() if k[0] != cmd.session_id}
         return d
 
 
@@ -236,8 +239,8 @@ class Harness:
     # -- timers ---------------------------------------------------------------------------------
     def timer(self, kind: str) -> Command:
         """The `timer.fired` command the processor sends once `kind` is due."""
-        due = [t for t in due_timers(self.state) if t.kind == kind]
-        assert due, f"no {kind} timer in {due_timers(self.state)}"
+        due = [t for t in due_timers(self.state, self.config.retention_ms) if t.kind == kind]
+        assert due, f"no {kind} timer in {due_timers(self.state, self.config.retention_ms)}"
         self.now = max(self.now, due[0].due_at)
         return timer_command(self.state, due[0], self.now)
 

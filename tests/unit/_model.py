@@ -56,10 +56,19 @@ would and fails on anything the protocol forbids:
   had queued it; a removed task never starts; and nothing else (no run, no input) changes;
 - labels: a prompt's run (started now, or queued and started later) carries its
   `metadata`, the same keys and values.
+- erasure (docs/protocol.md#erasure-and-retention, and the feature's text): a session
+  erased while a run is active (refused or cancelled first: the spec says refused), or
+  with work waiting; an erasure record that names the session by anything but the
+  SHA-256 of its id, or counts its runs wrongly; a retention erasure before the session
+  was idle for the retention period by the log's clock, or while it was not idle; after
+  an erasure, an event of an erased run, a key that repeats an erased event's key (a run
+  id used before, a session-log seq going back), a retry of an erased run, a run started
+  from an erased checkpoint.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,7 +76,13 @@ from typing import Any
 from sessionstream.schemas.commands import Command
 from sessionstream.schemas.events import SESSION_LOG, Event
 
-SESSION_LOG_TYPES = {"command.rejected", "run.queued", "action.denied", "run.dequeued"}
+SESSION_LOG_TYPES = {
+    "command.rejected",
+    "run.queued",
+    "action.denied",
+    "run.dequeued",
+    "session.erased",
+}
 FATES = {"run.input_consumed", "run.input_dropped", "run.input_requeued"}
 
 #: progress types that start a call, and the type that ends each kind
@@ -106,6 +121,8 @@ class Bounds:
     max_open_calls: int | None = None
     #: how long a pending approval waits for a person
     approval_ttl_ms: int | None = None
+    #: how long a finished session stays before its retention erases it
+    retention_ms: int | None = None
 
 
 def _size(text: str) -> int:
@@ -219,6 +236,10 @@ class LogModel:
         self.checkpoint: str | None = None
         #: tasks removed from the queue (they never start)
         self.removed: set[str] = set()
+        #: when the last run finished, while no run started after it (None: not idle)
+        self.idle_since: int | None = None
+        #: runs of the session erased (nothing of them may follow)
+        self.erased: set[str] = set()
 
     # -- per command ----------------------------------------------------------------------------
     def feed(self, events: list[Event], command: Command | None = None) -> None:
@@ -378,6 +399,7 @@ class LogModel:
         assert e.ts >= self.clock, f"{e.type} at {e.ts}: the session's clock went back"
         self.clock = e.ts
         assert e.run_id not in self.ended, f"{e.type} after {e.run_id} ended"
+        assert e.run_id not in self.erased, f"{e.type} of {e.run_id}, an erased run"
         p = e.payload.model_dump()
         if e.run_id == SESSION_LOG:
             self.session_event(e, p)
@@ -393,6 +415,8 @@ class LogModel:
     def session_event(self, e: Event, p: dict[str, Any]) -> None:
         assert e.type in SESSION_LOG_TYPES, e.type
         assert e.generation == 0
+        if e.type == "session.erased":
+            self.erasure(e, p)
         if e.type == "run.queued":
             w = Waiting(
                 p["source_command_id"],
@@ -420,6 +444,27 @@ class LogModel:
             del self.queue[i]
             self.removed.add(src)
 
+    def erasure(self, e: Event, p: dict[str, Any]) -> None:
+        """Refused while a run is active, so an erasure finds the session idle; it forgets
+        every run, the latest checkpoint and the retry links, keeps the keys counting."""
+        assert self.active is None, f"session erased while run {self.active} is active"
+        assert not self.queue, "session erased with work waiting"
+        want = "sha256:" + hashlib.sha256(e.session_id.encode()).hexdigest()
+        assert p["session_hash"] == want, "the erasure names the session by another hash"
+        assert p["runs_started"] == len(self.runs), "the erasure miscounts the session's runs"
+        if p["trigger"] == "retention":
+            assert self.idle_since is not None, "retention erased a session that was not idle"
+            if self.bounds.retention_ms is not None:
+                assert e.ts >= self.idle_since + self.bounds.retention_ms, (
+                    f"retention erased at {e.ts}, idle since {self.idle_since}"
+                )
+        else:
+            assert p["trigger"] == "admin", p["trigger"]
+        self.erased.update(self.runs)
+        self.ended.clear()
+        self.checkpoint = None
+        self.idle_since = None
+
     def start(self, e: Event, p: dict[str, Any]) -> None:
         assert self.active is None, f"run {e.run_id} started while {self.active} is active"
         assert e.seq == 1 and e.generation == 1
@@ -445,8 +490,10 @@ class LogModel:
         if p["origin"] in ("follow_up", "send"):
             assert p["input"] is None, f"a run started by a {p['origin']} with a typed input"
             assert not p["metadata"], f"a run started by a {p['origin']} with labels"
+        assert e.run_id not in self.runs, f"run id {e.run_id} used twice (an erased key again?)"
         run = RunModel(e.run_id, "running", 1, p["timeout_at"], p["prompt"], _input_of(p))
         self.active = self.runs[e.run_id] = run
+        self.idle_since = None
         self.last_run = e.run_id
 
     def run_event(self, run: RunModel, e: Event, p: dict[str, Any]) -> None:
@@ -710,6 +757,7 @@ class LogModel:
             assert not p["retryable"]
         self.ended[run.run_id] = (status, p["retryable"])
         self.active = None
+        self.idle_since = e.ts
 
     # -- what the stateful test asks at the end -------------------------------------------------
     def inputs_without_exactly_one_fate(self) -> list[str]:

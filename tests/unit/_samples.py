@@ -36,6 +36,7 @@ from sessionstream.schemas.events import (
     RunFinished,
     RunQueued,
     RunStarted,
+    SessionErased,
     StaleWriteRecorded,
     Steered,
     StepDelivered,
@@ -117,6 +118,7 @@ _COMMANDS: dict[str, tuple[dict[str, Any], bool]] = {
         True,
     ),
     "timer.fired": ({"kind": "cancel_deadline", "due_at": 1_700_000_030_000}, False),
+    "session.erase": ({"reason": "the user asked"}, False),
 }
 
 
@@ -234,6 +236,13 @@ _PAYLOADS: dict[type[Payload], Payload] = {
         detail="d",
         actor="user:ana",
         target_status="completed",
+    ),
+    SessionErased: SessionErased(
+        session_hash="sha256:" + "ab" * 32,
+        trigger="admin",
+        reason="the user asked",
+        actor="user:ana",
+        runs_started=3,
     ),
     StaleWriteRecorded: StaleWriteRecorded(
         worker_id="w-0", command_type="run.progress", stale_generation=1, current_generation=2

@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from sessionstream import __version__
 from sessionstream.adapters._gc import settle_collector
 from sessionstream.apps.gateway import search, views
+from sessionstream.apps.gateway.admin import add_admin_routes
 from sessionstream.apps.gateway.approvals import add_approval_routes
 from sessionstream.apps.gateway.auth import Authenticator
 from sessionstream.apps.gateway.bridge import CommandBridge, InFlight
@@ -409,6 +410,7 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
     add_webhook_routes(app, settings, gw.db)
     add_approval_routes(app, settings, gw.db, execute)
     add_queue_routes(app, gw.sessions, execute)
+    add_admin_routes(app, settings, gw.sessions, gw.bridge)
 
     @app.get("/v1/whoami", summary="The tenant and actor of the key")
     async def whoami(who: Caller) -> dict[str, Any]:

@@ -41,6 +41,8 @@ class Principal:
     key_id: str
     tenant_id: str
     actor: str
+    #: the key's role: `admin` keys may erase the tenant's sessions
+    role: str = "producer"
 
 
 class Authenticator:
@@ -98,7 +100,7 @@ class Authenticator:
             raise too_many(
                 f"more than {self.rate:g} requests/s (burst {self.burst}) with this key", wait
             )
-        return Principal(found.key_id, found.tenant_id, found.actor)
+        return Principal(found.key_id, found.tenant_id, found.actor, found.role)
 
     def _was_live(self, key: str) -> bool:
         """The cache's last word on `key`, expired or not, was a live key."""

@@ -30,6 +30,7 @@ from sessionstream.apps.gateway.views import event_json
 from sessionstream.client import Outcome, outcome_of
 from sessionstream.errors import SessionstreamError
 from sessionstream.schemas.commands import (
+    ADMIN_COMMAND_TYPES,
     COMMAND_PAYLOADS,
     MAX_ID_CHARS,
     PRODUCER_COMMAND_TYPES,
@@ -178,6 +179,14 @@ def build_command(session_id: str, body: Any, who: Principal) -> Command:
     if unknown:
         raise ApiError(400, "invalid_command", f"unknown fields: {', '.join(unknown)}")
     type_ = body.get("type")
+    if isinstance(type_, str) and type_ in ADMIN_COMMAND_TYPES:
+        log.warning("refused %s from key %s (%s): admin only", type_, who.key_id, who.tenant_id)
+        raise ApiError(
+            403,
+            "admin_only",
+            f"{type_} is an administrator's command: POST /v1/admin/sessions/{{sessionId}}/erase"
+            " with an admin key",
+        )
     if not isinstance(type_, str) or type_ not in PRODUCER_COMMAND_TYPES:
         raise ApiError(
             400,

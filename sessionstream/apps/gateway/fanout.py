@@ -414,6 +414,8 @@ class EventFanout:
                 deliveries.setdefault(sub, []).append(delta)
 
     def _decode(self, value: bytes | None) -> Event | None:
+        if value is None:
+            return None  # a tombstone: an erased session's event
         try:
             return self.codec.decode_event(value or b"")
         except DecodeError as e:

@@ -22,6 +22,7 @@ from sessionstream.schemas.sessions import NAMESPACE_SEP
 
 __all__ = [
     "KEY_PREFIX",
+    "ROLES",
     "ApiKey",
     "create_key",
     "hash_key",
@@ -47,6 +48,8 @@ class ApiKey:
     name: str | None
     created_at: datetime
     revoked_at: datetime | None = None
+    #: `producer` (the producers' commands) or `admin` (also erases the tenant's sessions)
+    role: str = "producer"
 
 
 def hash_key(key: str) -> str:
@@ -64,7 +67,10 @@ def _check(what: str, value: str) -> None:
         raise ValueError(f"{what} must be 1-{MAX_NAME_CHARS} characters")
 
 
-_COLUMNS = "key_id, tenant_id, actor, name, created_at, revoked_at"
+_COLUMNS = "key_id, tenant_id, actor, name, created_at, revoked_at, role"
+
+#: the roles a key may have
+ROLES: Final = ("producer", "admin")
 
 
 def _row(r: tuple[Any, ...]) -> ApiKey:
@@ -72,11 +78,17 @@ def _row(r: tuple[Any, ...]) -> ApiKey:
 
 
 def create_key(
-    conn: psycopg.Connection[Any], tenant_id: str, actor: str | None = None, name: str | None = None
+    conn: psycopg.Connection[Any],
+    tenant_id: str,
+    actor: str | None = None,
+    name: str | None = None,
+    role: str = "producer",
 ) -> tuple[str, ApiKey]:
     """A new key for `tenant_id`: returns the key itself (to show once) and its record.
-    `actor` defaults to ``key:<key_id>``."""
+    `actor` defaults to ``key:<key_id>``; `role` is one of `ROLES`."""
     _check("tenant", tenant_id)
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
     if NAMESPACE_SEP in tenant_id:
         raise ValueError(
             f"tenant must not contain {NAMESPACE_SEP!r}: it names the tenant's namespace "
@@ -88,10 +100,10 @@ def create_key(
         key_id = secrets.token_hex(6)
         key = f"{KEY_PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
         row = conn.execute(
-            f"insert into api_keys (key_id, key_hash, tenant_id, actor, name)"
-            f" values (%s, %s, %s, %s, %s) on conflict (key_id) do nothing"
+            f"insert into api_keys (key_id, key_hash, tenant_id, actor, name, role)"
+            f" values (%s, %s, %s, %s, %s, %s) on conflict (key_id) do nothing"
             f" returning {_COLUMNS}",
-            (key_id, hash_key(key), tenant_id, actor or f"key:{key_id}", name),
+            (key_id, hash_key(key), tenant_id, actor or f"key:{key_id}", name, role),
         ).fetchone()
         conn.commit()
         if row is not None:  # else: 48-bit id collision, draw again

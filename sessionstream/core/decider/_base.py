@@ -87,6 +87,9 @@ class DeciderConfig:
     approval_policy: tuple[tuple[str, str], ...] = ()
     #: how long a pending approval waits for a person (by the decider's clock)
     approval_ttl_ms: int = 15 * 60 * 1000
+    #: a session idle this long after its last run finished is erased (its `retention`
+    #: timer, by the decider's clock); None: kept until an administrator erases it
+    retention_ms: int | None = None
 
 
 DEFAULT_CONFIG: Final = DeciderConfig()

@@ -8,6 +8,7 @@ from typing import Final
 from sessionstream.core.decider._actions import _decide_action
 from sessionstream.core.decider._base import DEFAULT_CONFIG, DeciderConfig, Decision, command_digest
 from sessionstream.core.decider._emit import _Emitter
+from sessionstream.core.decider._erase import _erase
 from sessionstream.core.decider._producer import _abort, _follow_up, _prompt, _send, _steer
 from sessionstream.core.decider._queue import _clear_queue, _dequeue
 from sessionstream.core.decider._timers import _timer
@@ -85,6 +86,8 @@ def decide(
     remember: int | None = digest
     if command.type == "timer.fired" and em.events[0].type == "command.rejected":
         remember = None  # a timer that was not due (yet) may come again and decide then
+    elif em.events and em.events[-1].type == "session.erased":
+        remember = None  # an erasure leaves no record of the session, not even its own id
     return Decision(em.events, em.state, remember)
 
 
@@ -127,6 +130,7 @@ _HANDLERS = {
     "dequeue": _dequeue,
     "clear_queue": _clear_queue,
     "timer.fired": _timer,
+    "session.erase": _erase,
 }
 
 #: every command type with an explicit rule (`lease.acquire` is decided by `_worker` itself)

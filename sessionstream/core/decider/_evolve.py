@@ -80,6 +80,17 @@ def evolve(
                     break
             update["queue"] = tuple(queue)
             update["removed"] = (*state.removed, gone)[-config.finished_window :]
+        elif event.type == "session.erased":
+            # nothing of the session's content stays: its id, tenant, clock and counters
+            # (so a later run or session-log event never gets an erased event's key)
+            return SessionState(
+                session_id=state.session_id,
+                tenant_id=state.tenant_id,
+                log_seq=event.seq,
+                runs_started=state.runs_started,
+                clock=update.get("clock", state.clock),
+                erased_at=event.ts,
+            )
         # command.rejected, action.denied for finished runs: recorded outcomes that change
         # nothing else
         return evolved(state, **update)
@@ -101,6 +112,7 @@ def evolve(
             approval_kinds=tuple(p.approval_kinds),
         )
         update["runs_started"] = state.runs_started + 1
+        update["idle_since"] = None
         update["queue"] = tuple(
             q for q in state.queue if q.source_command_id != p.source_command_id
         )
@@ -220,6 +232,8 @@ def evolve(
         )
         update["active"] = None
         update["finished"] = (*state.finished, done)[-config.finished_window :]
+        # the session is idle from here (a queued task's run.started clears it again)
+        update["idle_since"] = event.ts
         return evolved(state, **update)
     # model.*, tool.*, subtask.*, step.delivered, action.decision_replayed,
     # run.input_delivered, run.round_completed, run.follow_up_delivered,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sessionstream.core.decider._base import _LEASE_LOST
 from sessionstream.core.decider._emit import _Emitter
+from sessionstream.core.decider._erase import _retention
 from sessionstream.core.decider._runs import (
     _close_open_calls,
     _finish,
@@ -25,6 +26,9 @@ def _timer(em: _Emitter, cmd: Command) -> None:
     """A timer is honoured only if it is due by the decider's own clock, for the active run
     at its current generation: a forged or early one changes nothing."""
     p = cmd.payload_as(TimerFiredPayload)
+    if p.kind == "retention":
+        _retention(em)
+        return
     run = em.state.active
     if run is None or run.run_id != cmd.run_id:
         em.reject("timer_stale", f"run {cmd.run_id} is not active")

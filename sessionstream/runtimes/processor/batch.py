@@ -84,9 +84,21 @@ class Batch:
     records: dict[int, list[tuple[SessionState, bytes]]] = field(default_factory=dict)
     #: the command ids to remember by partition, filled in by `produce`
     dedup: dict[int, list[DedupRecord]] = field(default_factory=dict)
+    #: erased sessions: the ids they remembered before, whose records get tombstones
+    forgotten: dict[tuple[int, str], set[int]] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.messages or self.timers)
+
+    def forgotten_by_partition(self) -> dict[int, list[tuple[str, int]]]:
+        """(session, id hash) of the dedup records erasures tombstoned, by partition (an
+        id remembered again after the erasure keeps its new record)."""
+        out: dict[int, list[tuple[str, int]]] = {}
+        for (p, sid), hashes in self.forgotten.items():
+            out.setdefault(p, []).extend(
+                (sid, h) for h in sorted(hashes) if (p, sid, h) not in self.remembered
+            )
+        return out
 
     def absorb(self, later: Batch) -> None:
         """Take in `later`, decided on top of this batch (its `base`), so that one
@@ -98,6 +110,12 @@ class Batch:
         self.events += later.events
         self.staged.update(later.staged)
         self.remembered.update(later.remembered)
+        for (p, sid), hashes in later.forgotten.items():
+            # an erasure in `later` forgets what this batch remembered before it
+            for h in hashes:
+                if (p, sid, h) not in later.remembered:
+                    self.remembered.pop((p, sid, h), None)
+            self.forgotten.setdefault((p, sid), set()).update(hashes)
         # `later` has a record where a session's opening changed against this batch's
         # state: it is the newer one; where it has none, ours still holds
         self.open_runs.update(later.open_runs)
@@ -140,11 +158,28 @@ class View:
         key = (self.p, sid, h)
         r = self.batch.remembered.get(key)
         if r is None:
+            # an erasure forgets every id its session remembered before it
+            if (self.p, sid) in self.batch.forgotten:
+                return None
             for base in self.bases:
                 r = base.remembered.get(key)
                 if r is not None:
                     break
+                if (self.p, sid) in base.forgotten:
+                    return None
         return (r.digest, r.at) if r is not None else self.part.seen(sid, h)
+
+    def forget(self, sid: str) -> None:
+        """`sid` was erased by the latest decision: every id it remembered is forgotten
+        (tombstoned in the dedup changelog with the erasure's transaction)."""
+        p, remembered = self.p, self.batch.remembered
+        hashes = {h for (q, s, h) in remembered if q == p and s == sid}
+        for h in hashes:
+            del remembered[(p, sid, h)]
+        for base in self.bases:
+            hashes.update(h for (q, s, h) in base.remembered if q == p and s == sid)
+        hashes.update(self.part.remembered_ids(sid))
+        self.batch.forgotten.setdefault((p, sid), set()).update(hashes)
 
 
 def _bases(base: Batch | tuple[Batch, ...] | None) -> tuple[Batch, ...]:
@@ -210,6 +245,8 @@ def decide_batch(
             state = outcome.state
             if state is not None:
                 staged[(p, state.session_id)] = state
+        if outcome.events and outcome.events[-1].type == "session.erased":
+            view.forget(outcome.events[-1].session_id)
         r = outcome.remember
         if r is not None:
             remembered[(p, r.session_id, r.id_hash)] = r
@@ -296,6 +333,10 @@ def produce(
                 put(dedup_topic, key=key, value=value, partition=p, on_delivery=on_delivery)
             else:
                 put(dedup_topic, key=key, value=value, partition=p)
+    # an erased session's remembered ids: tombstones (`View.forget`)
+    for p, forgotten in batch.forgotten_by_partition().items():
+        for sid, h in forgotten:
+            put(dedup_topic, key=dedup_key(sid, h), value=None, partition=p)
     # timers become commands on the session's own partition of the processor's topic
     for p, cmd in batch.timers:
         put(

@@ -156,6 +156,7 @@ class TransactionalProcessor(Recovery):
             max_lease_ms=settings.max_lease_ms,
             approval_policy=parse_approval_kinds(settings.approval_kinds),
             approval_ttl_ms=settings.approval_ttl_ms,
+            retention_ms=settings.session_retention_ms,
         )
         self.batch_size = batch_size or settings.processor_batch_size
         self.linger_s = settings.processor_linger_ms / 1000
@@ -537,7 +538,8 @@ class TransactionalProcessor(Recovery):
         (delivery reports are served by commit_transaction; one missing leaves the
         checkpoint behind, which only lengthens the next restore's tail)."""
         s, batch = self.settings, commit.batch
-        for p in batch.records.keys() | batch.dedup.keys():
+        forgotten = batch.forgotten_by_partition()
+        for p in batch.records.keys() | batch.dedup.keys() | forgotten.keys():
             owner = self.partitions.get(p)
             if owner is not None:
                 delta = owner.commit(
@@ -545,6 +547,7 @@ class TransactionalProcessor(Recovery):
                     batch.dedup.get(p, ()),
                     commit.delivered.get((s.state_topic, p)),
                     commit.delivered.get((s.dedup_topic, p)),
+                    forgotten.get(p, ()),
                 )
                 if delta:
                     metrics.ACTIVE_RUNS.inc(delta)

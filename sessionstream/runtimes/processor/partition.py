@@ -28,13 +28,14 @@ class PartitionState:
         state_topic_id: str,
         dedup_topic_id: str,
         private: bool = False,
+        retention_ms: int | None = None,
     ) -> None:
         self.partition = partition
         self.store = store
         self.state_topic_id = state_topic_id
         self.dedup_topic_id = dedup_topic_id
         self.private = private
-        self.timers = TimerWheel()
+        self.timers = TimerWheel(retention_ms=retention_ms)
         #: sessions with an active run
         self.active = 0
 
@@ -47,12 +48,16 @@ class PartitionState:
             return None
         return (int.from_bytes(raw[:8], "big"), int.from_bytes(raw[8:], "big"))
 
+    def remembered_ids(self, session_id: str) -> list[int]:
+        """The command id hashes the store remembers for `session_id`."""
+        return self.store.dedup_ids(session_id)
+
     def load_timers(self) -> None:
         """The timer wheel and the active count from the store's deadline index."""
         self.active = 0
-        for due, sid in self.store.deadlines():
+        for due, sid, active in self.store.deadlines():
             self.timers.push(due, sid)
-            self.active += 1
+            self.active += int(active)
 
     def commit(
         self,
@@ -60,6 +65,7 @@ class PartitionState:
         remembered: Iterable[DedupRecord],
         state_offset: int | None,
         dedup_offset: int | None,
+        forgotten: Iterable[tuple[str, int]] = (),
     ) -> int:
         """A transaction committed: its states and dedup records go to the store with where
         the changelogs now are; the wheel watches the new deadlines. Returns the change in
@@ -70,14 +76,17 @@ class PartitionState:
             before = self.store.state(state.session_id)
             was = before is not None and before.active is not None
             delta += int(state.active is not None) - int(was)
-            rows.append((state, state.session_id, raw, next_due(state)))
+            rows.append((state, state.session_id, raw, next_due(state, self.timers.retention_ms)))
             self.timers.schedule(state)
         self.store.write_states(
             rows,
             None if state_offset is None else Checkpoint(self.state_topic_id, state_offset),
         )
         self.store.write_dedup(
-            ((dedup_key(r.session_id, r.id_hash), encode_dedup(r)) for r in remembered),
+            [
+                *((dedup_key(sid, h), None) for sid, h in forgotten),
+                *((dedup_key(r.session_id, r.id_hash), encode_dedup(r)) for r in remembered),
+            ],
             None if dedup_offset is None else Checkpoint(self.dedup_topic_id, dedup_offset),
         )
         self.active += delta

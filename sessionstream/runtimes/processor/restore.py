@@ -87,6 +87,7 @@ def restore(
                 state_topic_id=ids[s.state_topic],
                 dedup_topic_id=ids[s.dedup_topic],
                 private=private,
+                retention_ms=s.session_retention_ms,
             )
         bounds = log_bounds(s, [(t, p) for t in (s.state_topic, s.dedup_topic) for p in partitions])
         start: dict[tuple[str, int], int] = {}
@@ -190,7 +191,8 @@ def _catch_up(
         else:
             sid = (r.key or b"").decode()
             stale.discard((r.partition, sid))
-            states.setdefault(r.partition, []).append(_state_row(r.partition, sid, r.value, stale))
+            row = _state_row(r.partition, sid, r.value, stale, s.session_retention_ms)
+            states.setdefault(r.partition, []).append(row)
         if pending >= _CHUNK:
             flush()
             pending = 0
@@ -210,23 +212,32 @@ def _catch_up(
 
 
 def _state_row(
-    p: int, sid: str, value: bytes | None, stale: set[tuple[int, str]]
+    p: int,
+    sid: str,
+    value: bytes | None,
+    stale: set[tuple[int, str]],
+    retention_ms: int | None = None,
 ) -> tuple[SessionState | None, str, bytes | None, int | None]:
     """What the store keeps of one changelog record: current-format records as they are
-    (decoded only when their session has an active run, for its deadline); older readable
-    ones in the current format; unreadable ones marked for a rebuild from the events log."""
+    (decoded only when their session has a deadline: an active run, or with retention an
+    idle session's erasure); older readable ones in the current format; unreadable ones
+    marked for a rebuild from the events log."""
     if value is None:
         return None, sid, None, None
     try:
         if is_current(value):
-            state = decode_if_active(value)
-            return None, sid, value, None if state is None else next_due(state)
+            state = decode_if_active(value, idle_too=retention_ms is not None)
+            if state is None:
+                return None, sid, value, None
+            due = next_due(state, retention_ms)
+            # an idle session's state goes along: the store files its deadline apart
+            return (state if state.active is None else None), sid, value, due
         state = decode_state(value)
     except ValueError as e:  # pydantic's ValidationError is one
         stale.add((p, sid))
         log.debug("state of %s unreadable (%s)", sid, e)
         return None, sid, None, None
-    return state, sid, encode_state(state), next_due(state)
+    return state, sid, encode_state(state), next_due(state, retention_ms)
 
 
 def _rebuild(

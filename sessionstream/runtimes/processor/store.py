@@ -46,6 +46,8 @@ LAYOUT: Final = 1
 _CHECKPOINT: Final = b"\x00checkpoint"
 _DUE = struct.Struct(">q")
 _STATE, _ACTIVE, _DEDUP = b"s", b"a", b"d"
+#: an idle session's retention deadline (docs/protocol.md, erasure and retention)
+_IDLE = b"r"
 
 
 @dataclass(frozen=True)
@@ -234,11 +236,23 @@ class PartitionStore:
     def seen(self, dedup_key: bytes) -> bytes | None:
         return self.dedup_db.get(_DEDUP + dedup_key)
 
-    def deadlines(self) -> Iterator[tuple[int, str]]:
-        """(earliest deadline, session) of every session with an active run."""
-        n = len(_ACTIVE)
-        for key, value in self.state_db.prefix(_ACTIVE):
-            yield _DUE.unpack(value)[0], key[n:].decode()
+    def dedup_ids(self, sid: str) -> list[int]:
+        """The command id hashes remembered for `sid` (keys `d{sid}/{16 hex digits}`)."""
+        prefix = _DEDUP + f"{sid}/".encode()
+        out = []
+        for key, _value in self.dedup_db.prefix(prefix):
+            tail = key[len(prefix) :]
+            if len(tail) == 16:
+                out.append(int(tail, 16))
+        return out
+
+    def deadlines(self) -> Iterator[tuple[int, str, bool]]:
+        """(earliest deadline, session, has an active run) of every session with a
+        deadline: an active run's, or an idle session's retention."""
+        for prefix, active in ((_ACTIVE, True), (_IDLE, False)):
+            n = len(prefix)
+            for key, value in self.state_db.prefix(prefix):
+                yield _DUE.unpack(value)[0], key[n:].decode(), active
 
     # -- writes ------------------------------------------------------------------------------
     def write_states(
@@ -252,14 +266,17 @@ class PartitionStore:
         deletes: list[bytes] = []
         for state, sid, raw, due in states:
             if raw is None:
-                deletes += (state_key(sid), active_key(sid))
+                deletes += (state_key(sid), active_key(sid), _IDLE + sid.encode())
                 self.cache.drop(sid)
                 continue
             puts.append((state_key(sid), raw))
-            if due is None:
-                deletes.append(active_key(sid))
-            else:
-                puts.append((active_key(sid), _DUE.pack(due)))
+            deletes += (active_key(sid), _IDLE + sid.encode())
+            if due is not None:
+                # an idle session's deadline is its retention: kept apart, so the count of
+                # active runs read back at restore stays one of runs
+                idle = state is not None and state.active is None
+                deletes.remove(_IDLE + sid.encode() if idle else active_key(sid))
+                puts.append(((_IDLE + sid.encode()) if idle else active_key(sid), _DUE.pack(due)))
             if state is not None:
                 self.cache.put(state)
             else:

@@ -37,13 +37,15 @@ class TimerWheel:
     of seconds of the processor's only thread.)"""
 
     refire_ms: int = REFIRE_MS
+    #: an idle session's retention deadline (`DeciderConfig.retention_ms`); None: none
+    retention_ms: int | None = None
     _heap: list[tuple[int, str]] = field(default_factory=list)  # (due at, session id)
     _next: dict[str, int] = field(default_factory=dict)  # session id -> its live entry's time
     _fired: dict[str, int] = field(default_factory=dict)  # timer command id -> fired at
 
     def schedule(self, state: SessionState) -> None:
         """`state` changed: its deadlines (an idle session has none) are watched."""
-        timers = due_timers(state)
+        timers = due_timers(state, self.retention_ms)
         if timers:
             self.push(timers[0].due_at, state.session_id)
 
@@ -72,7 +74,7 @@ class TimerWheel:
             if state is None:
                 continue
             again: int | None = None  # when the session must be looked at next
-            for t in due_timers(state):
+            for t in due_timers(state, self.retention_ms):
                 if t.due_at > now:
                     again = t.due_at if again is None else min(again, t.due_at)
                     continue

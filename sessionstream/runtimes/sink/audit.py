@@ -1,6 +1,6 @@
 """`sessionstream audit`: the seed's pre-launch checklist, run against the live system.
 
-Each of the nine points is PASS or FAIL with the evidence that decided it: counts, the
+Each of the ten points is PASS or FAIL with the evidence that decided it: counts, the
 first offenders by id, the topic settings read from the broker.
 """
 
@@ -250,6 +250,16 @@ def _approvals(c: Check, conn: psycopg.Connection[Any], kinds: str) -> None:
     )
 
 
+def _erased(c: Check, conn: psycopg.Connection[Any], settings: Settings) -> None:
+    from sessionstream.runtimes.sink.audit_erasure import erased_leftovers
+
+    _n, left, notes = erased_leftovers(settings, conn)
+    if left:
+        c.fail("records of erased sessions still readable", left)
+    for n in notes:
+        c.note(n)
+
+
 CHECKS: list[tuple[str, Callable[[Check, psycopg.Connection[Any], Settings], None]]] = [
     ("at most one active run per session", _single_writer),
     ("history append-only and ordered", _append_only),
@@ -259,6 +269,7 @@ CHECKS: list[tuple[str, Callable[[Check, psycopg.Connection[Any], Settings], Non
     ("workers use lease + generation", _leases),
     ("external actions carry idempotency keys", _idempotency),
     ("the event stream replays completely by run id", _replayable),
+    ("nothing of an erased session is readable", _erased),
 ]
 _APPROVALS = "no action executed without its required approval"
 
@@ -266,8 +277,8 @@ _APPROVALS = "no action executed without its required approval"
 def run_audit(
     settings: Settings, conn: psycopg.Connection[Any], *, policy: str = ""
 ) -> list[Check]:
-    """All nine checks; read-only. `policy`: the approval kinds the processors run with
-    (`SESSIONSTREAM_APPROVAL_KINDS`; the ninth check judges by it and by each run's own
+    """All ten checks; read-only. `policy`: the approval kinds the processors run with
+    (`SESSIONSTREAM_APPROVAL_KINDS`; the tenth check judges by it and by each run's own
     kinds)."""
     out = []
     for i, (title, fn) in enumerate(CHECKS, start=1):

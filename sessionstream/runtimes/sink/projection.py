@@ -174,6 +174,15 @@ class Projection:
             session = SessionRow(e.session_id, e.tenant_id, None, e.ts, e.ts, user_id=p.actor)
         self._session(replace(session, active_run_id=e.run_id, updated_at=e.ts))
 
+    def forget(self, session_id: str) -> None:
+        """The session was erased: its runs and its row are no longer projected (a rebuild
+        reading the log before the log cleaner removed the erased events)."""
+        for run_id in [r for r, row in self.runs.items() if row.session_id == session_id]:
+            del self.runs[run_id]
+            self.changed_runs.discard(run_id)
+        self.sessions.pop(session_id, None)
+        self.changed_sessions.discard(session_id)
+
     def _session(self, row: SessionRow) -> None:
         self.sessions[row.session_id] = row
         self.changed_sessions.add(row.session_id)

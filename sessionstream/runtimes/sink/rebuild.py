@@ -330,6 +330,7 @@ def _load(
     rows: list[str] = []
     seen: set[tuple[str, str, int]] = set()
     nxt: dict[int, int] = {}
+    erased: list[tuple[str, int, int]] = []
     n = 0
     with connect(settings, schema) as conn:
         with conn.cursor() as cur:
@@ -348,9 +349,16 @@ def _load(
                     timeout=None,
                     group_id=f"sessionstream-rebuild-{uuid.uuid4()}",
                 ):
-                    e = decode(msg.value() or b"")
                     p, offset = msg.partition() or 0, msg.offset() or 0
                     nxt[p] = offset + 1
+                    if msg.value() is None:
+                        continue  # a tombstone of an erased session's event
+                    e = decode(msg.value() or b"")
+                    if e.type == "session.erased":
+                        # nothing of the session before it is projected (its rows are
+                        # deleted once copied, below): a rebuild resurrects nothing
+                        erased.append((e.session_id, p, offset))
+                        proj.forget(e.session_id)
                     key = (e.session_id, e.run_id, e.seq)
                     if key in seen:
                         continue  # the sink's `on conflict do nothing`: the first one wins
@@ -371,6 +379,12 @@ def _load(
                     if progress and n % PROGRESS_EVERY == 0:
                         progress(n, max(total, n))
                 copy.write("".join(rows))
+            for sid, p, offset in erased:
+                cur.execute(
+                    "delete from agent_run_events where session_id = %s"
+                    " and kafka_partition = %s and kafka_offset <= %s",
+                    (sid, p, offset),
+                )
             # the projection, folded from the partitions' whole log, once
             with cur.copy(
                 "copy agent_sessions (session_id, tenant_id, active_run_id, created_at,"

@@ -165,6 +165,8 @@ def read_range(
                 last = key.rfind(b"/")
                 if key[key.rfind(b"/", 0, last) : last + 1] != run:
                     continue
+        if msg.value() is None:
+            continue  # a tombstone: an erased session's key (docs/protocol.md, erasure)
         yield msg.offset() or 0, decode(msg.value() or b"")
 
 

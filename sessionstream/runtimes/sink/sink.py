@@ -27,16 +27,18 @@ import psycopg
 from sessionstream.adapters import metrics
 from sessionstream.adapters.kafka import (
     OFFSET_BEGINNING,
+    CommandProducer,
     GroupConsumer,
     Message,
     TopicPartition,
     data_messages,
+    new_command_producer,
     new_group_consumer,
 )
 from sessionstream.adapters.postgres import Reconnecting
 from sessionstream.adapters.postgres.migrate import migrate
 from sessionstream.adapters.registry import SchemaRegistry
-from sessionstream.errors import IncompatibleEvent, KafkaFailed
+from sessionstream.errors import ErasureIncomplete, IncompatibleEvent, KafkaFailed
 from sessionstream.runtimes.sink.writer import PendingEvent, WriteMode, write_batch
 from sessionstream.schemas.codec import Codec
 from sessionstream.schemas.errors import DecodeError
@@ -86,6 +88,10 @@ class Sink:
             settings, self.schema, max_backoff_s=max_backoff_s, on_retry=self._retried
         )
         self._consumer: GroupConsumer | None = None
+        #: tombstones of erased sessions' event keys; made at the first erasure
+        self._producer: CommandProducer | None = None
+        #: the next offset past the last tombstone of the batch read, per partition
+        self._passed: dict[tuple[str, int], int] = {}
         self.stall_s = settings.sink_stall_s
         self._watch_new_consumer()
         # the end of the last batch written: the loop did not poll while it wrote (a
@@ -206,10 +212,17 @@ class Sink:
         return batch
 
     def _decode(self, batch: list[Message]) -> list[PendingEvent]:
+        """The batch's events; the tombstones' positions go to `self._passed`."""
         out = []
+        self._passed = {}
         for msg in data_messages(batch, log):
             topic, p, offset = msg.topic(), msg.partition(), msg.offset()
             assert topic is not None and p is not None and offset is not None
+            if msg.value() is None:
+                # a tombstone: an erased session's key (our own, docs/protocol.md); nothing
+                # to write, but the sink's position moves past it
+                self._passed[(topic, p)] = offset + 1
+                continue
             try:
                 event = self.codec.decode_event(msg.value() or b"")
             except DecodeError as e:
@@ -224,7 +237,30 @@ class Sink:
     def _write(
         self, pending: list[PendingEvent], conn: psycopg.Connection[tuple[object, ...]]
     ) -> dict[tuple[str, int], int]:
-        return write_batch(conn, pending, self.mode)
+        return write_batch(conn, pending, self.mode, self._erase_keys, self._passed)
+
+    def _erase_keys(self, partition: int, keys: list[bytes]) -> None:
+        """Tombstones for an erased session's event keys, on the broker before the rows
+        go (`sessionstream.runtimes.sink.erasure`)."""
+        if self._producer is None:
+            self._producer = new_command_producer(self.settings)
+        failed: list[str] = []
+
+        def delivered(err: object, _msg: object) -> None:
+            if err is not None:
+                failed.append(str(err))
+
+        topic = self.settings.events_topic
+        for key in keys:
+            self._producer.produce(
+                topic, key=key, value=None, partition=partition, on_delivery=delivered
+            )
+        left = self._producer.flush(30)
+        if left or failed:
+            raise ErasureIncomplete(
+                f"{left} tombstones undelivered, {len(failed)} failed"
+                + (f": {failed[0]}" if failed else "")
+            )
 
     def run(self, stop: threading.Event | None = None) -> None:
         if self._consumer is None:
@@ -242,7 +278,7 @@ class Sink:
                 if not batch:
                     continue
                 pending = self._decode(batch)
-                if not pending:
+                if not pending and not self._passed:
                     continue
                 t0 = time.perf_counter()
                 nxt = self._retrying("writing a batch", partial(self._write, pending), stop)

@@ -16,6 +16,7 @@ from typing import Literal
 import psycopg
 from psycopg.types.json import Jsonb
 
+from sessionstream.runtimes.sink.erasure import EraseKeys, apply_erasure
 from sessionstream.runtimes.sink.projection import Projection, RunRow, SessionRow
 from sessionstream.schemas.codec import Codec
 from sessionstream.schemas.events import SESSION_LOG, Event
@@ -212,23 +213,49 @@ def _write_projection(cur: psycopg.Cursor[tuple[object, ...]], proj: Projection)
         )
 
 
+def _pieces(batch: Sequence[PendingEvent]) -> list[Sequence[PendingEvent]]:
+    """The batch cut after each `session.erased`: what comes before an erasure is written
+    (and erased) before what comes after it is folded."""
+    out: list[Sequence[PendingEvent]] = []
+    start = 0
+    for i, p in enumerate(batch):
+        if p.event.type == "session.erased":
+            out.append(batch[start : i + 1])
+            start = i + 1
+    if start < len(batch):
+        out.append(batch[start:])
+    return out
+
+
 def write_batch(
     conn: psycopg.Connection[tuple[object, ...]],
     batch: Sequence[PendingEvent],
     mode: WriteMode = "copy",
+    erase_keys: EraseKeys | None = None,
+    passed: dict[tuple[str, int], int] | None = None,
 ) -> dict[tuple[str, int], int]:
-    """Write `batch` in one transaction; returns the next offset stored per partition."""
-    nxt: dict[tuple[str, int], int] = {}
+    """Write `batch` in one transaction; returns the next offset stored per partition.
+    `erase_keys` tombstones event keys (`session.erased`; without it such an event stops
+    the sink rather than leave the session's records behind); `passed`: positions past
+    records read and not written (tombstones)."""
+    nxt: dict[tuple[str, int], int] = dict(passed or {})
     for p in batch:
         nxt[(p.topic, p.partition)] = max(nxt.get((p.topic, p.partition), 0), p.offset + 1)
     with conn.transaction(), conn.cursor() as cur:
-        # Step 1: the events themselves (a conflict on the unique key: already written)
-        _insert_events(cur, batch, mode)
-        # Step 2: the projection, folded from the locked rows and the batch, in log order
-        proj = _load(cur, batch)
-        for p in batch:
-            proj.apply(p.event, f"{p.topic}[{p.partition}]@{p.offset}")
-        _write_projection(cur, proj)
+        for piece in _pieces(batch):
+            # Step 1: the events themselves (a conflict on the unique key: already written)
+            _insert_events(cur, piece, mode)
+            # Step 2: the projection, folded from the locked rows and the batch, in log order
+            proj = _load(cur, piece)
+            for p in piece:
+                proj.apply(p.event, f"{p.topic}[{p.partition}]@{p.offset}")
+            _write_projection(cur, proj)
+            # Step 2b: an erasure ends a piece: its session's keys and rows go
+            last = piece[-1]
+            if last.event.type == "session.erased":
+                if erase_keys is None:
+                    raise RuntimeError("a session.erased needs a producer for its tombstones")
+                apply_erasure(cur, last.event, last.partition, last.offset, erase_keys)
         # Step 3: our position, in the same transaction as the rows (exactly-once)
         cur.executemany(
             "insert into sink_offsets (topic, partition, next_offset, updated_at)"

@@ -184,6 +184,8 @@ class Deliverer:
         assert p is not None and offset is not None
         if not self.dispatcher.owns(p):
             return  # fetched before its partition was taken away
+        if msg.value() is None:
+            return  # a tombstone: an erased session's event, nothing to deliver
         try:
             event = self.codec.decode_event(msg.value() or b"")
         except DecodeError as e:

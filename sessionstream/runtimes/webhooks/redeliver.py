@@ -186,6 +186,8 @@ async def _submit(
     report: RedeliveryReport,
 ) -> None:
     report.read += 1
+    if rec.value is None:
+        return  # a tombstone: an erased session's event
     try:
         event = codec.decode_event(rec.value or b"")
     except DecodeError as e:

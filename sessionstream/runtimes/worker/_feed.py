@@ -52,6 +52,8 @@ OnPresence = Callable[[str, WorkerPresence | None, int], None]
 
 
 def _decode(codec: Codec, value: bytes | None) -> Event | None:
+    if value is None:
+        return None  # a tombstone: an erased session's event (docs/protocol.md, erasure)
     try:
         return codec.decode_event(value or b"")
     except DecodeError as e:  # the processor wrote it, so this is a version skew: skip loudly

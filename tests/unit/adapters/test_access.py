@@ -29,9 +29,13 @@ def _allowed(role: str, op: str, resource: str, name: str) -> bool:
 
 
 def test_only_the_processor_writes_events_state_and_dead_letters() -> None:
-    for topic in (S.events_topic, S.state_topic, S.dlq_topic):
+    for topic in (S.state_topic, S.dlq_topic):
         writers = [r for r in KAFKA_ROLES if _allowed(r, "WRITE", "topic", topic)]
         assert writers == ["processor"], topic
+    # the sink too: the tombstones of an erased session's keys (ACLs cannot say "only
+    # tombstones"; its code writes nothing else: docs/operations.md, erasure)
+    writers = [r for r in KAFKA_ROLES if _allowed(r, "WRITE", "topic", S.events_topic)]
+    assert writers == ["processor", "sink"]
 
 
 def test_who_writes_the_command_topics() -> None:
@@ -83,6 +87,11 @@ def test_readers_and_their_groups() -> None:
     assert not _allowed("worker", "WRITE", "topic", S.open_runs_topic)
     assert not _allowed("worker", "READ", "topic", S.commands_topic)
     assert _allowed("analytics", "CREATE", "topic", "sessionstream-analytics-table-changelog")
+    # the control topic: a producer or a worker can never send `session.erase` there; the
+    # sink writes only the tombstones of erased keys on the events topic
+    for role in ("producer", "worker", "sink", "analytics"):
+        assert not _allowed(role, "WRITE", "topic", S.timers_topic), role
+    assert _allowed("sink", "WRITE", "topic", S.events_topic)
     assert not _allowed("analytics", "READ", "topic", S.commands_topic)
 
 
@@ -92,10 +101,21 @@ def test_database_roles() -> None:
         if "INSERT" in g.privileges:
             by_role.setdefault(g.role, set()).add(g.table)
     assert by_role == {
-        "ss_sink": {"agent_sessions", "agent_runs", "agent_run_events", "sink_offsets"},
+        "ss_sink": {
+            "agent_sessions",
+            "agent_runs",
+            "agent_run_events",
+            "sink_offsets",
+            "session_erasures",
+            "erasure_pointers",
+        },
         "ss_worker": {"agent_actions", "agent_outbox", "agent_run_fences"},
     }
-    assert not any("DELETE" in g.privileges for g in db_grants())
+    # only the sink deletes, and only what an erasure removes (docs/protocol.md, erasure)
+    deleters = {(g.role, g.table) for g in db_grants() if "DELETE" in g.privileges}
+    assert {r for r, _t in deleters} == {"ss_sink"}
+    assert {t for _r, t in deleters} >= {"agent_run_events", "agent_runs", "agent_sessions"}
+    assert ("ss_sink", "sink_offsets") not in deleters
 
 
 def test_printing_the_spec(capsys: object) -> None:

@@ -1,4 +1,4 @@
-"""The audit's ninth point, "no action executed without its required approval", on the
+"""The audit's tenth point, "no action executed without its required approval", on the
 golden approvals log and on crafted logs that break it (docs/protocol.md#approvals: a key
 whose kind needs a person is approved only by a person, for the request they were shown)."""
 

@@ -2,7 +2,8 @@
 
 The table below is written from the spec (docs/protocol.md "Command topics"), not
 from `sessionstream.schemas.commands`: producers write `session.commands`, workers write
-`session.worker-commands`, and only the processor writes `session.timers`. A command of
+`session.worker-commands`, and only the processor and administrators write
+`session.timers` (the control topic: timers and `session.erase`). A command of
 another class on a topic is rejected `not_allowed_here` with no other effect, in any state
 a session is in, and does not use up its command id.
 """
@@ -43,7 +44,8 @@ SPEC: dict[str, set[str]] = {
         "run.fail",
         "step.record",
     },
-    "timer": {"timer.fired"},
+    # the control topic: the processor's timers and an administrator's erasure
+    "timer": {"timer.fired", "session.erase"},
 }
 ARRANGE = {
     "idle": idle,

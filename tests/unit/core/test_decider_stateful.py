@@ -63,6 +63,7 @@ CONFIG = DeciderConfig(
     max_open_calls=2,
     approval_policy=(("*", "payment"), ("intruder", "email")),
     approval_ttl_ms=10_000,
+    retention_ms=150_000,
 )
 BOUNDS = Bounds(
     max_queue=CONFIG.max_queue,
@@ -74,6 +75,7 @@ BOUNDS = Bounds(
     max_run_step_bytes=CONFIG.max_run_step_bytes,
     max_open_calls=CONFIG.max_open_calls,
     approval_ttl_ms=CONFIG.approval_ttl_ms,
+    retention_ms=CONFIG.retention_ms,
 )
 #: the largest state record these bounds allow (JSON; generous for the ids and metadata)
 MAX_STATE_BYTES = 2 * CONFIG.max_held_bytes + 12_000
@@ -188,6 +190,11 @@ class SessionMachine(RuleBasedStateMachine):
         if d.remember is not None:
             assert cmd.command_id not in self.decided or self.decided[cmd.command_id] is None
             self.decided[cmd.command_id] = cmd
+        if events and events[-1].type == "session.erased":
+            # erased: the processor forgets every id the session remembered
+            assert events == [events[-1]] and d.remember is None
+            self.decided.clear()
+            assert self.state.active is None and self.state.finished == ()
         self.commands.append((cmd, self.now, via))
         self.log.extend(events)
         self.encoded.extend(encoded)
@@ -429,6 +436,21 @@ class SessionMachine(RuleBasedStateMachine):
         self.apply(self.cmd(type_, payload, tenant_id="intruder", command_id=cid))
         self.owner_ids.append(cid)
 
+    @rule(reason=st.sampled_from([None, "asked"]), foreign=st.booleans())
+    def erase(self, reason: str | None, foreign: bool) -> None:
+        """An administrator's erase on the control topic: refused while a run is active,
+        another tenant's refused; otherwise the session is erased."""
+        pre = self.state
+        tenant = "intruder" if foreign else TENANT
+        payload = {} if reason is None else {"reason": reason}
+        events = self.apply(self.cmd("session.erase", payload, tenant_id=tenant), via="timer")
+        if foreign and pre.tenant_id == TENANT:
+            assert _reasons(events) == ["tenant_mismatch"]
+        elif pre.active is not None:
+            assert _reasons(events) == ["session_busy"], "erased while a run is active"
+        else:
+            assert [e.type for e in events] == ["session.erased"]
+
     @rule(kind=st.sampled_from(["lease_expiry", "run_deadline", "cancel_deadline"]))
     def forged_timer(self, kind: str) -> None:
         """A `timer.fired` from outside, for the active run, whenever the forger likes."""
@@ -444,7 +466,7 @@ class SessionMachine(RuleBasedStateMachine):
                 generation=run.generation,
             )
         )
-        due = {t.kind: t.due_at for t in due_timers(pre)}
+        due = {t.kind: t.due_at for t in due_timers(pre, CONFIG.retention_ms)}
         if kind not in due or due[kind] > self.now:
             assert _reasons(events) == ["timer_stale"], "a timer honoured before it was due"
 
@@ -663,15 +685,15 @@ class SessionMachine(RuleBasedStateMachine):
     # -- the clock ----------------------------------------------------------------------------
     @rule(ms=st.sampled_from([500, 4_000, 6_000, 21_000, 31_000, 125_000]))
     def advance(self, ms: int) -> None:
-        self.seen_timers.extend(due_timers(self.state))
+        self.seen_timers.extend(due_timers(self.state, CONFIG.retention_ms))
         self.now += ms
         for _ in range(4):  # each due timer removes itself: a few at most, never a loop
-            due = [t for t in due_timers(self.state) if t.due_at <= self.now]
+            due = [t for t in due_timers(self.state, CONFIG.retention_ms) if t.due_at <= self.now]
             if not due:
                 return
             events = self.apply(timer_command(self.state, due[0], self.now))
             assert events and events[0].type != "command.rejected", "a due timer always decides"
-        assert not [t for t in due_timers(self.state) if t.due_at <= self.now]
+        assert not [t for t in due_timers(self.state, CONFIG.retention_ms) if t.due_at <= self.now]
 
     @rule(ms=st.sampled_from([1, 300]))
     def clock_steps_back(self, ms: int) -> None:

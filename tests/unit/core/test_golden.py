@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from sessionstream.core.decider import evolve, fold
+from sessionstream.core.decider import DEFAULT_CONFIG, DeciderConfig, evolve, fold
 from sessionstream.core.state import SessionState
 from sessionstream.core.timers import due_timers, timer_command
 from sessionstream.schemas.codec import Codec
@@ -40,12 +40,22 @@ def dump(lines: list[Line]) -> str:
     return "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
 
 
+def config_of(lines: list[Line]) -> DeciderConfig:
+    """The story's `{"config": {...}}` line (DeciderConfig fields), or the defaults."""
+    for line in lines:
+        if "config" in line:
+            return DeciderConfig(**line["config"])
+    return DEFAULT_CONFIG
+
+
 def replay(lines: list[Line]) -> tuple[list[Line], list[Event], SessionState | None]:
-    """The file as it must be: notes and commands kept, event lines recomputed."""
+    """The file as it must be: notes and commands kept, event lines recomputed. A command
+    line's `via` names the class of the topic it arrived on (none: tools decide it)."""
     out: list[Line] = []
     log: list[Event] = []
     state: SessionState | None = None
     dedup = Dedup()
+    config = config_of(lines)
     for line in lines:
         if "event" in line:
             continue
@@ -55,15 +65,17 @@ def replay(lines: list[Line]) -> tuple[list[Line], list[Event], SessionState | N
         cmd = CODEC.decode_command(json.dumps(line["command"]).encode())  # the JSON path
         if cmd.type == "timer.fired":
             assert state is not None
-            built = [timer_command(state, t, cmd.ts) for t in due_timers(state)]
+            built = [
+                timer_command(state, t, cmd.ts) for t in due_timers(state, config.retention_ms)
+            ]
             assert cmd in built, (
                 f"{cmd.command_id} is not a timer sessionstream.core.timers would send"
             )
         # the broker's append time of the record; a story that does not say is one whose
         # producers' clocks agree with the broker's
         at = line.get("logTime", cmd.ts)
-        for e in dedup.decide(state, cmd, at=at).events:
-            state = evolve(state or SessionState.initial(cmd.session_id), e)
+        for e in dedup.decide(state, cmd, config, at=at, via=line.get("via")).events:
+            state = evolve(state or SessionState.initial(cmd.session_id), e, config)
             log.append(e)
             out.append({"event": Codec.event_to_json(e)})
     return out, log, state
@@ -76,7 +88,7 @@ def test_golden_log(path: Path) -> None:
         path.write_text(dump(lines))
     assert dump(lines).splitlines() == path.read_text().splitlines()
     check_log(log)
-    assert state is not None and fold(log, state.session_id) == state
+    assert state is not None and fold(log, state.session_id, config_of(lines)) == state
     for e in log:
         assert CODEC.decode_event(CODEC.encode_event(e)) == e
 
@@ -97,6 +109,7 @@ def test_the_required_stories_are_there() -> None:
         "typed_input",
         "approvals",
         "queue_control",
+        "erasure",
     } <= names
 
 
@@ -272,3 +285,36 @@ def test_seed_story_ends_cancelled_after_the_ack() -> None:
     ]
     assert log[-1].payload.model_dump()["terminal_status"] == "cancelled"
     assert state is not None and state.active is None
+
+
+def test_erasure_story_refuses_producers_and_active_runs_and_reuses_no_key() -> None:
+    """Written from the feature's text: an erase from a producer's topic, while a run is
+    active and from another tenant is refused; an administrator's erase of the finished
+    session names it by a hash; nothing of it is known after; later keys are new; the
+    retention timer erases only when due by the log's clock."""
+    import hashlib
+
+    _, log, state = replay(load(GOLDEN / "erasure.jsonl"))
+    refused = [e.payload.model_dump()["reason"] for e in log if e.type == "command.rejected"]
+    assert refused == [
+        "not_allowed_here",
+        "session_busy",
+        "tenant_mismatch",
+        "unknown_run",
+        "timer_stale",
+    ]
+    erased = [e for e in log if e.type == "session.erased"]
+    want = "sha256:" + hashlib.sha256(b"sess-erase").hexdigest()
+    assert [
+        (e.payload.model_dump()["trigger"], e.payload.model_dump()["session_hash"]) for e in erased
+    ] == [
+        ("admin", want),
+        ("retention", want),
+    ]
+    first = log.index(erased[0])
+    before = {(e.run_id, e.seq) for e in log[: first + 1]}
+    after = {(e.run_id, e.seq) for e in log[first + 1 :]}
+    assert not before & after
+    restarted = [e for e in log[first:] if e.type == "run.started"]
+    assert len(restarted) == 1 and restarted[0].payload.model_dump()["context_ref"] is None
+    assert state is not None and state.erased_at == erased[-1].ts and state.finished == ()

@@ -28,6 +28,7 @@ from sessionstream.core.state_codec import (
     FORMAT_V3,
     FORMAT_V4,
     FORMAT_V5,
+    FORMAT_V6,
     STATE_FIELDS,
     decode_if_active,
     decode_state,
@@ -140,6 +141,9 @@ def _full() -> SessionState:
             RemovedTask(source_command_id="c-6", reason="dequeued", actor="user:bo"),
             RemovedTask(source_command_id="c-7", reason="cleared"),
         ),
+        # not a state the decider makes beside an active run: here for the codec only
+        idle_since=1_767_225_500_000,
+        erased_at=1_767_225_400_000,
     )
 
 
@@ -201,11 +205,17 @@ def _full_before_queue_control() -> SessionState:
     )
 
 
+def _full_before_erasure() -> SessionState:
+    """`_full()` without what format 6 added: when the session went idle, when it was
+    erased."""
+    return evolved(_full(), idle_since=None, erased_at=None)
+
+
 def _full_before_approvals() -> SessionState:
     """`_full()` without what format 5 added: approvals (each key's digest, window,
     generation and reason; the approval kinds of the run and the tasks). Format 4 knew
     no pending decision and no approvals: its keys were approved or denied by the gate."""
-    full = _full_before_queue_control()
+    full = _full_before_erasure()
     assert full.active is not None
     actions = {
         k: ActionRecord(kind=r.kind, decision=r.decision, completed=r.completed)
@@ -254,16 +264,16 @@ def _older(tag: int, run_fields: int, session_fields: int = 9, queue_fields: int
     return bytes([tag]) + msgspec.msgpack.encode(t[:session_fields])
 
 
-def test_a_format_5_record_is_still_read() -> None:
-    """Format 5 is format 6 without queue control and labels: read with no removed tasks,
+def test_a_format_6_record_is_still_read() -> None:
+    """Format 6 is format 7 without queue control and labels: read with no removed tasks,
     finished runs of unknown source, queued tasks without labels; written again in
-    format 6."""
+    format 7."""
     t = msgspec.msgpack.decode(encode_state(_full())[1:])
     t[3] = [q[:9] for q in t[3]]
     t[7] = [f[:4] for f in t[7]]
-    v5 = bytes([FORMAT_V5]) + msgspec.msgpack.encode(t[:9])
-    assert not is_current(v5)
-    state = decode_state(v5)
+    v6 = bytes([FORMAT_V6]) + msgspec.msgpack.encode(t[:11])
+    assert not is_current(v6)
+    state = decode_state(v6)
     assert state == _full_before_queue_control()
     assert is_current(encode_state(state)) and decode_state(encode_state(state)) == state
 
@@ -271,6 +281,27 @@ def test_a_format_5_record_is_still_read() -> None:
 def test_the_json_of_earlier_versions_is_still_read() -> None:
     assert decode_state(OLD_JSON.encode()) == _full_before_steps()
     assert decode_state(state_to_json(_full())) == _full()
+
+
+def test_a_format_5_record_is_still_read() -> None:
+    """Format 5 is format 6 without the session's idle and erasure times: read with
+    none (no retention deadline until its next run ends), written again in format 6."""
+    t = msgspec.msgpack.decode(encode_state(_full())[1:])
+    t[3] = [q[:9] for q in t[3]]
+    t[7] = [f[:4] for f in t[7]]
+    v5 = bytes([FORMAT_V5]) + msgspec.msgpack.encode(t[:9])
+    assert not is_current(v5)
+    state = decode_state(v5)
+    assert state == _full_before_erasure()
+    assert is_current(encode_state(state)) and decode_state(encode_state(state)) == state
+
+
+def test_decode_if_active_with_retention_also_decodes_sessions_gone_idle() -> None:
+    idle = SessionState(session_id="s", tenant_id="t", idle_since=5, clock=5)
+    assert decode_if_active(encode_state(idle)) is None
+    assert decode_if_active(encode_state(idle), idle_too=True) == idle
+    never = SessionState.initial("n")
+    assert decode_if_active(encode_state(never), idle_too=True) is None
 
 
 def test_a_format_4_record_is_still_read() -> None:

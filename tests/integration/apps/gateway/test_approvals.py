@@ -7,7 +7,7 @@ One run is approved through the gateway (the actor taken from the key) after its
 killed -9 while the payment was pending: the next holder waits on the same pending decision,
 one approval, one payment. Another is denied; another tenant's key is refused as if the run
 did not exist; the SDK's approve after the deny is rejected with the reason; the CLI lists
-what waits; the audit's ninth point passes, then fails on a planted execution."""
+what waits; the audit's approval point passes, then fails on a planted execution."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from sessionstream.adapters.postgres import connect
 from sessionstream.apps._procs import settings_env
 from sessionstream.client import SessionClient
-from sessionstream.runtimes.sink.audit import run_audit
+from sessionstream.runtimes.sink.audit import Check, run_audit
 from sessionstream.runtimes.worker._approval import args_digest
 from sessionstream.settings import Settings
 from tests.integration.apps.gateway.test_console_browser import _css, _shot, _wait
@@ -254,7 +254,7 @@ def test_approve_deny_tenants_and_a_takeover_while_pending(
 
     # -- the audit: no action executed without its approval; then a planted one -----------
     with connect(w.settings) as conn:
-        assert run_audit(w.settings, conn, policy="payment")[8].ok
+        assert _approval_check(w.settings, conn).ok
         conn.execute(
             "insert into agent_run_events (session_id, run_id, seq, type, payload, generation,"
             " command_id, tenant_id, ts, kafka_partition, kafka_offset) select session_id,"
@@ -265,8 +265,17 @@ def test_approve_deny_tenants_and_a_takeover_while_pending(
             (key_b, run_b),
         )
         conn.commit()
-        nine = run_audit(w.settings, conn, policy="payment")[8]
+        nine = _approval_check(w.settings, conn)
     assert not nine.ok and any(f"{run_b}/{key_b}#1000" in line for line in nine.evidence), nine
+
+
+def _approval_check(settings: Settings, conn: Any) -> Check:
+    (check,) = [
+        c
+        for c in run_audit(settings, conn, policy="payment")
+        if c.title == "no action executed without its required approval"
+    ]
+    return check
 
 
 def test_the_console_shows_a_pending_action_and_who_approved_it(

@@ -244,6 +244,46 @@ def test_outcomes_accepted_rejected_duplicate_and_tenant_from_the_key(world: Gat
     assert started["sessionId"] == sid, "shown as the tenant knows it"
 
 
+def test_only_an_admin_key_erases_and_not_while_a_run_is_active(world: GatewayWorld) -> None:
+    """Erasure is admin-only (docs/protocol.md#erasure-and-retention): a producer key gets 403
+    on the admin route and on the command route; an admin key's erase is refused while a
+    run is active (409 session_busy) and erases the finished session: its rows go."""
+    from sessionstream.apps.gateway.keys import create_key
+
+    sid = _sid()
+    with world.conn() as conn:
+        admin_key, rec = create_key(conn, "acme", "ops", role="admin")
+    assert rec.role == "admin"
+    with world.client(world.key("acme", "alice")) as c, world.client(admin_key) as admin:
+        run_id = c.post(f"/v1/sessions/{sid}/commands", json=_prompt("secret")).json()["runId"]
+        refused = c.post(f"/v1/admin/sessions/{sid}/erase", json={})
+        assert (refused.status_code, refused.json()["error"]["code"]) == (403, "admin_only")
+        via_commands = c.post(
+            f"/v1/sessions/{sid}/commands", json={"type": "session.erase", "payload": {}}
+        )
+        assert via_commands.status_code == 403
+        busy = admin.post(f"/v1/admin/sessions/{sid}/erase", json={"reason": "ticket 7"})
+        assert busy.status_code == 409 and busy.json()["reason"] == "session_busy", busy.text
+        c.post(f"/v1/sessions/{sid}/commands", json={"type": "abort", "runId": run_id})
+        world.wait_sink(f"acme:{sid}", "run.finished")
+        done = admin.post(f"/v1/admin/sessions/{sid}/erase", json={"reason": "ticket 7"})
+        assert done.status_code == 200, done.text
+        assert [e["type"] for e in done.json()["events"]] == ["session.erased"]
+        assert done.json()["events"][0]["payload"]["actor"] == "ops"
+
+        def gone() -> bool:
+            with world.conn() as conn:
+                n = conn.execute(
+                    "select count(*) from agent_run_events where session_id = %s",
+                    (f"acme:{sid}",),
+                ).fetchone()
+            return n == (0,)
+
+        wait_until(gone, timeout=30, what="the sink to erase the session's rows")
+        assert c.get(f"/v1/sessions/{sid}").status_code == 404
+        assert c.get(f"/v1/runs/{run_id}").status_code == 404
+
+
 def test_concurrent_retries_of_one_command_share_its_outcome(world: GatewayWorld) -> None:
     sid = _sid()
     key = world.key("acme")

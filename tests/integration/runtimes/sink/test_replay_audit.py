@@ -287,7 +287,7 @@ def _audit(s: Settings) -> dict[int, bool]:
 
 def test_audit_passes_then_fails_on_planted_violations(world: tuple[Settings, str, str]) -> None:
     s, _sid, run = world
-    assert _audit(s) == dict.fromkeys(range(1, 10), True)
+    assert _audit(s) == dict.fromkeys(range(1, 11), True)
     cli = Path(sys.executable).with_name("sessionstream")
     ok = subprocess.run([str(cli), "audit"], env=settings_env(s), capture_output=True, text=True)
     assert ok.returncode == 0, ok.stdout + ok.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
+from dataclasses import replace
 
 import pytest
 
@@ -125,6 +126,15 @@ def test_bad_bodies_are_refused_with_a_code(body: object, code: str) -> None:
     with pytest.raises(ApiError) as e:
         build_command("s1", body, WHO)
     assert e.value.status == 400 and e.value.code == code
+
+
+def test_an_erase_on_the_command_route_is_refused_403_admin_only() -> None:
+    """Erasure is an administrator's (docs/protocol.md#erasure-and-retention): never through
+    the producers' command route, whatever the key."""
+    for who in (WHO, replace(WHO, role="admin")):
+        with pytest.raises(ApiError) as e:
+            build_command("s1", {"type": "session.erase", "payload": {}}, who)
+        assert (e.value.status, e.value.code) == (403, "admin_only")
 
 
 def test_outcomes_map_to_http_statuses() -> None:

@@ -68,8 +68,46 @@ def test_a_commit_survives_a_reopen_with_its_checkpoint(tmp_path: Path) -> None:
     # only the active session is in the deadline index, with its earliest deadline
     again.load_timers()
     assert again.active == 1
-    assert list(again.store.deadlines()) == [(next_due(a), "a")]
+    assert list(again.store.deadlines()) == [(next_due(a), "a", True)]
     again.close()
+
+
+def test_an_idle_sessions_retention_deadline_is_indexed_apart_from_the_active_runs(
+    tmp_path: Path,
+) -> None:
+    """With retention set, a session whose run finished has a deadline (its erasure) but no
+    active run: restored, the wheel watches it and the count of active runs stays right."""
+    part = PartitionState(
+        0, _store(tmp_path), state_topic_id="s", dedup_topic_id="d", retention_ms=60_000
+    )
+    a = _active("a")
+    part.commit([(a, encode_state(a))], [], 1, None)
+    idle = evolved(a, active=None, idle_since=2_000, clock=2_000)
+    assert part.commit([(idle, encode_state(idle))], [], 2, None) == -1
+    assert list(part.store.deadlines()) == [(62_000, "a", False)]
+    part.close()
+    again = PartitionState(
+        0, _store(tmp_path), state_topic_id="s", dedup_topic_id="d", retention_ms=60_000
+    )
+    again.load_timers()
+    assert again.active == 0 and again.timers.pending == 1
+    [fired] = again.timers.due(62_000, again.state)
+    assert fired.payload.model_dump()["kind"] == "retention" and fired.run_id == "_session"
+    # erased: the marker has no deadline, nothing stays in the index
+    marker = SessionState(session_id="a", tenant_id="t", clock=62_000, erased_at=62_000)
+    again.commit([(marker, encode_state(marker))], [], 3, None)
+    assert list(again.store.deadlines()) == []
+    again.close()
+
+
+def test_an_erasure_forgets_the_sessions_remembered_ids(tmp_path: Path) -> None:
+    part = _part(_store(tmp_path))
+    part.commit([], [DedupRecord("a", 7, 99, 1_000), DedupRecord("b", 7, 98, 1_000)], None, 1)
+    assert sorted(part.remembered_ids("a")) == [7]
+    part.commit([], [], None, 2, forgotten=[("a", 7)])
+    assert part.seen("a", 7) is None and part.seen("b", 7) == (98, 1_000)
+    assert part.remembered_ids("a") == []
+    part.close()
 
 
 def test_a_session_that_goes_idle_leaves_the_deadline_index(tmp_path: Path) -> None:
