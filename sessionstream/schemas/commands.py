@@ -9,20 +9,18 @@ information only: the decider's "now" is the broker's append time of the command
 from __future__ import annotations
 
 import builtins
-from typing import Annotated, Any, Final, Literal, TypeVar
+from typing import Any, Final, Literal, TypeVar
 
 from pydantic import (
-    AfterValidator,
     Field,
-    JsonValue,
     SerializeAsAny,
-    TypeAdapter,
     model_validator,
 )
 
-from sessionstream.schemas._base import AvroJsonText, Payload, WireModel
+from sessionstream.schemas._base import Payload, WireModel
 from sessionstream.schemas.labels import Labels
 from sessionstream.schemas.sessions import MAX_SESSION_ID_CHARS, session_id_problem
+from sessionstream.schemas.typed_input import MAX_INPUT_DEPTH, JsonInput, json_text
 
 __all__ = [
     "ADMIN_COMMAND_TYPES",
@@ -93,37 +91,6 @@ MAX_DENY_REASON_CHARS: Final = 500
 
 #: how many action kinds a prompt may add to its run's approval policy
 MAX_APPROVAL_KINDS: Final = 16
-
-#: how deeply a prompt's input may nest objects and arrays inside each other
-MAX_INPUT_DEPTH: Final = 64
-
-
-def _json_input(value: JsonValue) -> JsonValue:
-    """Numbers JSON can write (no NaN, no Infinity: PostgreSQL's jsonb and JSON readers
-    take neither), nesting at most `MAX_INPUT_DEPTH` deep."""
-    todo: list[tuple[JsonValue, int]] = [(value, 1)]
-    while todo:
-        v, depth = todo.pop()
-        if isinstance(v, float) and v - v != 0:  # inf - inf and nan - nan are nan, not 0
-            raise ValueError(f"the input holds {v}, a number JSON cannot carry")
-        if isinstance(v, dict | list):
-            if depth > MAX_INPUT_DEPTH:
-                raise ValueError(f"the input nests deeper than {MAX_INPUT_DEPTH} levels")
-            todo.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
-    return value
-
-
-#: a prompt's typed input: any JSON value (null: none), held parsed; Avro carries its
-#: JSON text
-JsonInput = Annotated[JsonValue, AfterValidator(_json_input), AvroJsonText()]
-
-_JSON: Final = TypeAdapter(JsonValue)
-
-
-def json_text(value: JsonValue) -> str:
-    """A JSON value's compact text (no spaces, non-ASCII kept, object keys in their order):
-    what the state, the events and the open-runs record hold of a prompt's input."""
-    return _JSON.dump_json(value).decode()
 
 
 def _absent(value: object) -> bool:

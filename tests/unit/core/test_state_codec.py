@@ -194,7 +194,7 @@ OLD_JSON = (
 
 
 def _full_before_queue_control() -> SessionState:
-    """`_full()` without what format 6 added: the removed tasks, the finished runs' source
+    """`_full()` without what format 7 added: the removed tasks, the finished runs' source
     command ids, the queued tasks' labels."""
     full = _full()
     return evolved(
@@ -206,9 +206,9 @@ def _full_before_queue_control() -> SessionState:
 
 
 def _full_before_erasure() -> SessionState:
-    """`_full()` without what format 6 added: when the session went idle, when it was
-    erased."""
-    return evolved(_full(), idle_since=None, erased_at=None)
+    """`_full()` without what formats 6 and 7 added: when the session went idle, when it
+    was erased, and queue control."""
+    return evolved(_full_before_queue_control(), idle_since=None, erased_at=None)
 
 
 def _full_before_approvals() -> SessionState:
