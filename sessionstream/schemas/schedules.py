@@ -1,4 +1,5 @@
-"""The schedule commands' payloads: a session's prompts sent on a cron or an interval.
+"""The schedule commands' payloads and events: a session's prompts sent on a cron or an
+interval.
 
 A schedule is kept in the session's state and fired by the processor's own timer
 (`timer.fired` of kind `schedule`); the decider checks every rule of a definition (the
@@ -20,7 +21,10 @@ __all__ = [
     "SCHEDULE_ID_PATTERN",
     "ScheduleCatchUp",
     "ScheduleCreatePayload",
+    "ScheduleDefined",
     "ScheduleDeletePayload",
+    "ScheduleDeleted",
+    "ScheduleFired",
     "ScheduleOverlap",
     "ScheduleUpdatePayload",
 ]
@@ -78,3 +82,55 @@ class ScheduleDeletePayload(Payload):
     schedule_id: str = Field(
         min_length=1, max_length=MAX_SCHEDULE_ID_CHARS, pattern=SCHEDULE_ID_PATTERN
     )
+
+
+# -- the events a schedule gives ---------------------------------------------------------------
+
+
+class ScheduleDefined(Payload):
+    """`schedule.created` / `schedule.updated`: the whole definition as it is kept, and its
+    first firing computed at the event's time (`nextNominalAt` by the cron or the interval,
+    `nextAt` with the jitter): the fold copies them, never computes one."""
+
+    schedule_id: str
+    cron: str | None = None
+    timezone: str = "UTC"
+    interval_ms: int | None = None
+    text: str
+    #: the prompt's typed input, compact JSON text (null: none)
+    input: str | None = None
+    timeout_ms: int | None = None
+    context_ref: str | None = None
+    overlap: ScheduleOverlap
+    catch_up: ScheduleCatchUp
+    max_catch_up: int
+    jitter_ms: int = 0
+    #: an interval's origin: its firings are at anchorAt + k * intervalMs
+    anchor_at: int
+    next_nominal_at: int
+    next_at: int
+    actor: str | None = None
+
+
+class ScheduleDeleted(Payload):
+    """The schedule is gone; a firing on its way is refused `timer_stale`."""
+
+    schedule_id: str
+    actor: str | None = None
+
+
+class ScheduleFired(Payload):
+    """A schedule's time came (`nominalAt`, jitter aside). `outcome`: `prompted` (its
+    prompt's own outcome follows: run.started, run.queued, or command.rejected), or
+    `skipped` with `reason` `busy` (overlap `skip`) or `late` (catch-up `skip`). `missed`:
+    the later times passed over at once (counted up to 100); `caughtUp`: how many late
+    firings in a row this one is (catch-up `all`); then the next firing, computed here."""
+
+    schedule_id: str
+    nominal_at: int
+    outcome: Literal["prompted", "skipped"]
+    reason: str | None = None
+    missed: int = 0
+    caught_up: int = 0
+    next_nominal_at: int
+    next_at: int

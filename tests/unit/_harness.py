@@ -64,6 +64,8 @@ def token(e: Event) -> str:
         return f"run.started:{p.origin}"
     if e.type == "run.lease_expired":
         return f"run.lease_expired:{p.reason}"
+    if e.type == "run.dequeued":
+        return f"run.dequeued:{p.reason}"
     if e.type == "action.decision_replayed":
         return f"action.decision_replayed:{p.decision}"
     if e.type == "action.denied" and p.reason in _APPROVAL_DENIALS:
@@ -204,6 +206,13 @@ class Harness:
         payload = {"idempotency_key": key, "args_digest": digest, "reason": reason}
         kw.setdefault("run_id", self.state.active.run_id if self.state.active else self.last_run)
         return self.do("action.deny", payload, actor=actor, **kw)
+
+    def dequeue(self, task: str, *, actor: str | None = "user:bo", **kw: Any) -> list[Event]:
+        """A person removes the queued task `task` (the command id that queued it)."""
+        return self.do("dequeue", {"command_id": task}, actor=actor, **kw)
+
+    def clear_queue(self, *, actor: str | None = "user:bo", **kw: Any) -> list[Event]:
+        return self.do("clear_queue", {}, actor=actor, **kw)
 
     # -- workers --------------------------------------------------------------------------------
     def acquire(self, worker: str = "w1", lease_ms: int = 30_000) -> list[Event]:

@@ -10,6 +10,7 @@ from sessionstream.core.decider._base import DEFAULT_CONFIG, DeciderConfig, Deci
 from sessionstream.core.decider._emit import _Emitter
 from sessionstream.core.decider._erase import _erase
 from sessionstream.core.decider._producer import _abort, _follow_up, _prompt, _send, _steer
+from sessionstream.core.decider._queue import _clear_queue, _dequeue
 from sessionstream.core.decider._schedules import _define, _delete
 from sessionstream.core.decider._timers import _timer
 from sessionstream.core.decider._worker import _WORKER_HANDLERS, _worker
@@ -127,6 +128,8 @@ _HANDLERS = {
     "abort": _abort,
     "action.approve": _decide_action,
     "action.deny": _decide_action,
+    "dequeue": _dequeue,
+    "clear_queue": _clear_queue,
     "timer.fired": _timer,
     "session.erase": _erase,
     "schedule.create": _define,
