@@ -217,7 +217,7 @@ class Schedule(_State, frozen=True, kw_only=True):
     timezone: str = "UTC"
     interval_ms: int | None = None
     anchor_at: int = 0
-    # the prompt it sends (prompt metadata, once the prompt carries it, goes here too)
+    # the prompt it sends
     text: str
     input_json: str | None = None
     timeout_ms: int | None = None
@@ -232,6 +232,8 @@ class Schedule(_State, frozen=True, kw_only=True):
     #: late firings in a row so far (catch-up `all` stops at `max_catch_up`)
     caught_up: int = 0
     actor: str | None = None
+    #: the labels of each run it starts (a prompt's `metadata`)
+    metadata: dict[str, str] = {}
 
     def held_bytes(self) -> int:
         return len(self.text.encode()) + (

@@ -8,7 +8,8 @@ session, written on every batch that changes the session. The record is MessageP
                     finished, last_checkpoint, idle_since, erased_at, schedules, removed]
 
 (Still read: 0x07, the same without queue control and labels: the `removed` tasks at the
-end, each finished run's source command id, each queued task's metadata; 0x06, also without
+end, each finished run's source command id, each queued task's and each schedule's
+metadata; 0x06, also without
 the schedules; 0x05, also without erasure and retention's `idle_since` and `erased_at`;
 0x04, also without approvals: each action key's digest, expiry, generation and reason, and
 the approval kinds of the active run and of each queued task; 0x03, also without the typed
@@ -79,7 +80,7 @@ FORMAT_V6: Final = 0x06
 #: v6 + the session's schedules
 FORMAT_V7: Final = 0x07
 #: v7 + queue control and labels: the tasks removed from the queue, each finished run's
-#: source command id, each queued task's metadata
+#: source command id, each queued task's and each schedule's metadata
 FORMAT_V8: Final = 0x08
 _TAG: Final = bytes([FORMAT_V8])
 _READABLE: Final = frozenset(
@@ -131,6 +132,7 @@ STATE_FIELDS: Final[dict[type, tuple[str, ...]]] = {
         "next_at",
         "caught_up",
         "actor",
+        "metadata",
     ),
     RunState: (
         "run_id",
@@ -357,6 +359,7 @@ def encode_state(state: SessionState) -> bytes:
                     sc.next_at,
                     sc.caught_up,
                     sc.actor,
+                    sc.metadata,
                 )
                 for sc in state.schedules
             ],
@@ -477,6 +480,8 @@ def _schedule(x: list[Any]) -> Schedule:
         next_at=x[15],
         caught_up=x[16],
         actor=x[17],
+        # a schedule kept before format 8 has no labels
+        metadata=x[18] if len(x) > 18 else {},
     )
 
 

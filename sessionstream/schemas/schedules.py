@@ -15,6 +15,7 @@ from pydantic import Field
 
 from sessionstream.schemas._base import Payload
 from sessionstream.schemas.inputs import JsonInput, is_absent
+from sessionstream.schemas.labels import Labels
 
 __all__ = [
     "MAX_SCHEDULE_ID_CHARS",
@@ -49,9 +50,9 @@ _MAX_REF_CHARS: Final = 2048
 
 class ScheduleCreatePayload(Payload):
     """A new schedule: `cron` (five fields, in `timezone`) or `intervalMs`, exactly one;
-    the prompt it sends (`text`, `input`, `timeoutMs`, `contextRef`); `overlap`, `catchUp`
-    (`maxCatchUp` bounds `all`), and `jitterMs`, a delay in [0, jitterMs] derived from the
-    schedule and the time (the same on every replay)."""
+    the prompt it sends (`text`, `input`, `metadata`, `timeoutMs`, `contextRef`); `overlap`,
+    `catchUp` (`maxCatchUp` bounds `all`), and `jitterMs`, a delay in [0, jitterMs] derived
+    from the schedule and the time (the same on every replay)."""
 
     schedule_id: str = Field(
         min_length=1, max_length=MAX_SCHEDULE_ID_CHARS, pattern=SCHEDULE_ID_PATTERN
@@ -59,10 +60,11 @@ class ScheduleCreatePayload(Payload):
     cron: str | None = Field(default=None, max_length=200)
     timezone: str = Field(default="UTC", min_length=1, max_length=64)
     interval_ms: int | None = Field(default=None, ge=-_MAX_WIRE_INT, le=_MAX_WIRE_INT)
-    # the prompt: text, typed input, deadline, context (prompt metadata, once the prompt
-    # carries it, belongs here too, and in the state's `Schedule` beside `input_json`)
+    # the prompt: text, typed input, labels, deadline, context
     text: str
     input: JsonInput = Field(default=None, exclude_if=is_absent)
+    #: the labels of each run it starts (a prompt's `metadata`, same bounds; null: none)
+    metadata: Labels = Field(default=None, exclude_if=is_absent)
     timeout_ms: int | None = Field(default=None, gt=0, le=_MAX_WIRE_INT)
     context_ref: str | None = Field(default=None, max_length=_MAX_REF_CHARS)
     overlap: ScheduleOverlap = "skip"
@@ -99,6 +101,8 @@ class ScheduleDefined(Payload):
     text: str
     #: the prompt's typed input, compact JSON text (null: none)
     input: str | None = None
+    #: the labels of each run it starts (null: none)
+    metadata: Labels = None
     timeout_ms: int | None = None
     context_ref: str | None = None
     overlap: ScheduleOverlap

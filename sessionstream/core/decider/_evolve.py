@@ -302,6 +302,7 @@ def _schedules_after(state: SessionState, event: Event) -> tuple[Schedule, ...]:
         next_nominal_at=d.next_nominal_at,
         next_at=d.next_at,
         actor=d.actor,
+        metadata=d.metadata or {},
     )
     if t == "schedule.created":
         return (*state.schedules, new)
