@@ -1,12 +1,14 @@
 """The commands a producer sends by name: `SessionClient.prompt`, `steer`, `follow_up`,
-`send`, `abort`, `approve`, `deny`, `answer`, a session's schedules (`schedule_create`,
-`schedule_update`, `schedule_delete`), and an administrator's `erase`. Each builds its
-payload, names the run it acts on (`KNOWN_RUN`: the one the client last saw active in the
-session; a decision names its run always) and hands the command to `SessionClient.submit`.
+`send`, `abort`, `approve`, `deny`, `answer`, `dequeue`, `clear_queue`, a session's schedules
+(`schedule_create`, `schedule_update`, `schedule_delete`), and an administrator's `erase`.
+Each builds its payload, names the run it acts on (`KNOWN_RUN`: the one the client last saw
+active in the session; a decision names its run always) and hands the command to
+`SessionClient.submit`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from sessionstream.schemas._json import jsonable
@@ -14,7 +16,9 @@ from sessionstream.schemas.commands import (
     AbortPayload,
     ActionApprovePayload,
     ActionDenyPayload,
+    ClearQueuePayload,
     Command,
+    DequeuePayload,
     FollowUpPayload,
     PromptPayload,
     PromptPolicy,
@@ -67,11 +71,15 @@ class ProducerCommands:
         timeout_ms: int | None = None,
         retry_of: str | None = None,
         input: Any = None,
+        metadata: Mapping[str, str] | None = None,
         **fields: Any,
     ) -> CommandHandle:
         """A new task in `session_id`. `input` is its typed input: any JSON value, or a
         pydantic model or dataclass (sent as its JSON); the worker validates it against the
-        type its handler declares (docs/workers.md#typed-input)."""
+        type its handler declares (docs/workers.md#typed-input). `metadata` labels its run
+        (≤ 16 keys of 1-64 chars of `A-Za-z0-9._/-`, values ≤ 256 chars; `ValueError`
+        beyond), what run search filters on. With `policy="enqueue"` the task it queues is
+        named by this command's id: `dequeue(session_id, handle.command.command_id)`."""
         payload = PromptPayload(
             text=text,
             policy=policy,
@@ -79,6 +87,7 @@ class ProducerCommands:
             timeout_ms=timeout_ms,
             retry_of=retry_of,
             input=jsonable(input),
+            metadata=dict(metadata) if metadata else None,
         )
         return self.submit(self.command(session_id, "prompt", payload, **fields))
 
@@ -195,6 +204,20 @@ class ProducerCommands:
         )
         cmd = self.command(session_id, "question.answer", payload, run_id=run_id, **fields)
         return self.submit(cmd)
+
+    def dequeue(self, session_id: str, task: str | CommandHandle, **fields: Any) -> CommandHandle:
+        """Remove a waiting task from the session's queue: `task` is the id of the command
+        that queued it (or that command's handle). Its outcome is `run.dequeued`, or a
+        rejection `not_queued` whose `targetStatus` says what became of the task."""
+        command_id = task if isinstance(task, str) else task.command.command_id
+        payload = DequeuePayload(command_id=command_id)
+        return self.submit(self.command(session_id, "dequeue", payload, **fields))
+
+    def clear_queue(self, session_id: str, **fields: Any) -> CommandHandle:
+        """Remove every waiting task: one `run.dequeued {reason: cleared}` each, or the
+        rejection `queue_empty`."""
+        payload = ClearQueuePayload()
+        return self.submit(self.command(session_id, "clear_queue", payload, **fields))
 
     def erase(self, session_id: str, reason: str | None = None, **fields: Any) -> CommandHandle:
         """An administrator's `session.erase` (docs/protocol.md, erasure and retention): it

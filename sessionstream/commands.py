@@ -7,8 +7,9 @@
     payload = PromptPayload(text="find flights", policy="enqueue")
     handle = client.submit(client.command(client.session_id("s1"), "prompt", payload))
 
-`SessionClient.prompt`, `steer`, `follow_up`, `send` and `abort` build these for you; the
-models are here for typing, and for a command built by hand (`SessionClient.command`).
+`SessionClient.prompt`, `steer`, `follow_up`, `send`, `abort`, `dequeue` and
+`clear_queue` build these for you; the models are here for typing, and for a command built
+by hand (`SessionClient.command`).
 Fields, defaults and rules: docs/protocol.md#commands. These are the wire contract's own
 models (`sessionstream.schemas.commands`), re-exported.
 """
@@ -16,7 +17,9 @@ models (`sessionstream.schemas.commands`), re-exported.
 from sessionstream.schemas.commands import (
     PRODUCER_COMMAND_TYPES,
     AbortPayload,
+    ClearQueuePayload,
     Command,
+    DequeuePayload,
     FollowUpPayload,
     PromptPayload,
     PromptPolicy,
@@ -27,7 +30,9 @@ from sessionstream.schemas.commands import (
 __all__ = [
     "PRODUCER_COMMAND_TYPES",
     "AbortPayload",
+    "ClearQueuePayload",
     "Command",
+    "DequeuePayload",
     "FollowUpPayload",
     "PromptPayload",
     "PromptPolicy",

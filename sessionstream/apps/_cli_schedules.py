@@ -17,6 +17,7 @@ from sessionstream.apps._cli_send import (
     Session,
     Tenant,
     Wait,
+    _labels,
     _submit,
 )
 from sessionstream.settings import get_settings
@@ -53,6 +54,14 @@ TimeoutMs = Annotated[int | None, typer.Option(help="each run's deadline in ms")
 InputJson = Annotated[
     str | None, typer.Option("--input", metavar="JSON", help="the prompt's typed input (JSON)")
 ]
+LabelOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--label",
+        metavar="KEY=VALUE",
+        help="a label of each run it starts (repeat for more; as `prompt --label`)",
+    ),
+]
 
 
 def _definition(
@@ -67,6 +76,7 @@ def _definition(
     jitter_ms: int,
     timeout_ms: int | None,
     input_json: str | None,
+    labels: list[str] | None = None,
 ) -> dict[str, Any]:
     if (cron is None) == (interval_ms is None):
         typer.echo("error: give exactly one of --cron and --interval-ms", err=True)
@@ -85,6 +95,8 @@ def _definition(
         payload["intervalMs"] = interval_ms
     if timeout_ms:
         payload["timeoutMs"] = timeout_ms
+    if labels:
+        payload["metadata"] = _labels(labels)
     if input_json is not None:
         try:
             payload["input"] = json.loads(input_json)
@@ -107,6 +119,7 @@ def create(
     jitter_ms: JitterMs = 0,
     timeout_ms: TimeoutMs = None,
     input_json: InputJson = None,
+    labels: LabelOpt = None,
     tenant: Tenant = "default",
     wait: Wait = 10.0,
     as_json: AsJson = False,
@@ -127,6 +140,7 @@ def create(
         jitter_ms,
         timeout_ms,
         input_json,
+        labels,
     )
     _submit(session, "schedule.create", payload, tenant, wait, as_json, command_id, actor)
 
@@ -144,6 +158,7 @@ def update(
     jitter_ms: JitterMs = 0,
     timeout_ms: TimeoutMs = None,
     input_json: InputJson = None,
+    labels: LabelOpt = None,
     tenant: Tenant = "default",
     wait: Wait = 10.0,
     as_json: AsJson = False,
@@ -163,6 +178,7 @@ def update(
         jitter_ms,
         timeout_ms,
         input_json,
+        labels,
     )
     _submit(session, "schedule.update", payload, tenant, wait, as_json, command_id, actor)
 

@@ -1,4 +1,5 @@
-"""CLI commands that write to sessions (prompt, steer, follow-up, send, abort) and tail them."""
+"""CLI commands that write to sessions (prompt, steer, follow-up, send, abort, dequeue,
+clear-queue) and tail them."""
 
 from __future__ import annotations
 
@@ -192,12 +193,23 @@ def prompt(
             "type its handler declares)",
         ),
     ] = None,
+    labels: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--label",
+            metavar="KEY=VALUE",
+            help="a label of the run (repeat for more; at most 16, keys of A-Za-z0-9._/-); "
+            "find its runs with `runs list --label KEY:VALUE`",
+        ),
+    ] = None,
     wait: Wait = 10.0,
     as_json: AsJson = False,
     command_id: CommandId = None,
     actor: Actor = None,
 ) -> None:
-    """Start a new task in SESSION (policy says what happens while a run is active)."""
+    """Start a new task in SESSION (policy says what happens while a run is active). A task
+    it queues is named by its command id (--command-id, or the one printed): `dequeue`
+    removes it."""
     if policy not in ("reject", "enqueue", "interrupt"):
         typer.echo(f"error: unknown policy {policy!r}", err=True)
         raise typer.Exit(code=2)
@@ -212,7 +224,66 @@ def prompt(
         except ValueError as e:
             typer.echo(f"error: --input is not JSON: {e}", err=True)
             raise typer.Exit(code=2) from e
+    if labels:
+        payload["metadata"] = _labels(labels)
     _submit(session, "prompt", payload, tenant, wait, as_json, command_id, actor)
+
+
+def _labels(given: list[str]) -> dict[str, str]:
+    """`--label KEY=VALUE` options as a run's labels; exit 2 naming what is wrong."""
+    from sessionstream.schemas.labels import label_problem
+
+    out: dict[str, str] = {}
+    for raw in given:
+        key, sep, value = raw.partition("=")
+        if not sep:
+            typer.echo(f"error: --label {raw!r}: write KEY=VALUE", err=True)
+            raise typer.Exit(code=2)
+        if key in out:
+            typer.echo(f"error: --label {key!r} given twice", err=True)
+            raise typer.Exit(code=2)
+        out[key] = value
+    problem = label_problem(out)
+    if problem is not None:
+        typer.echo(f"error: --label: {problem}", err=True)
+        raise typer.Exit(code=2)
+    return out
+
+
+def dequeue(
+    session: Session,
+    task: Annotated[
+        str,
+        typer.Argument(
+            metavar="COMMAND_ID",
+            help="the waiting task: the id of the command that queued it "
+            "(run.queued's sourceCommandId; GET /v1/sessions/{id} lists the queue)",
+            show_default=False,
+        ),
+    ],
+    tenant: Tenant = "default",
+    wait: Wait = 10.0,
+    as_json: AsJson = False,
+    command_id: CommandId = None,
+    actor: Actor = None,
+) -> None:
+    """Remove a waiting task from SESSION's queue: run.dequeued, or rejected not_queued (the
+    task has started, was removed before, or never waited)."""
+    payload = {"commandId": task}
+    _submit(session, "dequeue", payload, tenant, wait, as_json, command_id, actor)
+
+
+def clear_queue(
+    session: Session,
+    tenant: Tenant = "default",
+    wait: Wait = 10.0,
+    as_json: AsJson = False,
+    command_id: CommandId = None,
+    actor: Actor = None,
+) -> None:
+    """Remove every waiting task from SESSION's queue (one run.dequeued each), or rejected
+    queue_empty. The active run goes on."""
+    _submit(session, "clear_queue", {}, tenant, wait, as_json, command_id, actor)
 
 
 def steer(
@@ -336,6 +407,7 @@ def _print_event(e: Event, as_json: bool) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    for fn in (prompt, steer, send, abort, tail):
+    for fn in (prompt, steer, send, abort, dequeue, tail):
         app.command()(fn)
     app.command("follow-up")(follow_up)
+    app.command("clear-queue")(clear_queue)

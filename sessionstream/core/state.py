@@ -31,6 +31,7 @@ __all__ = [
     "PendingInput",
     "QuestionRecord",
     "QueueEntry",
+    "RemovedTask",
     "RunState",
     "Schedule",
     "SessionState",
@@ -65,6 +66,17 @@ class QueueEntry(_State, frozen=True, kw_only=True):
     input_json: str | None = None
     #: action kinds the prompt said need approval in its run (at most 16)
     approval_kinds: tuple[str, ...] = ()
+    #: the prompt's labels (bounded by `MAX_LABELS` and the key / value lengths)
+    metadata: dict[str, str] = {}
+
+
+class RemovedTask(_State, frozen=True, kw_only=True):
+    """A task removed from the queue before it started, remembered (the last
+    `finished_window`) to tell a late `dequeue` what became of it."""
+
+    source_command_id: str
+    reason: Literal["dequeued", "cleared"]
+    actor: str | None = None
 
 
 class PendingInput(_State, frozen=True, kw_only=True):
@@ -214,6 +226,8 @@ class FinishedRun(_State, frozen=True, kw_only=True):
     status: TerminalStatus
     generation: int
     retryable: bool = False
+    #: the command that started it (a late `dequeue` naming it learns the run's fate)
+    source_command_id: str | None = None
 
 
 class Schedule(_State, frozen=True, kw_only=True):
@@ -228,7 +242,7 @@ class Schedule(_State, frozen=True, kw_only=True):
     timezone: str = "UTC"
     interval_ms: int | None = None
     anchor_at: int = 0
-    # the prompt it sends (prompt metadata, once the prompt carries it, goes here too)
+    # the prompt it sends
     text: str
     input_json: str | None = None
     timeout_ms: int | None = None
@@ -243,6 +257,8 @@ class Schedule(_State, frozen=True, kw_only=True):
     #: late firings in a row so far (catch-up `all` stops at `max_catch_up`)
     caught_up: int = 0
     actor: str | None = None
+    #: the labels of each run it starts (a prompt's `metadata`)
+    metadata: dict[str, str] = {}
 
     def held_bytes(self) -> int:
         return len(self.text.encode()) + (
@@ -264,6 +280,8 @@ class SessionState(_State, frozen=True, kw_only=True):
     finished: tuple[FinishedRun, ...] = ()
     #: the latest `context.checkpointed` of any of the session's runs
     last_checkpoint: str | None = None
+    #: tasks removed from the queue, the last `finished_window` of them
+    removed: tuple[RemovedTask, ...] = ()
     #: when the session's last run finished and nothing started after it (the retention
     #: timer counts from it); None while a run is active, before the first run, after an
     #: erasure
@@ -288,6 +306,12 @@ class SessionState(_State, frozen=True, kw_only=True):
         for sc in self.schedules:
             if sc.schedule_id == schedule_id:
                 return sc
+        return None
+
+    def queued(self, source_command_id: str) -> QueueEntry | None:
+        for q in self.queue:
+            if q.source_command_id == source_command_id:
+                return q
         return None
 
     def held_bytes(self) -> int:

@@ -4,17 +4,19 @@ The state table (`session.state` and the processor's local store) holds one reco
 session, written on every batch that changes the session. The record is MessagePack
 (msgspec) of the state's fields **by position**, behind a one-byte format tag:
 
-    0x08 | msgpack [session_id, tenant_id, active, queue, log_seq, runs_started, clock,
-                    finished, last_checkpoint, idle_since, erased_at, schedules]
+    0x09 | msgpack [session_id, tenant_id, active, queue, log_seq, runs_started, clock,
+                    finished, last_checkpoint, idle_since, erased_at, schedules, removed]
 
-(Still read: 0x07, the same without the active run's questions to a person at its end;
-0x06, also without the schedules; 0x05, also without `idle_since` and
-`erased_at`; 0x04, also without approvals: each
-action key's digest, expiry, generation and reason, and the approval kinds of the active
-run and of each queued task; 0x03, also without the typed `input` at the end of the active
-run and of each queued task; 0x02, also without the active run's `actor`; 0x01, also without the
-fields durable steps added: the active run's `checkpoint_ref`, `steps` and `open_calls`,
-and the session's `last_checkpoint`.)
+(Still read: 0x08, the same without the active run's questions to a person at its end;
+0x07, also without queue control and labels: the `removed` tasks at the
+end, each finished run's source command id, each queued task's and each schedule's
+metadata; 0x06, also without
+the schedules; 0x05, also without erasure and retention's `idle_since` and `erased_at`;
+0x04, also without approvals: each action key's digest, expiry, generation and reason, and
+the approval kinds of the active run and of each queued task; 0x03, also without the typed
+`input` at the end of the active run and of each queued task; 0x02, also without the
+active run's `actor`; 0x01, also without the fields durable steps added: the active run's
+`checkpoint_ref`, `steps` and `open_calls`, and the session's `last_checkpoint`.)
 
 Field names are not written; statuses and kinds are small integers (their index in the
 `Literal` they come from); run ids that are canonical UUIDs (every run id the decider makes)
@@ -40,6 +42,7 @@ from sessionstream.core.state import (
     PendingInput,
     QuestionRecord,
     QueueEntry,
+    RemovedTask,
     RunState,
     Schedule,
     SessionState,
@@ -57,6 +60,7 @@ __all__ = [
     "FORMAT_V6",
     "FORMAT_V7",
     "FORMAT_V8",
+    "FORMAT_V9",
     "STATE_FIELDS",
     "decode_if_active",
     "decode_state",
@@ -78,9 +82,12 @@ FORMAT_V5: Final = 0x05
 FORMAT_V6: Final = 0x06
 #: v6 + the session's schedules
 FORMAT_V7: Final = 0x07
-#: v7 + the active run's questions to a person (status, window, generation, answer, reason)
+#: v7 + queue control and labels: the tasks removed from the queue, each finished run's
+#: source command id, each queued task's and each schedule's metadata
 FORMAT_V8: Final = 0x08
-_TAG: Final = bytes([FORMAT_V8])
+#: v8 + the active run's questions to a person (status, window, generation, answer, reason)
+FORMAT_V9: Final = 0x09
+_TAG: Final = bytes([FORMAT_V9])
 _READABLE: Final = frozenset(
     {
         bytes([FORMAT_V1]),
@@ -90,6 +97,7 @@ _READABLE: Final = frozenset(
         bytes([FORMAT_V5]),
         bytes([FORMAT_V6]),
         bytes([FORMAT_V7]),
+        bytes([FORMAT_V8]),
         _TAG,
     }
 )
@@ -109,6 +117,7 @@ STATE_FIELDS: Final[dict[type, tuple[str, ...]]] = {
         "idle_since",
         "erased_at",
         "schedules",
+        "removed",
     ),
     Schedule: (
         "schedule_id",
@@ -129,6 +138,7 @@ STATE_FIELDS: Final[dict[type, tuple[str, ...]]] = {
         "next_at",
         "caught_up",
         "actor",
+        "metadata",
     ),
     RunState: (
         "run_id",
@@ -186,8 +196,10 @@ STATE_FIELDS: Final[dict[type, tuple[str, ...]]] = {
         "retry_of",
         "input_json",
         "approval_kinds",
+        "metadata",
     ),
-    FinishedRun: ("run_id", "status", "generation", "retryable"),
+    FinishedRun: ("run_id", "status", "generation", "retryable", "source_command_id"),
+    RemovedTask: ("source_command_id", "reason", "actor"),
 }
 
 
@@ -210,6 +222,7 @@ _CALL_KIND, _CALL_KIND_I = _vocab(*get_args(_field_type(OpenCall, "kind")))
 _QSTATUS, _QSTATUS_I = _vocab(*get_args(_field_type(QuestionRecord, "status")))
 _OVERLAP, _OVERLAP_I = _vocab(*get_args(_field_type(Schedule, "overlap")))
 _CATCH_UP, _CATCH_UP_I = _vocab(*get_args(_field_type(Schedule, "catch_up")))
+_REMOVED, _REMOVED_I = _vocab(*get_args(_field_type(RemovedTask, "reason")))
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder()
@@ -327,6 +340,7 @@ def encode_state(state: SessionState) -> bytes:
                     q.retry_of,
                     q.input_json,
                     q.approval_kinds,
+                    q.metadata,
                 )
                 for q in state.queue
             ],
@@ -334,7 +348,13 @@ def encode_state(state: SessionState) -> bytes:
             state.runs_started,
             state.clock,
             [
-                (_uuid_or_str(f.run_id), _TERMINAL_I[f.status], f.generation, f.retryable)
+                (
+                    _uuid_or_str(f.run_id),
+                    _TERMINAL_I[f.status],
+                    f.generation,
+                    f.retryable,
+                    f.source_command_id,
+                )
                 for f in state.finished
             ],
             state.last_checkpoint,
@@ -360,9 +380,11 @@ def encode_state(state: SessionState) -> bytes:
                     sc.next_at,
                     sc.caught_up,
                     sc.actor,
+                    sc.metadata,
                 )
                 for sc in state.schedules
             ],
+            [(r.source_command_id, _REMOVED_I[r.reason], r.actor) for r in state.removed],
         )
     )
 
@@ -426,6 +448,8 @@ def _session(t: list[Any]) -> SessionState:
                 input_json=q[7] if len(q) > 7 else None,
                 # nor approval kinds before format 5
                 approval_kinds=tuple(q[8]) if len(q) > 8 else (),
+                # nor metadata before format 8
+                metadata=q[9] if len(q) > 9 else {},
             )
             for q in queue
         ),
@@ -433,7 +457,14 @@ def _session(t: list[Any]) -> SessionState:
         runs_started=runs_started,
         clock=clock,
         finished=tuple(
-            FinishedRun(run_id=_id(f[0]), status=_TERMINAL[f[1]], generation=f[2], retryable=f[3])
+            FinishedRun(
+                run_id=_id(f[0]),
+                status=_TERMINAL[f[1]],
+                generation=f[2],
+                retryable=f[3],
+                # before format 8 a finished run's source is not known
+                source_command_id=f[4] if len(f) > 4 else None,
+            )
             for f in finished
         ),
         last_checkpoint=t[8] if len(t) > 8 else None,
@@ -442,6 +473,11 @@ def _session(t: list[Any]) -> SessionState:
         erased_at=t[10] if len(t) > 10 else None,
         # no schedules before format 7
         schedules=tuple(_schedule(x) for x in t[11]) if len(t) > 11 else (),
+        # nor the removed tasks before format 8
+        removed=tuple(
+            RemovedTask(source_command_id=r[0], reason=_REMOVED[r[1]], actor=r[2])
+            for r in (t[12] if len(t) > 12 else ())
+        ),
     )
 
 
@@ -465,6 +501,8 @@ def _schedule(x: list[Any]) -> Schedule:
         next_at=x[15],
         caught_up=x[16],
         actor=x[17],
+        # a schedule kept before format 8 has no labels
+        metadata=x[18] if len(x) > 18 else {},
     )
 
 
@@ -519,7 +557,7 @@ def _run(a: list[Any]) -> RunState:
         input_json=a[20] if len(a) > 20 else None,
         # a record before format 5: no approval kinds
         approval_kinds=tuple(a[21]) if len(a) > 21 else (),
-        # a record before format 8: no questions
+        # a record before format 9: no questions
         questions={
             q[0]: QuestionRecord(
                 status=_QSTATUS[q[1]],

@@ -90,3 +90,41 @@ class WireModel(BaseModel):
 
 class Payload(WireModel):
     """Base of command and event payloads; each concrete payload is bound to one type."""
+
+
+def check_text(where: str, value: Any) -> None:
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError(f"{where} contains a NUL character (U+0000), which is not stored")
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError(
+                    f"{where} contains a lone surrogate: not text UTF-8 can encode"
+                ) from None
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            check_text(where, v)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            check_text(where, k)
+            check_text(where, v)
+
+
+def validate_payload(registry: dict[str, type[Payload]], data: Any, kind: str) -> Any:
+    """Shared `mode="before"` validation: pick the payload model from `type`."""
+    if not isinstance(data, dict):
+        return data
+    type_name = data.get("type")
+    model = registry.get(type_name) if isinstance(type_name, str) else None
+    if model is None:
+        raise ValueError(f"unknown {kind} type {type_name!r}")
+    payload = data.get("payload", {})
+    if payload is None:
+        payload = {}
+    if not isinstance(payload, model):
+        if isinstance(payload, Payload):
+            raise ValueError(f"payload {type(payload).__name__} does not fit type {type_name!r}")
+        payload = model.model_validate(payload)
+    return {**data, "payload": payload}

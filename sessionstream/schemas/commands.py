@@ -17,10 +17,11 @@ from pydantic import (
     model_validator,
 )
 
-from sessionstream.schemas._base import Payload, WireModel
+from sessionstream.schemas._base import Payload, WireModel, check_text, validate_payload
 from sessionstream.schemas.inputs import MAX_INPUT_DEPTH, JsonInput, json_text
 from sessionstream.schemas.inputs import is_absent as _absent
 from sessionstream.schemas.inputs import is_empty as _empty
+from sessionstream.schemas.labels import Labels
 from sessionstream.schemas.questions import QuestionAnswerPayload, QuestionAskPayload
 from sessionstream.schemas.schedules import (
     MAX_SCHEDULE_ID_CHARS,
@@ -52,11 +53,13 @@ __all__ = [
     "ActionRequestPayload",
     "ActionResultPayload",
     "CancelAckPayload",
+    "ClearQueuePayload",
     "Command",
     "CommandClass",
     "CommandType",
     "CompactFinishPayload",
     "CompactStartPayload",
+    "DequeuePayload",
     "FollowUpPayload",
     "JsonInput",
     "LeaseAcquirePayload",
@@ -142,6 +145,9 @@ class PromptPayload(Payload):
     approval_kinds: list[str] = Field(
         default_factory=list, max_length=MAX_APPROVAL_KINDS, exclude_if=_empty
     )
+    #: the run's labels (bounded; `{}` is none), carried on `run.started` / `run.queued`;
+    #: left out of the payload's JSON when none (earlier prompts' digests stay)
+    metadata: Labels = Field(default=None, exclude_if=_absent)
 
     @model_validator(mode="after")
     def _kinds_are_names(self) -> PromptPayload:
@@ -178,6 +184,17 @@ class AbortPayload(Payload):
     """Cancel the active run."""
 
     reason: str = "user"
+
+
+class DequeuePayload(Payload):
+    """Remove one waiting task from the session's queue: the one its `run.queued` named by
+    `commandId` (the command that queued it)."""
+
+    command_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+
+
+class ClearQueuePayload(Payload):
+    """Remove every waiting task from the session's queue."""
 
 
 class CompactStartPayload(Payload):
@@ -357,6 +374,8 @@ CommandType = Literal[
     "action.approve",
     "action.deny",
     "question.answer",
+    "dequeue",
+    "clear_queue",
     "compact.start",
     "compact.finish",
     "lease.acquire",
@@ -387,6 +406,8 @@ COMMAND_PAYLOADS: Final[dict[str, type[Payload]]] = {
     "action.approve": ActionApprovePayload,
     "action.deny": ActionDenyPayload,
     "question.answer": QuestionAnswerPayload,
+    "dequeue": DequeuePayload,
+    "clear_queue": ClearQueuePayload,
     "compact.start": CompactStartPayload,
     "compact.finish": CompactFinishPayload,
     "lease.acquire": LeaseAcquirePayload,
@@ -429,6 +450,8 @@ PRODUCER_COMMAND_TYPES: Final[frozenset[str]] = frozenset(
         "schedule.create",
         "schedule.update",
         "schedule.delete",
+        "dequeue",
+        "clear_queue",
     }
 )
 
@@ -493,44 +516,6 @@ _ENVELOPE_TEXT: Final = ("command_id", "session_id", "tenant_id", "run_id", "wor
 _CONTAINERS: Final = frozenset({list, tuple, dict})
 
 
-def _check_text(where: str, value: Any) -> None:
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise ValueError(f"{where} contains a NUL character (U+0000), which is not stored")
-        if not value.isascii():
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                raise ValueError(
-                    f"{where} contains a lone surrogate: not text UTF-8 can encode"
-                ) from None
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            _check_text(where, v)
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            _check_text(where, k)
-            _check_text(where, v)
-
-
-def validate_payload(registry: dict[str, type[Payload]], data: Any, kind: str) -> Any:
-    """Shared `mode="before"` validation: pick the payload model from `type`."""
-    if not isinstance(data, dict):
-        return data
-    type_name = data.get("type")
-    model = registry.get(type_name) if isinstance(type_name, str) else None
-    if model is None:
-        raise ValueError(f"unknown {kind} type {type_name!r}")
-    payload = data.get("payload", {})
-    if payload is None:
-        payload = {}
-    if not isinstance(payload, model):
-        if isinstance(payload, Payload):
-            raise ValueError(f"payload {type(payload).__name__} does not fit type {type_name!r}")
-        payload = model.model_validate(payload)
-    return {**data, "payload": payload}
-
-
 class Command(WireModel):
     """The command envelope. Worker commands also carry `runId`, `workerId`, `generation`;
     a producer command may carry `runId` to address one run only."""
@@ -563,13 +548,13 @@ class Command(WireModel):
         for name in _ENVELOPE_TEXT:
             v = d[name]
             if v is not None and ("\x00" in v or not v.isascii()):
-                _check_text(name, v)
+                check_text(name, v)
         for field, v in self.payload.__dict__.items():
             if v.__class__ is str:
                 if "\x00" in v or not v.isascii():
-                    _check_text(f"payload.{field}", v)
+                    check_text(f"payload.{field}", v)
             elif v.__class__ in _CONTAINERS:
-                _check_text(f"payload.{field}", v)
+                check_text(f"payload.{field}", v)
         if self.type in PRODUCER_COMMAND_TYPES or self.type in ADMIN_COMMAND_TYPES:
             # only producers and administrators name sessions: worker and timer commands
             # copy the id from the log, and a run of a session named before these rules

@@ -16,9 +16,9 @@ from typing import Any, Final, Literal, TypeVar, get_args
 from pydantic import Field, SerializeAsAny, model_validator
 
 import sessionstream.schemas.questions as _questions
-from sessionstream.schemas._base import Payload, WireModel
-from sessionstream.schemas.commands import validate_payload
-from sessionstream.schemas.schedules import ScheduleCatchUp, ScheduleOverlap
+from sessionstream.schemas._base import Payload, WireModel, validate_payload
+from sessionstream.schemas.labels import Labels
+from sessionstream.schemas.schedules import ScheduleDefined, ScheduleDeleted, ScheduleFired
 
 __all__ = [
     "ACTIVE_STATUSES",
@@ -54,6 +54,7 @@ __all__ = [
     "Progress",
     "RejectionReason",
     "RoundCompleted",
+    "RunDequeued",
     "RunFinished",
     "RunQueued",
     "RunStarted",
@@ -120,6 +121,8 @@ RejectionReason = Literal[
     "too_many_schedules",
     "schedule_exists",
     "unknown_schedule",
+    "not_queued",
+    "queue_empty",
 ]
 REJECTION_REASONS: Final[frozenset[str]] = frozenset(get_args(RejectionReason))
 
@@ -141,6 +144,8 @@ class RunStarted(Payload):
     input: str | None = None
     #: action kinds the prompt said need approval in this run (beyond the settings')
     approval_kinds: list[str] = Field(default_factory=list)
+    #: the prompt's labels (`metadata`; null: none), what run search filters on
+    metadata: Labels = None
 
 
 class RunQueued(Payload):
@@ -158,6 +163,20 @@ class RunQueued(Payload):
     retry_of: str | None = None
     input: str | None = None
     approval_kinds: list[str] = Field(default_factory=list)
+    #: a prompt's labels (null: none), kept until it starts
+    metadata: Labels = None
+
+
+class RunDequeued(Payload):
+    """A waiting task left the queue without starting (session log): `dequeue` named it
+    (`reason: dequeued`) or `clear_queue` emptied the queue (`cleared`). `actor` removed
+    it; `queuedBy` had queued it."""
+
+    source_command_id: str
+    kind: Literal["prompt", "follow_up"]
+    reason: Literal["dequeued", "cleared"]
+    actor: str | None = None
+    queued_by: str | None = None
 
 
 class LeaseGranted(Payload):
@@ -409,55 +428,6 @@ class SessionErased(Payload):
     runs_started: int = 0
 
 
-class ScheduleDefined(Payload):
-    """`schedule.created` / `schedule.updated`: the whole definition as it is kept, and its
-    first firing computed at the event's time (`nextNominalAt` by the cron or the interval,
-    `nextAt` with the jitter): the fold copies them, never computes one."""
-
-    schedule_id: str
-    cron: str | None = None
-    timezone: str = "UTC"
-    interval_ms: int | None = None
-    text: str
-    #: the prompt's typed input, compact JSON text (null: none)
-    input: str | None = None
-    timeout_ms: int | None = None
-    context_ref: str | None = None
-    overlap: ScheduleOverlap
-    catch_up: ScheduleCatchUp
-    max_catch_up: int
-    jitter_ms: int = 0
-    #: an interval's origin: its firings are at anchorAt + k * intervalMs
-    anchor_at: int
-    next_nominal_at: int
-    next_at: int
-    actor: str | None = None
-
-
-class ScheduleDeleted(Payload):
-    """The schedule is gone; a firing on its way is refused `timer_stale`."""
-
-    schedule_id: str
-    actor: str | None = None
-
-
-class ScheduleFired(Payload):
-    """A schedule's time came (`nominalAt`, jitter aside). `outcome`: `prompted` (its
-    prompt's own outcome follows: run.started, run.queued, or command.rejected), or
-    `skipped` with `reason` `busy` (overlap `skip`) or `late` (catch-up `skip`). `missed`:
-    the later times passed over at once (counted up to 100); `caughtUp`: how many late
-    firings in a row this one is (catch-up `all`); then the next firing, computed here."""
-
-    schedule_id: str
-    nominal_at: int
-    outcome: Literal["prompted", "skipped"]
-    reason: str | None = None
-    missed: int = 0
-    caught_up: int = 0
-    next_nominal_at: int
-    next_at: int
-
-
 class StaleWriteRecorded(Payload):
     """A write from a fenced (older) generation, kept for diagnosis; never applied."""
 
@@ -470,6 +440,7 @@ class StaleWriteRecorded(Payload):
 EventType = Literal[
     "run.started",
     "run.queued",
+    "run.dequeued",
     "run.lease_granted",
     "run.lease_renewed",
     "run.lease_released",
@@ -516,6 +487,7 @@ EventType = Literal[
 EVENT_PAYLOADS: Final[dict[str, type[Payload]]] = {
     "run.started": RunStarted,
     "run.queued": RunQueued,
+    "run.dequeued": RunDequeued,
     "run.lease_granted": LeaseGranted,
     "run.lease_renewed": LeaseRenewed,
     "run.lease_released": LeaseReleased,

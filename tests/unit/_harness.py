@@ -64,6 +64,8 @@ def token(e: Event) -> str:
         return f"run.started:{p.origin}"
     if e.type == "run.lease_expired":
         return f"run.lease_expired:{p.reason}"
+    if e.type == "run.dequeued":
+        return f"run.dequeued:{p.reason}"
     if e.type == "action.decision_replayed":
         return f"action.decision_replayed:{p.decision}"
     if e.type == "question.closed":
@@ -228,6 +230,13 @@ class Harness:
     ) -> list[Event]:
         """The holder (w1 unless `worker=`) asks a person."""
         return self.work("question.ask", {"question_id": question_id, "question": question}, **kw)
+
+    def dequeue(self, task: str, *, actor: str | None = "user:bo", **kw: Any) -> list[Event]:
+        """A person removes the queued task `task` (the command id that queued it)."""
+        return self.do("dequeue", {"command_id": task}, actor=actor, **kw)
+
+    def clear_queue(self, *, actor: str | None = "user:bo", **kw: Any) -> list[Event]:
+        return self.do("clear_queue", {}, actor=actor, **kw)
 
     # -- workers --------------------------------------------------------------------------------
     def acquire(self, worker: str = "w1", lease_ms: int = 30_000) -> list[Event]:

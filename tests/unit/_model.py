@@ -57,7 +57,15 @@ would and fails on anything the protocol forbids:
   after a cancel, a loss or the end; a question closed `lease_lost` is asked again only by
   a later generation, with the same window; a replay repeats the record (the answer it
   got, never another); never more than `maxQuestions` recorded per run;
-  person completed without a person's approval;
+- queue control (docs/protocol.md#queue-control, and the feature's text): a task leaves the
+  queue without starting only by a `run.dequeued` that names a task waiting now, once; a
+  `dequeue` removes exactly the task it names (`reason: dequeued`), or is refused
+  `not_queued` only when no such task waits; a `clear_queue` removes every waiting task, in
+  queue order (`reason: cleared`), and leaves the queue empty, or is refused `queue_empty`
+  only when nothing waits; the removal names who removed it (the command's actor) and who
+  had queued it; a removed task never starts; and nothing else (no run, no input) changes;
+- labels: a prompt's run (started now, or queued and started later) carries its
+  `metadata`, the same keys and values.
 - erasure (docs/protocol.md#erasure-and-retention, and the feature's text): a session
   erased while a run is active (refused or cancelled first: the spec says refused), or
   with work waiting; an erasure record that names the session by anything but the
@@ -97,6 +105,7 @@ SESSION_LOG_TYPES = {
     "schedule.updated",
     "schedule.deleted",
     "schedule.fired",
+    "run.dequeued",
 }
 FATES = {"run.input_consumed", "run.input_dropped", "run.input_requeued"}
 
@@ -161,6 +170,8 @@ class Waiting:
     retry_of: str | None
     #: the typed input it was queued with (JSON text), or None
     input: str | None = None
+    #: the labels it was queued with
+    metadata: dict[str, str] = field(default_factory=dict)
 
 
 def _input_of(p: dict[str, Any]) -> str | None:
@@ -270,6 +281,8 @@ class LogModel:
         self.fates: dict[str, int] = {}
         #: the latest context.checkpointed of any run of the session
         self.checkpoint: str | None = None
+        #: tasks removed from the queue (they never start)
+        self.removed: set[str] = set()
         #: when the last run finished, while no run started after it (None: not idle)
         self.idle_since: int | None = None
         #: runs of the session erased (nothing of them may follow)
@@ -284,11 +297,58 @@ class LogModel:
         self.rounds(events)
         self.resolution_first(events)
         self.schedule_firing(events)
+        waiting = list(self.queue)
+        active = self.active.run_id if self.active is not None else None
         for e in events:
             self.event(e)
         if command is not None:
             self.carried(command, events)
+            self.queue_control(command, events, waiting, active)
         self.between_commands()
+
+    def queue_control(
+        self, command: Command, events: list[Event], waiting: list[Waiting], active: str | None
+    ) -> None:
+        """What `dequeue` and `clear_queue` may do, and what only they may do."""
+        removals = [e for e in events if e.type == "run.dequeued"]
+        types = [e.type for e in events]
+        if command.type not in ("dequeue", "clear_queue"):
+            assert not removals, f"a {command.type} removed a queued task"
+            return
+        if not events:
+            return  # an exact re-send
+        assert types == ["command.rejected"] or set(types) == {"run.dequeued"}, (
+            f"a {command.type} decided {types}"
+        )
+        got = [e.payload.model_dump() for e in removals]
+        for p in got:
+            assert p["actor"] == command.actor, "a removal names another remover"
+        by_source = {w.source: w for w in waiting}
+        refused = events[0].payload.model_dump()["reason"] if not removals else None
+        if command.type == "dequeue":
+            target = command.payload.model_dump()["command_id"]
+            if removals:
+                assert target in by_source, f"dequeue removed {target}, which did not wait"
+                assert [(p["source_command_id"], p["reason"]) for p in got] == [
+                    (target, "dequeued")
+                ], f"dequeue of waiting {target} gave {types}"
+            else:
+                assert not (refused == "not_queued" and target in by_source), (
+                    f"{target} waits, yet refused not_queued"
+                )
+        else:
+            if removals:
+                assert [(p["source_command_id"], p["reason"]) for p in got] == [
+                    (w.source, "cleared") for w in waiting
+                ], f"clear_queue of {[w.source for w in waiting]} gave {types}"
+                assert not self.queue, "a cleared queue still holds tasks"
+            else:
+                assert not (refused == "queue_empty" and waiting), "tasks wait, yet queue_empty"
+        for p in got:
+            w = by_source[p["source_command_id"]]
+            assert (p["kind"], p["queued_by"]) == (w.kind, w.actor), "removal misnames the task"
+        after = self.active.run_id if self.active is not None else None
+        assert after == active, "removing queued tasks changed the active run"
 
     @staticmethod
     def carried(command: Command, events: list[Event]) -> None:
@@ -311,6 +371,10 @@ class LogModel:
             kinds = command.payload.model_dump().get("approval_kinds", [])
             assert p["approval_kinds"] == kinds, (
                 f"{e.type} carries the approval kinds {p['approval_kinds']}, the prompt {kinds}"
+            )
+            labels = command.payload.model_dump().get("metadata") or {}
+            assert (p["metadata"] or {}) == labels, (
+                f"{e.type} carries the labels {p['metadata']}, the prompt had {labels}"
             )
 
     def resolution_first(self, events: list[Event]) -> None:
@@ -504,8 +568,10 @@ class LogModel:
                 p["actor"],
                 p["retry_of"],
                 _input_of(p),
+                dict(p["metadata"] or {}),
             )
             if w.kind == "follow_up":
+                assert not w.metadata, "a follow-up queued with labels"
                 assert w.input is None, "a follow-up queued with a typed input"
             requeued = [r for r in self.runs.values() if w.source in r.requeued]
             if requeued:
@@ -513,6 +579,13 @@ class LogModel:
                 for r in requeued:
                     r.requeued.remove(w.source)
             self.queue.insert(0 if p["front"] else len(self.queue), w)
+        elif e.type == "run.dequeued":
+            src = p["source_command_id"]
+            i = next((i for i, w in enumerate(self.queue) if w.source == src), None)
+            assert i is not None, f"run.dequeued for {src}, which does not wait"
+            assert p["reason"] in ("dequeued", "cleared"), p["reason"]
+            del self.queue[i]
+            self.removed.add(src)
 
     def erasure(self, e: Event, p: dict[str, Any]) -> None:
         """Refused while a run is active, so an erasure finds the session idle; it forgets
@@ -543,13 +616,15 @@ class LogModel:
         if p["origin"] == "queued":
             assert self.queue, "a queued run started with nothing queued"
             first = self.queue.pop(0)
+            assert first.source not in self.removed, "a removed task started"
             assert first.source == p["source_command_id"], "queued work started out of order"
-            assert (first.text, first.actor, first.retry_of, first.input) == (
+            assert (first.text, first.actor, first.retry_of, first.input, first.metadata) == (
                 p["prompt"],
                 p["actor"],
                 p["retry_of"],
                 _input_of(p),
-            ), "a queued run started with another task's text, actor, retry link or input"
+                p["metadata"] or {},
+            ), "a queued run started with another task's text, actor, retry link, input or labels"
         else:
             assert not self.queue, "a new run jumped the queue"
         if p["retry_of"] is not None:
@@ -559,6 +634,7 @@ class LogModel:
             assert p["context_ref"] == self.checkpoint, "not started from the latest checkpoint"
         if p["origin"] in ("follow_up", "send"):
             assert p["input"] is None, f"a run started by a {p['origin']} with a typed input"
+            assert not p["metadata"], f"a run started by a {p['origin']} with labels"
         assert e.run_id not in self.runs, f"run id {e.run_id} used twice (an erased key again?)"
         run = RunModel(e.run_id, "running", 1, p["timeout_at"], p["prompt"], _input_of(p))
         self.active = self.runs[e.run_id] = run

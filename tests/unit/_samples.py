@@ -32,6 +32,7 @@ from sessionstream.schemas.events import (
     LeaseRenewed,
     Progress,
     RoundCompleted,
+    RunDequeued,
     RunFinished,
     RunQueued,
     RunStarted,
@@ -64,6 +65,7 @@ _COMMANDS: dict[str, tuple[dict[str, Any], bool]] = {
             "retry_of": "r-0",
             "input": {"to": "LIS", "nights": 3, "flex": [1.5, None, True], "note": "é"},
             "approval_kinds": ["payment", "*"],
+            "metadata": {"team": "growth", "ticket/id": "T-1", "note": "é ok"},
         },
         False,
     ),
@@ -74,6 +76,8 @@ _COMMANDS: dict[str, tuple[dict[str, Any], bool]] = {
     ),
     "send": ({"text": "hi", "context_ref": "ctx://2", "timeout_ms": 9_000}, False),
     "abort": ({"reason": "deadline"}, False),
+    "dequeue": ({"command_id": "cmd-queued-1"}, False),
+    "clear_queue": ({}, False),
     "action.approve": (
         {"idempotency_key": "k-1", "args_digest": "sha256:ab", "generation": 2},
         False,
@@ -193,6 +197,14 @@ _PAYLOADS: dict[type[Payload], Payload] = {
         from_checkpoint=True,
         input='{"to":"LIS"}',
         approval_kinds=["payment"],
+        metadata={"team": "growth", "env": "prod"},
+    ),
+    RunDequeued: RunDequeued(
+        source_command_id="c-3",
+        kind="prompt",
+        reason="cleared",
+        actor="user:bo",
+        queued_by="user:ana",
     ),
     RunQueued: RunQueued(
         source_command_id="c-2",
@@ -205,6 +217,7 @@ _PAYLOADS: dict[type[Payload], Payload] = {
         retry_of="r-9",
         input="[1,2]",
         approval_kinds=["*"],
+        metadata={"team": "growth"},
     ),
     LeaseGranted: LeaseGranted(
         worker_id="w-1",

@@ -43,6 +43,7 @@ from sessionstream.apps.gateway.fastpath import CommandsFastPath
 from sessionstream.apps.gateway.guard import DOCS_CSP, Guard
 from sessionstream.apps.gateway.limits import StreamCounts
 from sessionstream.apps.gateway.questions import add_question_routes
+from sessionstream.apps.gateway.queue import add_queue_routes
 from sessionstream.apps.gateway.schedules import add_schedule_routes
 from sessionstream.apps.gateway.search import (
     CursorQuery,
@@ -411,6 +412,7 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
     add_webhook_routes(app, settings, gw.db)
     add_approval_routes(app, settings, gw.db, execute)
     add_question_routes(app, settings, gw.db, execute)
+    add_queue_routes(app, gw.sessions, execute)
     add_admin_routes(app, settings, gw.sessions, gw.bridge)
     add_schedule_routes(app, gw.db, gw.sessions, execute)
 

@@ -5,8 +5,8 @@ read whole), must be ``application/json`` (415) and a JSON object (400) with onl
 `type`, `payload`, `commandId` and `runId`. `tenantId` and `actor` come from the API key;
 a body that names them (or `sessionId`, `ts`, worker fields) is refused 400
 `forbidden_field`. Only producer commands are accepted (`prompt`, `steer`, `follow_up`,
-`send`, `abort`, `action.approve`, `action.deny`). Nothing reaches Kafka until the command
-is valid.
+`send`, `abort`, `action.approve`, `action.deny`, `dequeue`, `clear_queue`). Nothing reaches
+Kafka until the command is valid.
 
 JSON is read strictly: a key given twice in one object is refused (which one counts is
 not for a parser to guess), and payload numbers and booleans are of their JSON type
@@ -72,6 +72,8 @@ class CommandRequest(BaseModel):
         "action.approve",
         "action.deny",
         "question.answer",
+        "dequeue",
+        "clear_queue",
     ]
     payload: dict[str, Any] = Field(
         default_factory=dict,

@@ -30,7 +30,7 @@ from sessionstream.runtimes.sink.replay import (
 )
 from sessionstream.runtimes.sink.search import RUN_COLUMNS
 from sessionstream.schemas.codec import Codec
-from sessionstream.schemas.events import SESSION_LOG, Event
+from sessionstream.schemas.events import SESSION_LOG, Event, RunQueued
 from sessionstream.schemas.sessions import NAMESPACE_SEP, local_session_id
 
 __all__ = [
@@ -169,8 +169,11 @@ def session_view(
     ).fetchall()
     conn.rollback()
     state = SessionState.initial(session_id)
+    queued_at: dict[str, int] = {}
     for e in events:
         state = evolve(state, e)
+        if e.type == "run.queued":
+            queued_at[e.payload_as(RunQueued).source_command_id] = e.ts
     active = state.active
     return {
         "sessionId": local_session_id(tenant_id, session_id),
@@ -202,12 +205,17 @@ def session_view(
                 a.json() for a in actions_of(e for e in events if e.run_id == active.run_id)
             ],
         },
+        # the waiting tasks in the order they will start, each named by the command that
+        # queued it (what DELETE .../queue/{commandId} takes)
         "queue": [
             {
                 "sourceCommandId": q.source_command_id,
                 "kind": q.kind,
                 "text": q.text,
+                "actor": q.actor,
+                "queuedAt": queued_at.get(q.source_command_id),
                 "input": _input(q.input_json),
+                "metadata": q.metadata,
             }
             for q in state.queue
         ],

@@ -11,6 +11,7 @@ from sessionstream.core.decider._emit import _Emitter
 from sessionstream.core.decider._erase import _erase
 from sessionstream.core.decider._producer import _abort, _follow_up, _prompt, _send, _steer
 from sessionstream.core.decider._questions import _question_answer
+from sessionstream.core.decider._queue import _clear_queue, _dequeue
 from sessionstream.core.decider._schedules import _define, _delete
 from sessionstream.core.decider._timers import _timer
 from sessionstream.core.decider._worker import _WORKER_HANDLERS, _worker
@@ -129,6 +130,8 @@ _HANDLERS = {
     "action.approve": _decide_action,
     "action.deny": _decide_action,
     "question.answer": _question_answer,
+    "dequeue": _dequeue,
+    "clear_queue": _clear_queue,
     "timer.fired": _timer,
     "session.erase": _erase,
     "schedule.create": _define,

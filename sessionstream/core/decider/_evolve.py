@@ -18,6 +18,7 @@ from sessionstream.core.state import (
     PendingInput,
     QuestionRecord,
     QueueEntry,
+    RemovedTask,
     RunState,
     Schedule,
     SessionState,
@@ -39,6 +40,7 @@ from sessionstream.schemas.events import (
     LeaseGranted,
     LeaseRenewed,
     Progress,
+    RunDequeued,
     RunFinished,
     RunQueued,
     RunStarted,
@@ -73,8 +75,23 @@ def evolve(
                 retry_of=q.retry_of,
                 input_json=q.input,
                 approval_kinds=tuple(q.approval_kinds),
+                metadata=q.metadata or {},
             )
             update["queue"] = (entry, *state.queue) if q.front else (*state.queue, entry)
+        elif event.type == "run.dequeued":
+            out = event.payload_as(RunDequeued)
+            gone = RemovedTask(
+                source_command_id=out.source_command_id, reason=out.reason, actor=out.actor
+            )
+            # the first waiting task of that id leaves (ids are unique in the queue while
+            # the dedup window holds them)
+            queue = list(state.queue)
+            for i, w in enumerate(queue):
+                if w.source_command_id == out.source_command_id:
+                    del queue[i]
+                    break
+            update["queue"] = tuple(queue)
+            update["removed"] = (*state.removed, gone)[-config.finished_window :]
         elif event.type == "session.erased":
             # nothing of the session's content stays: its id, tenant, clock and counters
             # (so a later run or session-log event never gets an erased event's key)
@@ -263,6 +280,7 @@ def evolve(
             status=f_.terminal_status,
             generation=event.generation,
             retryable=f_.retryable,
+            source_command_id=run.source_command_id,
         )
         update["active"] = None
         update["finished"] = (*state.finished, done)[-config.finished_window :]
@@ -328,6 +346,7 @@ def _schedules_after(state: SessionState, event: Event) -> tuple[Schedule, ...]:
         next_nominal_at=d.next_nominal_at,
         next_at=d.next_at,
         actor=d.actor,
+        metadata=d.metadata or {},
     )
     if t == "schedule.created":
         return (*state.schedules, new)

@@ -45,6 +45,7 @@ def _prompt(em: _Emitter, cmd: Command) -> None:
         actor=cmd.actor,
         retry_of=p.retry_of,
         approval_kinds=p.approval_kinds,
+        metadata=p.metadata,
     )
 
 
@@ -59,6 +60,7 @@ def _ask(
     actor: str | None,
     retry_of: str | None = None,
     approval_kinds: list[str] | None = None,
+    metadata: dict[str, str] | None = None,
 ) -> None:
     """A prompt's task: started when idle, else by `policy` (a schedule's firing too)."""
     kinds = approval_kinds or []
@@ -75,6 +77,7 @@ def _ask(
             retry_of=retry_of,
             input=input,
             approval_kinds=kinds,
+            metadata=metadata,
         )
     elif policy == "reject":
         reason: RejectionReason = (
@@ -91,6 +94,7 @@ def _ask(
             retry_of=retry_of,
             input=input,
             approval_kinds=kinds,
+            metadata=metadata,
         )
     else:  # interrupt: queue in front, then cancel the active run
         if run.status != "cancelling" and _no_room(em, text, queue=True, input=input) is None:
@@ -106,6 +110,7 @@ def _ask(
             retry_of=retry_of,
             input=input,
             approval_kinds=kinds,
+            metadata=metadata,
         )
         if queued and run.status != "cancelling":
             _request_cancel(em, "interrupted")

@@ -41,6 +41,7 @@ def _start_run(
     retry_of: str | None = None,
     input: str | None = None,
     approval_kinds: tuple[str, ...] | list[str] = (),
+    metadata: dict[str, str] | None = None,
 ) -> None:
     state = em.state
     from_checkpoint = context_ref == LATEST_CHECKPOINT_REF
@@ -64,6 +65,7 @@ def _start_run(
             from_checkpoint=from_checkpoint,
             input=input,
             approval_kinds=list(approval_kinds),
+            metadata=metadata or None,
         ),
     )
 
@@ -136,6 +138,7 @@ def _finish(
             retry_of=nxt.retry_of,
             input=nxt.input_json,
             approval_kinds=nxt.approval_kinds,
+            metadata=nxt.metadata,
         )
 
 
@@ -175,6 +178,7 @@ def _enqueue(
     retry_of: str | None = None,
     input: str | None = None,
     approval_kinds: list[str] | None = None,
+    metadata: dict[str, str] | None = None,
 ) -> bool:
     if not _room_for(em, text, queue=True, input=input):
         return False
@@ -193,6 +197,7 @@ def _enqueue(
             retry_of=retry_of,
             input=input,
             approval_kinds=approval_kinds or [],
+            metadata=metadata or None,
         ),
     )
     return True

@@ -138,6 +138,7 @@ def _define(em: _Emitter, cmd: Command) -> None:
             interval_ms=p.interval_ms,
             text=p.text,
             input=input,
+            metadata=p.metadata,
             timeout_ms=p.timeout_ms,
             context_ref=p.context_ref,
             overlap=p.overlap,
@@ -227,6 +228,7 @@ def _fire(em: _Emitter, cmd: Command) -> None:
             timeout_ms=sc.timeout_ms,
             input=sc.input_json,
             actor=schedule_actor(sid),
+            metadata=sc.metadata or None,
         )
 
 

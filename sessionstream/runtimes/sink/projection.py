@@ -9,6 +9,8 @@ it is raised, never written.
 
 from __future__ import annotations
 
+import json
+
 import msgspec
 
 from sessionstream.errors import SingleWriterViolation
@@ -57,10 +59,19 @@ class RunRow(msgspec.Struct, frozen=True, gc=False):
     retry_of: str | None = None
     #: the prompt's typed input, its JSON text (a `jsonb` column)
     input: str | None = None
+    #: the prompt's labels (`metadata`) as a JSON object's text (a `jsonb` column; null
+    #: when it had none, which keeps the run out of the labels' partial index)
+    labels: str | None = None
 
     @property
     def active(self) -> bool:
         return self.terminal_status is None
+
+
+def _labels(metadata: dict[str, str] | None) -> str | None:
+    if not metadata:
+        return None
+    return json.dumps(metadata, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
 
 
 class SessionRow(msgspec.Struct, frozen=True, gc=False):
@@ -156,6 +167,7 @@ class Projection:
             started_by=p.actor,
             retry_of=p.retry_of,
             input=p.input,
+            labels=_labels(p.metadata),
         )
         self.changed_runs.add(e.run_id)
         if session is None:

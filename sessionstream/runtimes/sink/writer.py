@@ -52,10 +52,13 @@ RUN_COLS = [
     "retryable",
     "retry_of",
     "input",
+    "labels",
 ]
-#: `RUN_COLS` as a select list: the typed input read back as its JSON text (as the row
-#: holds it), not as the value psycopg would make of a `jsonb`
-_RUN_SELECT = ", ".join("input::text" if c == "input" else c for c in RUN_COLS)
+#: the `jsonb` columns, which the rows hold as JSON text
+_JSON_COLS = frozenset({"input", "labels"})
+#: `RUN_COLS` as a select list: the typed input and the labels read back as their JSON
+#: text (as the row holds them), not as the values psycopg would make of a `jsonb`
+_RUN_SELECT = ", ".join(f"{c}::text" if c in _JSON_COLS else c for c in RUN_COLS)
 RUN_TIMES = {
     "lease_expires_at",
     "timeout_at",

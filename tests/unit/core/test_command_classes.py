@@ -31,6 +31,8 @@ SPEC: dict[str, set[str]] = {
         "schedule.create",
         "schedule.update",
         "schedule.delete",
+        "dequeue",
+        "clear_queue",
     },
     "worker": {
         "lease.acquire",

@@ -15,7 +15,7 @@ from sessionstream.core.cron import CronError, next_fire, parse_cron, zone
 from sessionstream.core.decider import DeciderConfig
 from sessionstream.core.state_codec import decode_state, encode_state
 from sessionstream.core.timers import due_timers, timer_command
-from sessionstream.schemas.events import RunStarted, ScheduleFired
+from sessionstream.schemas.events import Event, RunStarted, ScheduleFired
 from tests.unit._harness import Harness, leased, running, tokens
 
 MIN = 60_000
@@ -378,10 +378,51 @@ def test_jitter_is_within_bounds_and_the_same_on_every_replay() -> None:
     assert len(offsets) > 1  # not one fixed delay
 
 
+def _last_start(h: Harness) -> Event:
+    return [e for e in h.log if e.type == "run.started"][-1]
+
+
+def test_each_run_a_schedule_starts_carries_its_labels() -> None:
+    """The issue: a schedule's prompt is its text, policy and metadata. Labels given on the
+    definition label every run it starts (as a prompt's `metadata` would), a queued firing
+    keeps them until it starts, and an update's labels replace them."""
+    h = Harness()
+    h.schedule(metadata={"team": "growth", "kind": "digest"}, overlap="enqueue")
+    h.fire("schedule")
+    started = _last_start(h).payload_as(RunStarted)
+    assert started.metadata == {"team": "growth", "kind": "digest"}
+    assert started.actor == "schedule:s1"
+    h.acquire("w1")
+    h.fire("schedule")  # busy: queued, with its labels
+    assert h.state.queue[0].metadata == {"team": "growth", "kind": "digest"}
+    h.update_schedule(metadata={"team": "ops"}, overlap="enqueue")
+    ev = h.work("run.complete")  # the queued firing starts with the labels it was queued with
+    assert ev[-1].payload_as(RunStarted).metadata == {"team": "growth", "kind": "digest"}
+    h.acquire("w2")
+    assert tokens(h.work("run.complete", worker="w2"))[-1] == "run.finished:completed"
+    h.fire("schedule")
+    assert _last_start(h).payload_as(RunStarted).metadata == {"team": "ops"}
+
+
+def test_a_schedules_labels_are_bounded_like_a_prompts() -> None:
+    h = Harness()
+    with pytest.raises(ValueError, match="metadata"):
+        h.schedule(metadata={"bad key": "x"})
+    with pytest.raises(ValueError, match="metadata"):
+        h.schedule(metadata={f"k{i}": "v" for i in range(17)})
+    assert h.state.schedules == ()
+
+
 def test_the_state_record_keeps_the_schedules() -> None:
     h = Harness()
     running(h)
-    h.schedule("a", cron="30 9 * * mon-fri", timezone="Europe/Lisbon", input={"x": [1]})
+    h.schedule(
+        "a",
+        cron="30 9 * * mon-fri",
+        timezone="Europe/Lisbon",
+        input={"x": [1]},
+        metadata={"team": "growth"},
+    )
     h.schedule("b", overlap="interrupt", catch_up="all", max_catch_up=4, jitter_ms=500)
     assert decode_state(encode_state(h.state)) == h.state
 

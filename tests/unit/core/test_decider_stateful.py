@@ -113,6 +113,11 @@ ACTION_KINDS = st.sampled_from(["email", "email", "payment"])
 DIGESTS = st.sampled_from(["sha256:aa", "sha256:aa", "sha256:bb", None])
 #: kinds a prompt adds to its run's approval policy
 PROMPT_KINDS = st.sampled_from([[], [], ["email"], ["*"]])
+#: a prompt's labels
+LABELS = st.sampled_from([{}, {}, {"team": "growth"}, {"team": "ops", "ticket/id": "T-1"}])
+#: which task a `dequeue` names: one waiting now, the last one removed, the active run's
+#: source, a pending input's, one never seen
+DEQUEUE_TARGET = st.sampled_from(["waiting", "waiting", "removed", "started", "pending", "never"])
 #: which generation a person's decision names: none, the current one, an older one
 DECISION_GEN = st.sampled_from(["none", "none", "current", "older"])
 #: questions a holder asks a person, and the answers people give (one over the bound)
@@ -339,6 +344,7 @@ class SessionMachine(RuleBasedStateMachine):
         retry=st.booleans(),
         typed=INPUT,
         kinds=PROMPT_KINDS,
+        labels=LABELS,
     )
     def prompt(
         self,
@@ -349,12 +355,15 @@ class SessionMachine(RuleBasedStateMachine):
         retry: bool,
         typed: Any,
         kinds: list[str],
+        labels: dict[str, str],
     ) -> None:
         payload: dict[str, Any] = {"text": text, "policy": policy}
         if typed is not None:
             payload["input"] = typed
         if kinds:
             payload["approval_kinds"] = kinds
+        if labels:
+            payload["metadata"] = labels
         if retry:
             payload["retry_of"] = self.finished_runs[-1] if self.finished_runs else "r-never"
         self.producer("prompt", payload, skew, which)
@@ -427,15 +436,38 @@ class SessionMachine(RuleBasedStateMachine):
             assert rec.args_digest == digest and self.now < (rec.expires_at or 0)
             assert decided[0].payload.model_dump()["decided_by"] == "user:bo"
 
+    @rule(task_of=DEQUEUE_TARGET, i=st.integers(min_value=0), skew=SKEW, which=TARGET)
+    def dequeue(self, task_of: str, i: int, skew: Any, which: str) -> None:
+        """A person removes a queued task: one that waits, or one that has started, was
+        removed already, is an input of the run, or never existed (each refused)."""
+        st_ = self.state
+        task = "c-never"
+        if task_of == "waiting" and st_.queue:
+            task = st_.queue[i % len(st_.queue)].source_command_id
+        elif task_of == "removed" and st_.removed:
+            task = st_.removed[-1].source_command_id
+        elif task_of == "started" and st_.active is not None:
+            task = st_.active.source_command_id
+        elif task_of == "pending" and st_.active is not None and st_.active.inputs:
+            task = st_.active.inputs[0].source_command_id
+        self.producer("dequeue", {"command_id": task}, skew, which)
+
+    @rule(skew=SKEW, which=TARGET)
+    def clear_queue(self, skew: Any, which: str) -> None:
+        self.producer("clear_queue", {}, skew, which)
+
     @precondition(lambda self: self.state.tenant_id == TENANT)
-    @rule(text=TEXT, type_=st.sampled_from(["prompt", "abort", "steer"]))
+    @rule(text=TEXT, type_=st.sampled_from(["prompt", "abort", "steer", "dequeue", "clear_queue"]))
     def intruder(self, text: str, type_: str) -> None:
         """Another tenant's command, under an id the owner will use next. (Before the
         session's first run any tenant may claim it: that is the tenancy rule, tested in
         the rules; here the owner has.)"""
         self.n += 1
         cid = f"owner-{self.n}"
-        payload = {"text": text} if type_ != "abort" else {}
+        payload: dict[str, Any] = {"text": text} if type_ in ("prompt", "steer") else {}
+        if type_ == "dequeue":
+            q = self.state.queue
+            payload = {"command_id": q[0].source_command_id if q else "c-never"}
         self.apply(self.cmd(type_, payload, tenant_id="intruder", command_id=cid))
         self.owner_ids.append(cid)
 
@@ -863,6 +895,7 @@ class SessionMachine(RuleBasedStateMachine):
         assert len(st_.queue) <= CONFIG.max_queue
         assert st_.held_bytes() <= CONFIG.max_held_bytes
         assert len(st_.finished) <= CONFIG.finished_window
+        assert len(st_.removed) <= CONFIG.finished_window
         if st_.active is not None:
             assert len(st_.active.inputs) <= CONFIG.max_inputs
             assert len(st_.active.actions) <= CONFIG.max_actions

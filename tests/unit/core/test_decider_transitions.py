@@ -585,6 +585,17 @@ CASES: list[tuple[str, Callable[[Harness], None], Act, list[str], str | None, De
      pending_then(asked_then(lambda h: h.work("run.fail", {"error": "x"}))),
      ["action.denied", "question.closed:run_finished", "run.finished:failed"], None,
      DeciderConfig(approval_policy=(("*", "payment"),))),
+    # queue control (docs/protocol.md#queue-control)
+    ("dequeue-waiting", running, lambda h: (h.prompt("b", "enqueue", command_id="B"),
+                                            h.dequeue("B"))[1],
+     ["run.dequeued:dequeued"], "running", DEFAULT_CONFIG),
+    ("dequeue-not-queued", running, lambda h: h.dequeue("nobody"), ["rejected:not_queued"],
+     "running", DEFAULT_CONFIG),
+    ("clear_queue", running, lambda h: (h.prompt("b", "enqueue"), h.prompt("c", "enqueue"),
+                                        h.clear_queue())[2],
+     ["run.dequeued:cleared", "run.dequeued:cleared"], "running", DEFAULT_CONFIG),
+    ("clear_queue-empty", running, lambda h: h.clear_queue(), ["rejected:queue_empty"],
+     "running", DEFAULT_CONFIG),
     # tenancy and size
     ("tenant-mismatch", leased, lambda h: h.prompt(tenant="evil"), ["rejected:tenant_mismatch"],
      "running", DEFAULT_CONFIG),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from sessionstream.core.timers import due_timers, timer_command
 from sessionstream.schemas.codec import Codec
 from sessionstream.schemas.events import Event
 from tests.unit._harness import Dedup, check_log
+from tests.unit._model import LogModel
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 FILES = sorted(GOLDEN.glob("*.jsonl"))
@@ -106,9 +108,54 @@ def test_the_required_stories_are_there() -> None:
         "durable_steps",
         "typed_input",
         "approvals",
+        "queue_control",
         "erasure",
         "schedules",
     } <= names
+
+
+def test_queue_control_story_removes_only_waiting_tasks_and_says_what_became_of_the_rest() -> None:
+    """Written from the feature's text: a queued task is named by its command id when queued;
+    a dequeue removes it with a fate naming who; twice, unknown, late, another tenant's:
+    explicit refusals; clear_queue removes every waiting task in order; a removed task never
+    starts; labels travel with the run. The model checks every command's events too."""
+    lines = load(GOLDEN / "queue_control.jsonl")
+    _, log, state = replay(lines)
+    model = LogModel()
+    commands = {
+        c["commandId"]: CODEC.decode_command(json.dumps(c).encode())
+        for c in (line["command"] for line in lines if "command" in line)
+    }
+    for cid, events in groupby(log, key=lambda e: e.command_id):
+        model.feed(list(events), commands[cid])
+    removed = [e.payload.model_dump() for e in log if e.type == "run.dequeued"]
+    assert [(p["source_command_id"], p["reason"]) for p in removed] == [
+        ("sess-queue-03-prompt", "dequeued"),
+        ("sess-queue-15-prompt", "cleared"),
+        ("sess-queue-05-prompt", "cleared"),
+        ("sess-queue-14-prompt", "cleared"),
+    ]
+    started = [e.payload.model_dump() for e in log if e.type == "run.started"]
+    assert [p["source_command_id"] for p in started] == [
+        "sess-queue-01-prompt",
+        "sess-queue-04-prompt",
+    ]
+    assert started[1]["metadata"] == {"team": "ops"}
+    refusals = [
+        (e.payload.model_dump()["reason"], e.payload.model_dump()["target_status"])
+        for e in log
+        if e.type == "command.rejected"
+    ]
+    assert refusals == [
+        ("not_queued", "dequeued"),
+        ("tenant_mismatch", None),
+        ("not_queued", "unknown"),
+        ("not_queued", "running"),
+        ("queue_empty", None),
+        ("not_queued", "cleared"),
+        ("not_queued", "cancelled"),
+    ]
+    assert state is not None and state.active is None and state.queue == ()
 
 
 def test_approvals_story_executes_nothing_without_a_persons_approval() -> None:

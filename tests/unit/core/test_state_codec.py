@@ -15,6 +15,7 @@ from sessionstream.core.state import (
     PendingInput,
     QuestionRecord,
     QueueEntry,
+    RemovedTask,
     RunState,
     SessionState,
     StepRecord,
@@ -28,7 +29,8 @@ from sessionstream.core.state_codec import (
     FORMAT_V3,
     FORMAT_V4,
     FORMAT_V5,
-    FORMAT_V7,
+    FORMAT_V6,
+    FORMAT_V8,
     STATE_FIELDS,
     decode_if_active,
     decode_state,
@@ -133,6 +135,7 @@ def _full() -> SessionState:
                 text="next",
                 input_json="[1.5,null]",
                 approval_kinds=("send_email",),
+                metadata={"team": "growth", "ticket/id": "T-1"},
             ),
         ),
         log_seq=4,
@@ -141,9 +144,18 @@ def _full() -> SessionState:
         finished=(
             FinishedRun(run_id="not-a-uuid", status="failed", generation=2, retryable=True),
             FinishedRun(run_id=RUN.upper(), status="timed_out", generation=1),
-            FinishedRun(run_id=RUN.replace("0f8f", "1f8f"), status="completed", generation=1),
+            FinishedRun(
+                run_id=RUN.replace("0f8f", "1f8f"),
+                status="completed",
+                generation=1,
+                source_command_id="c-0",
+            ),
         ),
         last_checkpoint="s3://ck/7",
+        removed=(
+            RemovedTask(source_command_id="c-6", reason="dequeued", actor="user:bo"),
+            RemovedTask(source_command_id="c-7", reason="cleared"),
+        ),
         # not a state the decider makes beside an active run: here for the codec only
         idle_since=1_767_225_500_000,
         erased_at=1_767_225_400_000,
@@ -197,16 +209,28 @@ OLD_JSON = (
 
 
 def _full_before_questions() -> SessionState:
-    """`_full()` without what format 8 added: the active run's questions to a person."""
+    """`_full()` without what format 9 added: the active run's questions to a person."""
     full = _full()
     assert full.active is not None
     return evolved(full, active=evolved(full.active, questions={}))
 
 
+def _full_before_queue_control() -> SessionState:
+    """`_full()` without what format 7 added: the removed tasks, the finished runs' source
+    command ids, the queued tasks' labels."""
+    full = _full_before_questions()
+    return evolved(
+        full,
+        removed=(),
+        finished=tuple(evolved(f, source_command_id=None) for f in full.finished),
+        queue=tuple(evolved(q, metadata={}) for q in full.queue),
+    )
+
+
 def _full_before_erasure() -> SessionState:
-    """`_full()` without what format 6 added: when the session went idle, when it was
-    erased (and what later formats added)."""
-    return evolved(_full_before_questions(), idle_since=None, erased_at=None)
+    """`_full()` without what formats 6 and 7 added: when the session went idle, when it
+    was erased, and queue control."""
+    return evolved(_full_before_queue_control(), idle_since=None, erased_at=None)
 
 
 def _full_before_approvals() -> SessionState:
@@ -258,7 +282,23 @@ def _older(tag: int, run_fields: int, session_fields: int = 9, queue_fields: int
     t[2] = t[2][:run_fields]
     t[2][14] = [r[:4] for r in t[2][14]]
     t[3] = [q[:queue_fields] for q in t[3]]
+    t[7] = [f[:4] for f in t[7]]
     return bytes([tag]) + msgspec.msgpack.encode(t[:session_fields])
+
+
+def test_a_format_6_record_is_still_read() -> None:
+    """Format 6 is format 7 without queue control and labels: read with no removed tasks,
+    finished runs of unknown source, queued tasks without labels; written again in
+    format 7."""
+    t = msgspec.msgpack.decode(encode_state(_full_before_questions())[1:])
+    t[2] = t[2][:22]
+    t[3] = [q[:9] for q in t[3]]
+    t[7] = [f[:4] for f in t[7]]
+    v6 = bytes([FORMAT_V6]) + msgspec.msgpack.encode(t[:11])
+    assert not is_current(v6)
+    state = decode_state(v6)
+    assert state == _full_before_queue_control()
+    assert is_current(encode_state(state)) and decode_state(encode_state(state)) == state
 
 
 def test_the_json_of_earlier_versions_is_still_read() -> None:
@@ -266,14 +306,14 @@ def test_the_json_of_earlier_versions_is_still_read() -> None:
     assert decode_state(state_to_json(_full())) == _full()
 
 
-def test_a_format_7_record_is_still_read() -> None:
-    """Format 7 is format 8 without the active run's questions: read with none, written
-    again in format 8."""
+def test_a_format_8_record_is_still_read() -> None:
+    """Format 8 is format 9 without the active run's questions: read with none, written
+    again in format 9."""
     t = msgspec.msgpack.decode(encode_state(_full())[1:])
     t[2] = t[2][:22]
-    v7 = bytes([FORMAT_V7]) + msgspec.msgpack.encode(t)
-    assert not is_current(v7)
-    state = decode_state(v7)
+    v8 = bytes([FORMAT_V8]) + msgspec.msgpack.encode(t)
+    assert not is_current(v8)
+    state = decode_state(v8)
     assert state == _full_before_questions()
     assert is_current(encode_state(state)) and decode_state(encode_state(state)) == state
 
@@ -283,6 +323,8 @@ def test_a_format_5_record_is_still_read() -> None:
     none (no retention deadline until its next run ends), written again in format 6."""
     t = msgspec.msgpack.decode(encode_state(_full_before_questions())[1:])
     t[2] = t[2][:22]
+    t[3] = [q[:9] for q in t[3]]
+    t[7] = [f[:4] for f in t[7]]
     v5 = bytes([FORMAT_V5]) + msgspec.msgpack.encode(t[:9])
     assert not is_current(v5)
     state = decode_state(v5)

@@ -48,6 +48,9 @@ JSON_VALUES = st.recursive(
 )
 
 
+LABELS = st.none() | st.dictionaries(TEXT, TEXT, min_size=1, max_size=5)
+
+
 def value_for(t: Any) -> st.SearchStrategy[Any]:
     if isinstance(t, dict) and t.get("logicalType") == "json":
         return JSON_VALUES
@@ -80,7 +83,12 @@ def envelopes(draw: st.DrawFn, kind: str) -> Any:
     record = next(r for r in schema["fields"][-1]["type"] if r["name"] == model.__name__)
     pn = names(model)
     payload = construct(
-        model, {pn[f["name"]]: draw(value_for(f["type"])) for f in record["fields"]}
+        model,
+        {
+            # a run's labels are JSON text in Avro, a string map in the model
+            pn[f["name"]]: draw(LABELS if f["name"] == "metadata" else value_for(f["type"]))
+            for f in record["fields"]
+        },
     )
     en = names(envelope)
     values = {en[f["name"]]: draw(value_for(f["type"])) for f in schema["fields"][:-1]}

@@ -1,5 +1,6 @@
 // The console: sessions list, a session's live run timeline with the send box and the
-// steer / follow-up / abort buttons, and the stats page. State comes from the gateway's
+// steer / follow-up / abort buttons, the queue of waiting tasks with a remove button each,
+// and the stats page. State comes from the gateway's
 // API: the session and its runs from PostgreSQL, then live events over SSE from the last
 // offset PostgreSQL had, and each command's own outcome events from its POST.
 "use strict";
@@ -13,7 +14,7 @@
     runs: [],            // run ids in start order
     current: null,       // the run the timeline shows
     follow: true,        // switch to a newly started run
-    queue: 0,
+    queue: [],          // waiting tasks in start order: {id, kind, text, actor, queuedAt}
     stop: null,          // stops the live stream
     skew: 0,             // event clock - this browser's clock
     tick: null,
@@ -106,7 +107,7 @@
   async function openSession(id) {
     if (S.session === id) return;
     if (S.stop) S.stop();
-    Object.assign(S, { session: id, events: new Map(), runs: [], current: null, follow: true, queue: 0,
+    Object.assign(S, { session: id, events: new Map(), runs: [], current: null, follow: true, queue: [],
                        listStatus: null, answers: new Map(), answerOf: new Map(), schedules: new Map() });
     $("session").hidden = false;
     $("session-title").textContent = id;
@@ -117,7 +118,8 @@
     if (r.status === 200) {
       const st = r.data;
       last = st.lastEventId;
-      S.queue = st.queue.length;
+      S.queue = st.queue.map((q) => ({ id: q.sourceCommandId, kind: q.kind, text: q.text,
+                                       actor: q.actor, queuedAt: q.queuedAt }));
       const runs = st.runs.slice().reverse();  // oldest first
       S.runs = runs.map((x) => x.runId);
       const show = st.activeRun ? st.activeRun.runId : (runs.length ? runs[runs.length - 1].runId : null);
@@ -202,8 +204,16 @@
     if (S.events.has(k)) return;
     S.events.set(k, e);
     if (e.runId !== "_session" && !S.runs.includes(e.runId)) S.runs.push(e.runId);
-    if (e.type === "run.queued") S.queue += 1;
-    if (e.type === "run.started" && e.payload.origin === "queued") S.queue = Math.max(0, S.queue - 1);
+    // the queue follows the log: queued (an interrupt at the front), started or removed
+    const src = e.payload && e.payload.sourceCommandId;
+    if (e.type === "run.queued" && !S.queue.some((q) => q.id === src)) {
+      const q = { id: src, kind: e.payload.kind, text: e.payload.text, actor: e.payload.actor,
+                  queuedAt: e.ts };
+      if (e.payload.front) S.queue.unshift(q); else S.queue.push(q);
+    }
+    if ((e.type === "run.started" && e.payload.origin === "queued") || e.type === "run.dequeued") {
+      S.queue = S.queue.filter((q) => q.id !== src);
+    }
     if (e.type === "run.started" && S.follow) S.current = e.runId;
     if (!quiet && (e.type === "run.started" || e.type === "run.finished")) {
       setTimeout(loadSessions, 300);  // the list comes from PostgreSQL: a moment behind
@@ -249,7 +259,8 @@
     $("status").dataset.run = S.current || "";
     $("generation").textContent = m.generation ? "generation " + m.generation : "";
     drawAnswer();
-    $("queue").textContent = S.queue ? `${S.queue} queued` : "";
+    $("queue").textContent = S.queue.length ? `${S.queue.length} queued` : "";
+    drawQueue();
     $("legend").textContent = S.current
       ? `run ${S.current} · ${Timeline.fmt(m.end - m.start)}${usage(evs)}` : "no run yet: send a task";
     const picker = $("run-picker");
@@ -282,6 +293,46 @@
     if (active || waiting) S.tick = setTimeout(draw, 250);  // open bars grow, time left shrinks
   }
 
+  // the waiting tasks, each with a remove button (DELETE .../queue/{commandId})
+  function drawQueue() {
+    $("queue-wrap").hidden = !S.queue.length;
+    // redrawn only when it changed (draw() runs every 250 ms while a run is active)
+    const drawn = S.queue.map((q) => q.id).join("\n");
+    const list = $("queue-list");
+    if (list.dataset.drawn === drawn && list.dataset.session === S.session) return;
+    list.dataset.drawn = drawn;
+    list.dataset.session = S.session;
+    list.textContent = "";
+    for (const q of S.queue) {
+      const li = document.createElement("li");
+      li.dataset.commandId = q.id;
+      const t = document.createElement("span");
+      t.className = "text";
+      t.textContent = q.text;
+      const who = document.createElement("span");
+      who.className = "muted";
+      const at = q.queuedAt ? new Date(q.queuedAt).toLocaleTimeString() : "";
+      who.textContent = `${q.kind} · ${q.actor || "?"} · ${at}`;
+      const b = document.createElement("button");
+      b.type = "button";
+      b.className = "danger small remove";
+      b.textContent = "Remove";
+      b.title = "remove this task from the queue: it will not start";
+      b.addEventListener("click", () => removeQueued(q.id));
+      li.append(t, who, b);
+      list.appendChild(li);
+    }
+  }
+
+  async function removeQueued(commandId) {
+    const sid = encodeURIComponent(S.session);
+    const path = commandId === null
+      ? `/v1/sessions/${sid}/queue`
+      : `/v1/sessions/${sid}/queue/${encodeURIComponent(commandId)}`;
+    outcome(commandId === null ? "clear_queue" : "dequeue", await Api.call("DELETE", path));
+  }
+  $("clear-queue").addEventListener("click", () => removeQueued(null));
+
   // -- commands -------------------------------------------------------------------------
   function activeRun() {
     if (!S.current) return null;
@@ -292,6 +343,13 @@
     const body = { type, payload, commandId: crypto.randomUUID() };
     if (runId) body.runId = runId;
     const r = await Api.call("POST", `/v1/sessions/${encodeURIComponent(S.session)}/commands`, body);
+    outcome(type, r);
+    if (type === "send" || type === "prompt") setTimeout(loadSessions, 500);
+    return r;
+  }
+
+  // a command's outcome in the list, and its events into the view
+  function outcome(type, r) {
     const li = document.createElement("li");
     const d = r.data || {};
     const status = d.status || (d.error ? d.error.code : "HTTP " + r.status);
@@ -301,8 +359,7 @@
       (d.reason ? ` (${d.reason})` : "") + (d.error ? ` — ${d.error.message}` : "");
     $("outcomes").prepend(li);
     for (const e of d.events || []) add(e, null);
-    if (type === "send" || type === "prompt") setTimeout(loadSessions, 500);
-    return r;
+    draw();
   }
 
   // a person (the key's actor) decides a pending action of the run shown

@@ -1,11 +1,12 @@
 -- The run event stream as Flink reads it: Avro in the Confluent wire format, the writer
 -- schema fetched by id from the registry. The dollar placeholders are filled in by flink_job.py.
 --
--- `payload` is a union of 26 records in the writer schema. Declared here as ONE row of the
+-- `payload` is a union of records in the writer schema. Declared here as ONE row of the
 -- nullable fields the queries need, Avro's schema resolution reads every branch into it
 -- by field name (a branch without the field gives NULL): run.finished fills
 -- terminalStatus, command.rejected fills reason and commandType. `reason` also exists in
--- other branches (run.cancel_requested's), so a query picks its event type first.
+-- other branches (run.cancel_requested's, run.dequeued's), so a query picks its event
+-- type first.
 -- A record whose schema id the registry lacks fails the job; the format never skips.
 CREATE TEMPORARY TABLE session_events (
   sessionId STRING NOT NULL,

@@ -10,8 +10,9 @@ world for the module), written from the spec of run search and labels:
 - test it like an attacker: a forged, truncated or other-filters cursor is 400 with a clear
   code, never a 500 and never another tenant's rows; an attacker's filter values are a 400
   or a parameter;
-- labels: the runs' `labels` column (written here directly in SQL; the projection will
-  fill it from `run.started`), `label=key:value` repeatable, every one must match;
+- labels: the runs' `labels` column (written here directly in SQL; the sink fills it from
+  `run.started`, test_queue_and_labels.py), `label=key:value` repeatable, every one must
+  match;
 - migration 0011 applies on a fresh schema and on an existing projection, and the sink's
   later writes of a run keep its labels.
 """
@@ -32,7 +33,8 @@ from pydantic import SecretStr
 
 from sessionstream.adapters.postgres import migrate as migrate_module
 from sessionstream.core.decider import apply
-from sessionstream.runtimes.sink.writer import PendingEvent, write_batch
+from sessionstream.runtimes.sink.projection import Projection
+from sessionstream.runtimes.sink.writer import RUN_COLS, RUN_TIMES, PendingEvent, ts, write_batch
 from sessionstream.schemas.commands import Command
 from sessionstream.settings import Settings
 from tests.integration.conftest import WorldFactory
@@ -449,7 +451,7 @@ def test_a_run_sent_through_the_gateway_is_found(world: GatewayWorld) -> None:
     assert t.ids(session=session) == [run_id]
     assert t.ids(actor="dora", status="running") == [run_id]
     (run,) = t.get("/v1/runs", session=session)["runs"]
-    assert run["labels"] is None and run["prompt"] == "find me"  # no labels written yet
+    assert run["labels"] is None and run["prompt"] == "find me"  # its prompt had none
     assert [s["sessionId"] for s in t.get("/v1/sessions", status="running")["sessions"]] == [
         session
     ]
@@ -486,9 +488,33 @@ def test_0011_applies_to_an_existing_projection_and_the_sink_keeps_labels(
             write_batch(conn, batch)
         offset += len(events)
 
-    # a projection written by the sink before 0011
+    # a projection written by a sink before 0011: its rows, without the labels column
+    # (this version's sink writes labels, so it needs 0011: it applies it at start)
     started, state = apply(None, _command("mig:s1", "prompt", 1_790_000_000_000, {"text": "a"}))
-    sink(started)
+    proj = Projection({}, {})
+    for e in started:
+        proj.apply(e)
+    old_cols = [c for c in RUN_COLS if c != "labels"]
+    with psycopg.connect(conninfo, options=options) as conn:
+        (sess,) = proj.sessions_to_write()
+        conn.execute(
+            "insert into agent_sessions (session_id, tenant_id, active_run_id, created_at,"
+            " updated_at, user_id) values (%s, %s, %s, %s, %s, %s)",
+            (
+                sess.session_id,
+                sess.tenant_id,
+                sess.active_run_id,
+                ts(sess.created_at),
+                ts(sess.updated_at),
+                sess.user_id,
+            ),
+        )
+        for r in proj.runs_to_write():
+            conn.execute(
+                f"insert into agent_runs ({', '.join(old_cols)})"
+                f" values ({', '.join(['%s'] * len(old_cols))})",
+                tuple(ts(getattr(r, c)) if c in RUN_TIMES else getattr(r, c) for c in old_cols),
+            )
     run_id = started[0].run_id
     # Step 1: 0011 on it: only 0011 runs, the rows stay
     applied = migrate_module.migrate(conninfo, schema=s.database_schema)

@@ -106,10 +106,16 @@ def test_rows_equal_the_log_after_the_worker_is_killed_under_load(
             for i in range(900):
                 c = acme if i % 3 else globex
                 sid = f"{c.tenant_id}:cn-{i % 17}"
-                kind = rnd.choice(["prompt", "prompt", "abort", "steer", "follow_up"])
-                payload: dict[str, Any] = {} if kind == "abort" else {"text": f"{kind} {i}"}
+                kind = rnd.choice(
+                    ["prompt", "prompt", "abort", "steer", "follow_up", "clear_queue"]
+                )
+                payload: dict[str, Any] = (
+                    {} if kind in ("abort", "clear_queue") else {"text": f"{kind} {i}"}
+                )
                 if kind == "prompt":
                     payload["policy"] = rnd.choice(["reject", "enqueue", "interrupt"])
+                    if i % 2:  # labels: a map field of run.started / run.queued
+                        payload["metadata"] = {"team": f"t{i % 3}", "ticket/id": str(i)}
                 c.submit(c.command(sid, kind, payload), track=False)
                 count += 1
                 if i % 50 == 0:
@@ -167,6 +173,9 @@ def test_rows_equal_the_log_after_the_worker_is_killed_under_load(
     assert any(r[3] == "run.finished" for r in rows) and any(
         r[3] == "command.rejected" for r in rows
     )
+    # the queue's fates and the labelled runs landed as rows too (their maps left out)
+    assert any(r[3] == "run.dequeued" for r in rows)
+    assert any(e.type == "run.started" and e.payload.metadata for e in events)
 
 
 def test_a_record_it_cannot_decode_stops_the_task_with_the_reason(
