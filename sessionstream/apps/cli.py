@@ -325,6 +325,10 @@ from sessionstream.apps._cli_approvals import register as _register_approvals  #
 
 _register_approvals(app)
 
+from sessionstream.apps._cli_questions import register as _register_questions  # noqa: E402
+
+_register_questions(app)
+
 from sessionstream.apps._cli_gateway import register as _register_gateway  # noqa: E402
 
 _register_gateway(app)

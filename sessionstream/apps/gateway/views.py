@@ -22,6 +22,7 @@ import psycopg
 from sessionstream.core.decider import evolve
 from sessionstream.core.state import Schedule, SessionState
 from sessionstream.runtimes.sink.approvals import ACTION_EVENT_TYPES, actions_of
+from sessionstream.runtimes.sink.questions import QUESTION_EVENT_TYPES, questions_of
 from sessionstream.runtimes.sink.replay import (
     event_of_row,
     event_select,
@@ -204,6 +205,10 @@ def session_view(
             "actions": [
                 a.json() for a in actions_of(e for e in events if e.run_id == active.run_id)
             ],
+            # its questions to a person: open ones wait for an answer (docs/http.md#questions)
+            "questions": [
+                q.json() for q in questions_of(e for e in events if e.run_id == active.run_id)
+            ],
         },
         # the waiting tasks in the order they will start, each named by the command that
         # queued it (what DELETE .../queue/{commandId} takes)
@@ -239,10 +244,13 @@ def run_view(conn: psycopg.Connection[Any], run_id: str, tenant_id: str) -> dict
     run = run_json(row)
     gate = conn.execute(
         f"{event_select()} where run_id = %s and type = any(%s) order by seq",
-        (run_id, list(ACTION_EVENT_TYPES)),
+        (run_id, [*ACTION_EVENT_TYPES, *QUESTION_EVENT_TYPES]),
     ).fetchall()
-    # the gate's keys, pending or decided, and who decided (docs/http.md#approvals)
-    run["actions"] = [a.json() for a in actions_of(event_of_row(r) for r in gate)]
+    asked = [event_of_row(r) for r in gate]
+    # the gate's keys, pending or decided, and who decided (docs/http.md#approvals); the
+    # questions asked of a person, open, answered (by whom) or closed (docs/http.md#questions)
+    run["actions"] = [a.json() for a in actions_of(asked)]
+    run["questions"] = [q.json() for q in questions_of(asked)]
     usage = conn.execute(
         "select model_requests, input_tokens, output_tokens, cost_usd, model_ms"
         " from run_model_usage where run_id = %s",

@@ -285,7 +285,8 @@
       const badge = document.querySelector("#session-list li.selected .badge");
       if (badge) { badge.textContent = S.listStatus; badge.dataset.status = S.listStatus; }
     }
-    const waiting = Approvals.render($("approvals"), evs, now, decide);
+    const asking = Questions.render($("questions"), evs, now, answer);
+    const waiting = Approvals.render($("approvals"), evs, now, decide) || asking;
     const active = S.current && !m.fin;
     $("abort").disabled = !active;
     $("steer").disabled = !active;
@@ -378,6 +379,25 @@
     $("outcomes").prepend(li);
     for (const e of d.events || []) add(e, null);
     $("approvals").dataset.sig = "";  // rebuilt: a refused decision's buttons come back
+    draw();
+  }
+
+  // a person (the key's actor) answers an open question of the run shown
+  async function answer(q, value) {
+    const runId = S.current;
+    const body = { answer: value, generation: q.generation, commandId: crypto.randomUUID() };
+    const path = `/v1/runs/${encodeURIComponent(runId)}/questions/${encodeURIComponent(q.id)}/answer`;
+    const r = await Api.call("POST", path, body);
+    const d = r.data || {};
+    const li = document.createElement("li");
+    const status = d.status || (d.error ? d.error.code : "HTTP " + r.status);
+    li.className = d.status || "rejected";
+    li.dataset.type = "question.answer";
+    li.textContent = `answer ${q.id}: ${status}` + (d.reason ? ` (${d.reason})` : "") +
+      (d.error ? ` — ${d.error.message}` : "");
+    $("outcomes").prepend(li);
+    for (const e of d.events || []) add(e, null);
+    $("questions").dataset.sig = "";  // rebuilt: a refused answer's box comes back
     draw();
   }
 
