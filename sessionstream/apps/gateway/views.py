@@ -156,6 +156,15 @@ def session_view(
         " where session_id = %s",
         (session_id,),
     ).fetchone()
+    if row is None:
+        # no run yet: the projection has no row, but a schedule gives the session its
+        # owner (docs/protocol.md#schedules) — shown from its first `schedule.created`
+        row = conn.execute(
+            "select tenant_id, ts, (select max(ts) from agent_run_events"
+            " where session_id = %s), null from agent_run_events where session_id = %s"
+            " and type = 'schedule.created' order by kafka_offset limit 1",
+            (session_id, session_id),
+        ).fetchone()
     if row is None or row[0] != tenant_id:
         conn.rollback()
         return None

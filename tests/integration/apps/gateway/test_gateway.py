@@ -501,8 +501,14 @@ def test_schedules_created_listed_replaced_and_deleted_per_tenant(world: Gateway
         assert [(x["scheduleId"], x["input"], x["nextAt"]) for x in listed] == [
             ("daily", {"team": "ops"}, created["payload"]["nextAt"])
         ]
+        # the session has no run yet: its view is there all the same, with the schedule
+        view = c.get(f"/v1/sessions/{sid}")
+        assert view.status_code == 200, view.text
+        assert (view.json()["status"], view.json()["userId"]) == ("idle", None)
+        assert [x["scheduleId"] for x in view.json()["schedules"]] == ["daily"]
         # another tenant: its own session of that name, none of acme's schedules
         assert other.get(f"/v1/sessions/{sid}/schedules").json()["schedules"] == []
+        assert other.get(f"/v1/sessions/{sid}").status_code == 404
         gone = other.delete(f"/v1/sessions/{sid}/schedules/daily")
         assert gone.status_code == 409 and gone.json()["reason"] == "unknown_schedule"
         put = c.put(
