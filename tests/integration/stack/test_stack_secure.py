@@ -66,9 +66,16 @@ def _code(err: KafkaError | None) -> str | None:
     return None if err is None else str(err.name())
 
 
-def produce(s: Settings, topic: str, *, transactional_id: str | None = None) -> str | None:
+def produce(
+    s: Settings,
+    topic: str,
+    *,
+    transactional_id: str | None = None,
+    value: bytes | None = b"acl-check",
+) -> str | None:
     """Produce one record as the SDK does (idempotent, acks=all); None when acknowledged,
-    else the error's name. A transaction is aborted after its records were acknowledged."""
+    else the error's name. A transaction is aborted after its records were acknowledged.
+    `value=None` sends a tombstone (what the sink writes for an erased session)."""
     errors: list[KafkaError] = []
     conf = client_config(
         s,
@@ -88,9 +95,7 @@ def produce(s: Settings, topic: str, *, transactional_id: str | None = None) -> 
         if transactional_id:
             p.init_transactions(20)
             p.begin_transaction()
-        p.produce(
-            topic, b"acl-check", key=b"acl-check", on_delivery=lambda e, _m: delivered.append(e)
-        )
+        p.produce(topic, value, key=b"acl-check", on_delivery=lambda e, _m: delivered.append(e))
         p.flush(15)
         if transactional_id:
             p.abort_transaction(20)
@@ -253,7 +258,6 @@ WRITES = [
     ("worker", "open_runs_topic", DENIED_TOPIC),
     ("worker", "workers_topic", None),
     ("producer", "workers_topic", DENIED_TOPIC),
-    ("sink", "events_topic", DENIED_ANY_WRITE),
     ("sink", "commands_topic", DENIED_ANY_WRITE),
     ("sink", "state_topic", DENIED_ANY_WRITE),
     ("sink", "dlq_topic", DENIED_ANY_WRITE),
@@ -264,6 +268,15 @@ WRITES = [
 
 def _topic(s: Settings, which: str) -> str:
     return str(getattr(s, which))
+
+
+def test_the_sink_writes_tombstones_on_the_events_topic(secure: Profile) -> None:
+    """Erasure (docs/protocol.md#erasure-and-retention): the sink tombstones an erased
+    session's event keys, so its principal may write the events topic (Kafka's ACLs cannot
+    hold it to tombstones; operations.md says so). A tombstone of a key nobody wrote is
+    what this sends: every reader of the topic skips tombstones."""
+    s = secure.settings("sink")
+    assert produce(s, s.events_topic, value=None) is None
 
 
 @pytest.mark.parametrize(("role", "which", "expected"), WRITES)
@@ -427,7 +440,8 @@ INSERT_EVENT = (
         ("sink", INSERT_EVENT, True),  # also the serial column's sequence
         ("sink", "update sink_offsets set next_offset = 0", True),
         ("sink", INSERT_ACTION, False),
-        ("sink", "delete from agent_runs", False),
+        ("sink", "delete from agent_runs", True),  # an erased session's rows
+        ("sink", "delete from api_keys", False),
         ("sink", "create table grant_check (a int)", False),
         ("worker", INSERT_ACTION, True),
         ("worker", "select count(*) from agent_outbox", True),
