@@ -14,7 +14,7 @@ from typing import Any, Final
 
 import psycopg
 
-from sessionstream.runtimes.sink.replay import event_of_row, event_select
+from sessionstream.runtimes.sink.replay import events_of_active_runs
 from sessionstream.schemas.events import ActionCompleted, ActionDecision, ActionPending, Event
 
 __all__ = ["ACTION_EVENT_TYPES", "ActionView", "actions_of", "pending_approvals"]
@@ -26,7 +26,6 @@ ACTION_EVENT_TYPES: Final = (
     "action.denied",
     "action.completed",
 )
-_ACTIVE: Final = ("running", "compacting", "cancelling")
 
 
 @dataclass
@@ -87,19 +86,8 @@ def pending_approvals(
 ) -> list[dict[str, Any]]:
     """The actions of `tenant_id`'s active runs that wait for a person, oldest window
     first: run, session (full id), key, kind, argsDigest, generation, expiresAt."""
-    rows = conn.execute(
-        f"{event_select()} where run_id in (select run_id from agent_runs"
-        " where tenant_id = %s and status = any(%s)) and type = any(%s)"
-        " order by run_id, seq",
-        (tenant_id, list(_ACTIVE), list(ACTION_EVENT_TYPES)),
-    ).fetchall()
-    conn.rollback()
-    by_run: dict[str, list[Event]] = {}
-    for r in rows:
-        e = event_of_row(r)
-        by_run.setdefault(e.run_id, []).append(e)
     out: list[dict[str, Any]] = []
-    for run_id, events in by_run.items():
+    for run_id, events in events_of_active_runs(conn, tenant_id, ACTION_EVENT_TYPES).items():
         for view in actions_of(events):
             if view.decision == "pending":
                 out.append({"runId": run_id, "sessionId": events[0].session_id, **view.json()})

@@ -15,7 +15,7 @@ from typing import Any, Final
 
 import psycopg
 
-from sessionstream.runtimes.sink.replay import event_of_row, event_select
+from sessionstream.runtimes.sink.replay import events_of_active_runs
 from sessionstream.schemas.events import Event
 from sessionstream.schemas.questions import QuestionAnswered, QuestionAsked, QuestionClosed
 
@@ -23,7 +23,6 @@ __all__ = ["QUESTION_EVENT_TYPES", "QuestionView", "open_questions", "questions_
 
 #: the events that make or change a question's record (a `replayed` changes nothing)
 QUESTION_EVENT_TYPES: Final = ("question.asked", "question.answered", "question.closed")
-_ACTIVE: Final = ("running", "compacting", "cancelling")
 
 
 def _value(text: str | None) -> Any:
@@ -91,19 +90,8 @@ def open_questions(
 ) -> list[dict[str, Any]]:
     """The questions of `tenant_id`'s active runs that wait for a person's answer, the
     window closing soonest first: run, session (full id), and the question's view."""
-    rows = conn.execute(
-        f"{event_select()} where run_id in (select run_id from agent_runs"
-        " where tenant_id = %s and status = any(%s)) and type = any(%s)"
-        " order by run_id, seq",
-        (tenant_id, list(_ACTIVE), list(QUESTION_EVENT_TYPES)),
-    ).fetchall()
-    conn.rollback()
-    by_run: dict[str, list[Event]] = {}
-    for r in rows:
-        e = event_of_row(r)
-        by_run.setdefault(e.run_id, []).append(e)
     out: list[dict[str, Any]] = []
-    for run_id, events in by_run.items():
+    for run_id, events in events_of_active_runs(conn, tenant_id, QUESTION_EVENT_TYPES).items():
         for view in questions_of(events):
             if view.status == "open":
                 out.append({"runId": run_id, "sessionId": events[0].session_id, **view.json()})

@@ -32,6 +32,7 @@ __all__ = [
     "RebuildReport",
     "event_of_row",
     "event_select",
+    "events_of_active_runs",
     "events_of_command",
     "events_of_run",
     "events_of_session",
@@ -93,6 +94,29 @@ def events_of_session(conn: psycopg.Connection[Any], session_id: str) -> list[Ev
         f"{_EVENT_SELECT} where session_id = %s order by kafka_offset", (session_id,)
     ).fetchall()
     return [_event(r) for r in rows]
+
+
+#: a run still waiting on a person may ask for one
+_ACTIVE_STATUSES = ("running", "compacting", "cancelling")
+
+
+def events_of_active_runs(
+    conn: psycopg.Connection[Any], tenant_id: str, types: tuple[str, ...]
+) -> dict[str, list[Event]]:
+    """The events of `types` of `tenant_id`'s active runs, by run, each in seq order: what a
+    person is asked to decide (pending approvals, open questions) is folded from them."""
+    rows = conn.execute(
+        f"{_EVENT_SELECT} where run_id in (select run_id from agent_runs"
+        " where tenant_id = %s and status = any(%s)) and type = any(%s)"
+        " order by run_id, seq",
+        (tenant_id, list(_ACTIVE_STATUSES), list(types)),
+    ).fetchall()
+    conn.rollback()
+    by_run: dict[str, list[Event]] = {}
+    for r in rows:
+        e = _event(r)
+        by_run.setdefault(e.run_id, []).append(e)
+    return by_run
 
 
 def schedule_events(conn: psycopg.Connection[Any], session_id: str) -> list[Event]:
