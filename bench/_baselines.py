@@ -158,16 +158,34 @@ def passthrough(s: Settings, out_topic: str, n: int, batch_size: int = 500) -> d
     }
 
 
+#: transaction shapes of `passthrough_latency`: (output topics each record is copied to,
+#: whether a record per input follows once those are acknowledged). "raw": one output
+#: topic. "outcome": the least a transaction keeping the stream contract needs — the
+#: record, then its outcome record, which names the offsets the first got, so it waits
+#: for their acknowledgement (a second produce round inside the transaction). "ours": the
+#: processor's shape — the events and three changelogs (states, open runs, command ids)
+#: on the record's partition, then the outcome records.
+SHAPES: dict[str, tuple[int, bool]] = {"raw": (1, False), "outcome": (1, True), "ours": (4, True)}
+
+
 def passthrough_latency(
-    s: Settings, rate: float, seconds: float, warmup: float = 3.0
+    s: Settings, rate: float, seconds: float, warmup: float = 3.0, shape: str = "raw"
 ) -> dict[str, Any]:
     """The latency ceiling: records paced at `rate`/s through the pass-through above
     (polled the same way, the processor's producer settings, one transaction per poll
-    batch) to a `read_committed` reader; produce -> visible, after `warmup`."""
+    batch) to a `read_committed` reader; produce -> visible, after `warmup`. `shape`
+    (`SHAPES`): what each transaction writes besides the input offsets; the reader reads
+    the last topic written (the outcome records when there are any). No logic, no
+    overlapping of transactions (the processor overlaps two)."""
+    k, follow = SHAPES[shape]
     tag = uuid.uuid4().hex[:8]
-    t_in, t_out, group = f"bench.lat-in.{tag}", f"bench.lat-out.{tag}", f"bench-lat-{tag}"
+    t_in, group = f"bench.lat-in.{tag}", f"bench-lat-{tag}"
+    outs = [f"bench.lat-out{j}.{tag}" for j in range(k)]
+    t_follow = f"bench.lat-outcome.{tag}"
+    t_out = t_follow if follow else outs[-1]
+    topics = [t_in, *outs] + ([t_follow] if follow else [])
     admin = AdminClient(client_config(s))
-    for f in admin.create_topics([NewTopic(t, s.partitions, 1) for t in (t_in, t_out)]).values():
+    for f in admin.create_topics([NewTopic(t, s.partitions, 1) for t in topics]).values():
         f.result()
     sent: dict[bytes, float] = {}
     seen: dict[bytes, float] = {}
@@ -187,6 +205,7 @@ def passthrough_latency(
                     continue
                 offsets: dict[int, int] = {}
                 producer.begin_transaction()
+                good = []
                 for m in batch:
                     p = m.partition()
                     if m.error() is not None:  # e.g. the new topic not yet known
@@ -194,13 +213,21 @@ def passthrough_latency(
                             raise KafkaException(m.error())
                         continue
                     assert p is not None
-                    producer.produce(t_out, key=m.key(), value=m.value(), partition=p)
+                    for t in outs:
+                        producer.produce(t, key=m.key(), value=m.value(), partition=p)
                     offsets[p] = (m.offset() or 0) + 1
+                    good.append(m)
                 t0 = now()
                 producer.send_offsets_to_transaction(
                     [TopicPartition(t_in, p, o) for p, o in offsets.items()],
                     consumer.consumer_group_metadata(),
                 )
+                if follow and good:
+                    # as the processor's outcome records: made from the delivery reports
+                    producer.flush(30)
+                    for m in good:
+                        p = m.partition()
+                        producer.produce(t_follow, key=m.key(), value=m.value(), partition=p)
                 producer.commit_transaction()
                 commit_s.append(now() - t0)
             consumer.close()
@@ -246,13 +273,14 @@ def passthrough_latency(
         halt.set()
         for t in threads:
             t.join(30)
-        admin.delete_topics([t_in, t_out], operation_timeout=30)
+        admin.delete_topics(topics, operation_timeout=30)
         delete_groups(s, [group])
     if errors:
         raise errors[0]
     lat = [seen[v] - sent[v] for v in measured if v in seen]
     return {
         "target_rate": rate,
+        "shape": shape,
         "sent": i,
         "measured": len(lat),
         "missing": len(measured) - len(lat),

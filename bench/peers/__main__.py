@@ -133,10 +133,12 @@ def warm_broker(secs: float) -> float:
     return round(time.monotonic() - t0, 1)
 
 
-def passthrough(rates: list[float], secs: float) -> dict[str, Any]:
-    """The raw transactional pass-through at each rate: its latency, and the broker's CPU
-    per record (the Kafka floor under the CPU goal: one transaction per poll, two
-    partitions and the offsets per transaction, against the processor's five or six)."""
+def passthrough(rates: list[float], secs: float, shape: str = "raw") -> dict[str, Any]:
+    """The transactional pass-through at each rate: its latency, and the broker's CPU
+    per record. "raw" is the Kafka floor under the CPU goal: one transaction per poll, one
+    output partition per input partition and the offsets per transaction. The other
+    shapes (`bench._baselines.SHAPES`) add what our transactions carry, still without
+    logic: the outcome records' second produce round, then the three changelogs."""
     from bench._baselines import passthrough_latency
     from bench._harness import broker_pid
     from sessionstream.settings import Settings
@@ -147,7 +149,7 @@ def passthrough(rates: list[float], secs: float) -> dict[str, Any]:
     for r in rates:
         try:
             meter = PhaseMeter({"kafka broker": broker} if broker else {})
-            got = passthrough_latency(s, r, secs, warmup=2)
+            got = passthrough_latency(s, r, secs, warmup=2, shape=shape)
             used = meter.read(got["sent"])["processes"]
             if broker:
                 cpu = used["kafka broker"]["cpu_s"]
@@ -208,6 +210,10 @@ def main(argv: list[str] | None = None) -> int:
             doc["systems"][system.name] = runner.run(run_system(system, pool, warm, secs))
     if not args.no_passthrough:
         doc["passthrough"] = passthrough([100, 500], 5 if args.quick else 10)
+        doc["passthrough_shapes"] = {
+            shape: passthrough([100, 500], 5 if args.quick else 10, shape)
+            for shape in ("outcome", "ours")
+        }
     doc["ratios_to_restate"] = ratios(doc["systems"])
     doc["wall_s"] = round(time.time() - started, 1)
     doc["notes"] = NOTES

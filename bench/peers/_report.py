@@ -28,6 +28,36 @@ def driver_cpu_per_command(sys_: dict[str, Any]) -> float | None:
     return round(1000 * cpu / cmds, 3) if cmds else None
 
 
+def _shapes(shapes: dict[str, Any], systems: dict[str, Any]) -> str:
+    """The pass-through with our transactions' shape, beside Restate's latency at the same
+    rate: what Kafka alone costs before any of our logic."""
+    names = {
+        "outcome": "the record, then its outcome record (a second produce round)",
+        "ours": "the record to four topics (events, three changelogs), then its outcome record",
+    }
+    restate = systems.get("restate", {}).get("phases", {})
+    lines = []
+    for shape, by_rate in shapes.items():
+        cells = []
+        for r, v in by_rate.items():
+            if not isinstance(v, dict) or "p50_ms" not in v:
+                continue
+            cell = f"{r}/s: {_lat(v)}"
+            rp = restate.get(f"open-{r}", {})
+            if rp.get("p50_ms"):
+                x50, x99 = v["p50_ms"] / rp["p50_ms"], v["p99_ms"] / rp["p99_ms"]
+                cell += f" ({x50:.2f}x / {x99:.2f}x Restate's)"
+            cells.append(cell)
+        if cells:
+            lines.append(f"- {names.get(shape, shape)}: " + "; ".join(cells))
+    if not lines:
+        return ""
+    return (
+        "\nThe same pass-through (no logic, one transaction at a time) with our transactions' "
+        "shape, p50 / p99 / max ms (ratios: p50 / p99):\n" + "\n".join(lines)
+    )
+
+
 def _cpu_floor(pt: dict[str, Any], systems: dict[str, Any]) -> str:
     """The broker's CPU per record under the raw pass-through beside each system's CPU per
     command in the open-loop phase of the same rate."""
@@ -144,6 +174,9 @@ def markdown(doc: dict[str, Any]) -> str:
         floor = _cpu_floor(pt, systems)
         if floor:
             lines.append(floor)
+        shaped = _shapes(doc.get("passthrough_shapes") or {}, systems)
+        if shaped:
+            lines.append(shaped)
     rt = ratios(systems)
     if rt:
         lines.append(
