@@ -210,7 +210,8 @@ B = TypeVar("B")
 class TransactionCommit(Generic[B]):
     """The end of one transaction on a thread of its own: the input offsets join it
     (`send_offsets_to_transaction`, KIP-447), then the records made from the delivery
-    reports of those already produced (`follow`), then it commits. The thread also serves
+    reports of those already produced (`follow`; after those of `after`, the transaction
+    before this one), then it commits. The thread also serves
     the delivery reports (commit_transaction flushes). `batch` is the caller's, carried
     along; `slot`: which of the caller's producers runs the transaction."""
 
@@ -243,8 +244,13 @@ class TransactionCommit(Generic[B]):
             SEND_OFFSETS_LIMIT_S + COMMIT_LIMIT_S + (after_limit_s if after is not None else 0.0)
         )
         #: set once every record of the transaction is acknowledged (the commit is next),
-        #: or once the commit ended whichever way: the next transaction may produce then
+        #: or once the commit ended whichever way
         self.appended = threading.Event()
+        #: set once the records produced before `follow`'s are acknowledged (or once the
+        #: commit ended whichever way): the next transaction may produce then — its own
+        #: `follow` records wait for `appended` of this one, so every topic keeps the
+        #: transactions' order
+        self.first_round = threading.Event()
         #: set by the caller to give the transaction up while it waits for `after`
         self.cancel = threading.Event()
         #: records (partition, key, value, headers) for `follow_topic`, made once the
@@ -299,15 +305,22 @@ class TransactionCommit(Generic[B]):
                             f"{left} records of the transaction not delivered",
                         )
                     )
+                # the next transaction's records may follow these; its follow-up records
+                # wait for ours (below)
+                self.first_round.set()
+                if self.after is not None:
+                    self.step = "after's follow-up records"
+                    self._wait(self.after.appended)
                 put = producer.produce
                 topic = self.follow_topic
                 for p, key, value, headers in self.follow():
                     put(topic, key=key, value=value, partition=p, headers=headers)
             # every record acknowledged (commit_transaction would wait for them anyway):
-            # the next transaction's records may follow ours in the partitions
+            # the next transaction's follow-up records may follow ours
             self.step = "flush"
             if producer.flush(COMMIT_LIMIT_S):
                 raise failure(KafkaError(KafkaError._TIMED_OUT, "records not delivered"))
+            self.first_round.set()
             self.appended.set()
             t2 = clock()
             if self.after is not None:
@@ -333,14 +346,16 @@ class TransactionCommit(Generic[B]):
         except BaseException as e:  # never "committed" by default: the waiter raises it
             self.failure = e
         finally:
+            self.first_round.set()
             self.appended.set()
             self._done.set()
 
-    def _wait_after(self, after: TransactionCommit[Any]) -> None:
-        """Until the transaction before this one committed; it did not (or we are given
-        up): this one must abort (an error that requires it)."""
+    def _wait(self, event: threading.Event) -> None:
+        """Until `event` (of the transaction before this one) is set, or we are given up;
+        past `after_limit_s` from our start this one must abort (an error that requires
+        it: the coordinator would abort it soon anyway)."""
         deadline = self.begun_at + self.after_limit_s
-        while not after._done.wait(0.2) and not self.cancel.is_set():
+        while not event.wait(0.2) and not self.cancel.is_set():
             if time.monotonic() > deadline:
                 raise failure(
                     KafkaError(
@@ -350,6 +365,11 @@ class TransactionCommit(Generic[B]):
                         txn_requires_abort=True,
                     )
                 )
+
+    def _wait_after(self, after: TransactionCommit[Any]) -> None:
+        """Until the transaction before this one committed; it did not (or we are given
+        up): this one must abort (an error that requires it)."""
+        self._wait(after._done)
         if self.cancel.is_set() or not after.committed:
             raise failure(
                 KafkaError(

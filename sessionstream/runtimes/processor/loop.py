@@ -308,8 +308,9 @@ class TransactionalProcessor(Recovery):
     def run(self, stop: threading.Event | None = None) -> None:
         """Process until `stop` is set (or forever). While batch N's transaction commits,
         N+1 is polled and decided on top of N's decisions; it begins once N's records are
-        all acknowledged (under light load taking in what arrived meanwhile), commits once
-        N committed, and is given up, both read again, if N fails."""
+        acknowledged, all but N's outcome records (under light load taking in what arrived
+        meanwhile), produces its own outcome records after N's, commits once N committed,
+        and is given up, both read again, if N fails."""
         if self._consumer is None:
             try:
                 self.start(stop)
@@ -481,15 +482,17 @@ class TransactionalProcessor(Recovery):
             self._settle()
 
     def _appended(self, also: Batch) -> bool:
-        """Wait until every record of the transaction in flight is acknowledged: the next
-        one (`also`, decided on top of it) may then produce while it commits. If it failed
-        before that, it is settled: aborted, and `also` read again with it (False)."""
+        """Wait until the records of the transaction in flight are acknowledged, all but
+        its outcome records (`first_round`): the next one (`also`, decided on top of it)
+        may then produce while it commits (its own outcome records follow that one's). If
+        it failed before that, it is settled: aborted, and `also` read again with it
+        (False)."""
         commit = self._inflight
         assert commit is not None
         t0 = time.perf_counter()
-        commit.appended.wait(commit.left())
+        commit.first_round.wait(commit.left())
         self._waited = time.perf_counter() - t0
-        if commit.appended.is_set() and (commit.committed or not commit.done()):
+        if commit.first_round.is_set() and (commit.committed or not commit.done()):
             return True
         return self._settle(also=also)
 
