@@ -173,7 +173,8 @@ class TransactionalProcessor(Recovery):
         self._forward_logged_at = 0.0
         #: the transaction committing on its own thread while the next batch is decided
         self._inflight: TransactionCommit[Batch] | None = None
-        #: the transaction before `_inflight`, still committing (its records are all in)
+        #: the transaction before `_inflight`, still committing (its records are in, but
+        #: its outcome records perhaps: `_inflight` produces its own after those)
         self._older: TransactionCommit[Batch] | None = None
         self._waited = 0.0  # for `_inflight`'s records: a part of its `wait` phase
         self.store_base: Path = settings.store_path / settings.processor_group / self.instance_id

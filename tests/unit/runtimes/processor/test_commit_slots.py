@@ -701,3 +701,55 @@ def test_a_coordinator_fault_renews_the_idle_producers_made_before_it_and_a_fenc
     owning._begin(read({(C, 0): 0}, {(C, 0): 4}), 0.0)
     assert not owning._settle()
     assert fakes(owning)[0].name == "new" and owning._producers[1].driver is p1
+
+
+class OutcomesGatedProducer(FakeProducer):
+    """The second flush (the outcome records' acknowledgement) waits for `gate`."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        import threading
+
+        self.gate = threading.Event()
+        self.flushes = 0
+
+    def flush(self, *args: Any) -> int:
+        self.flushes += 1
+        if self.flushes == 2:
+            assert self.gate.wait(10), "the gate was never opened"
+        return super().flush()
+
+
+def test_the_next_transaction_begins_before_the_outcome_records_before_it_are_in() -> None:
+    """The next transaction may produce once the one before has its records in, all but
+    its outcome records; its own outcome records go out only after those of the one
+    before are acknowledged (every topic keeps the transactions' order)."""
+    first = OutcomesGatedProducer("p0")
+    before = TransactionCommit(
+        Batch([], []), slot=0, follow=lambda: [(0, b"a", b"A", [])], follow_topic="outcomes"
+    )
+    before.start(first, [], object())  # type: ignore[arg-type]
+    assert before.first_round.wait(5)
+    assert not before.appended.is_set()  # its outcome records are not in yet
+    made: list[str] = []
+
+    def follow() -> list[tuple[int, bytes, bytes, list[Any]]]:
+        made.append("b")
+        return [(0, b"b", b"B", [])]
+
+    waiting = TransactionCommit(
+        Batch([], []), slot=1, follow=follow, follow_topic="outcomes", after=before
+    )
+    second = FakeProducer("p1")
+    waiting.start(second, [], object())  # type: ignore[arg-type]
+    assert waiting.first_round.wait(5)  # its own records are in: a third may begin
+    deadline = time.monotonic() + 5
+    while waiting.step != "after's follow-up records" and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert waiting.step == "after's follow-up records"
+    assert made == [] and second.calls == ["flush"]  # no outcome record of its own yet
+    first.gate.set()
+    assert before.wait(5) is None and waiting.wait(5) is None
+    assert made == ["b"]
+    assert first.calls == ["flush", "produce", "flush", "commit"]
+    assert second.calls == ["flush", "produce", "flush", "commit"]
