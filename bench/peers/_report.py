@@ -50,12 +50,17 @@ def _shapes(shapes: dict[str, Any], systems: dict[str, Any]) -> str:
             cells.append(cell)
         if cells:
             lines.append(f"- {names.get(shape, shape)}: " + "; ".join(cells))
-    if not lines:
-        return ""
-    return (
-        "\nThe same pass-through (no logic, one transaction at a time) with our transactions' "
-        "shape, p50 / p99 / max ms (ratios: p50 / p99):\n" + "\n".join(lines)
+    return _paragraph(
+        "The same pass-through (no logic, one transaction at a time) with our transactions' "
+        "shape, p50 / p99 / max ms (ratios: p50 / p99):\n",
+        lines,
+        "\n",
     )
+
+
+def _paragraph(head: str, items: list[str], sep: str) -> str:
+    """`head` and `items` after a blank line, or nothing without items."""
+    return "\n" + head + sep.join(items) if items else ""
 
 
 def _cpu_floor(pt: dict[str, Any], systems: dict[str, Any]) -> str:
@@ -71,11 +76,11 @@ def _cpu_floor(pt: dict[str, Any], systems: dict[str, Any]) -> str:
             if ph and ph.get("commands"):
                 row.append(f"{name} {ph['meter']['cpu_ms_per_command']}")
         cells.append(f"{r}/s: " + ", ".join(row))
-    if not cells:
-        return ""
-    return (
-        "\nCPU ms per record or command in the open-loop phases (the Kafka floor: a broker "
-        "running one transaction a poll of the pass-through, no logic): " + "; ".join(cells)
+    return _paragraph(
+        "CPU ms per record or command in the open-loop phases (the Kafka floor: a broker "
+        "running one transaction a poll of the pass-through, no logic): ",
+        cells,
+        "; ",
     )
 
 
