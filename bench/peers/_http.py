@@ -2,7 +2,8 @@
 
 `PEERS_HTTP_CLIENT`: `raw` (the default) is a minimal HTTP/1.1 keep-alive client on asyncio
 streams: the load runs on the same 2 cores as the systems it drives, and aiohttp's client
-spent ~1.1 ms of CPU a command at 64 in flight, more than the gateway it drove (~0.5 ms);
+spent more CPU a command than this one (measured before the meter counted the driver
+alone: both figures then also held the servers the driver starts, decision 0003);
 `aiohttp` and `httpx` for comparison (httpx's AsyncClient spent more CPU still).
 """
 
