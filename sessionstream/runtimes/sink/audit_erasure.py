@@ -11,14 +11,18 @@ and where its `session.erased` sits in the events log. Then, for those sessions:
 - the dedup and open-runs topics hold no record from before it (the processor tombstones
   them).
 
-A record superseded by a tombstone but not yet removed by the log cleaner is still
-readable from the log's start: it fails the check until compaction has run (the evidence
-says so), which `max.compaction.lag.ms` of each topic bounds.
+A record superseded (by a tombstone, or by a later record under its key) but not yet
+removed by the log cleaner is still readable from the log's start. The topic's own
+configuration says how long that may last (`compaction_bound_ms`: its
+`max.compaction.lag.ms`): within that bound of the erasure such a record is *pending*,
+said in the notes; past it, in a topic without that bound, or not superseded at all, it
+fails the check.
 """
 
 from __future__ import annotations
 
 import hashlib
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -26,10 +30,11 @@ from typing import Any
 import psycopg
 
 from sessionstream.adapters.kafka import read_topic
+from sessionstream.adapters.topics import check_topics
 from sessionstream.core.state_codec import decode_state
 from sessionstream.settings import Settings
 
-__all__ = ["erased_leftovers"]
+__all__ = ["compaction_bound_ms", "erased_leftovers"]
 
 _HASH_SQL = "'sha256:' || encode(sha256(convert_to({col}, 'UTF8')), 'hex')"
 
@@ -39,6 +44,22 @@ class _Erasure:
     erased_at: int
     partition: int
     offset: int
+
+
+#: beyond a topic's `max.compaction.lag.ms`, the time its log cleaner may take to get to a
+#: log (it looks every 15 s by default; a large log takes a while to clean)
+CLEANER_SLACK_MS = 10 * 60 * 1000
+
+
+def compaction_bound_ms(config: dict[str, str]) -> int | None:
+    """How long after it was superseded a record of a compacted topic may stay readable,
+    by the topic's configuration: `max.compaction.lag.ms` (the cleaner must then clean
+    the segment holding it, and a segment rolls within that lag of its first record)
+    plus `CLEANER_SLACK_MS`. None when the topic sets no lag: then nothing bounds it (the
+    cleaner waits for `min.cleanable.dirty.ratio`). Either way the active segment rolls
+    only when a record is appended: a partition nothing is written to keeps it."""
+    lag = int(config.get("max.compaction.lag.ms") or 2**63 - 1)
+    return None if lag >= 2**62 else lag + CLEANER_SLACK_MS
 
 
 def _hash(session_id: str) -> str:
@@ -68,15 +89,44 @@ def _sid(key: bytes | None, parts: int) -> str | None:
     return text.rsplit("/", parts)[0] if parts else text
 
 
+def _latest(records: list[Any]) -> dict[tuple[int, bytes | None], int]:
+    """The last offset of each key per partition: a record below it is superseded."""
+    return {(r.partition, r.key): r.offset for r in records}
+
+
 def erased_leftovers(
-    settings: Settings, conn: psycopg.Connection[Any]
+    settings: Settings, conn: psycopg.Connection[Any], now_ms: int | None = None
 ) -> tuple[int, list[str], list[str]]:
-    """(erasures recorded, leftovers found, notes): each leftover names where it is."""
+    """(erasures recorded, leftovers found, notes): each leftover names where it is. A
+    record superseded within its topic's `compaction_bound_ms` of the erasure (as of
+    `now_ms`, by default now) is pending compaction: a note, not a leftover."""
     erased = _erasures(conn)
     notes: list[str] = []
     if not erased:
         return 0, [], ["no session erased"]
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    configs = check_topics(settings).configs
     left: list[str] = []
+    pending: dict[str, list[int]] = defaultdict(list)  # topic -> erasure times
+
+    def found(topic: str, r: Any, what: str, superseded: bool, e: _Erasure) -> None:
+        where = f"{topic}[{r.partition}]@{r.offset}"
+        bound = compaction_bound_ms(configs.get(topic, {}))
+        if superseded and bound is not None and now - e.erased_at < bound:
+            pending[topic].append(e.erased_at + bound)
+        elif superseded and bound is not None:
+            left.append(
+                f"{where} ({what}; superseded, still readable {(now - e.erased_at) // 60000}"
+                f" min after the erasure, past the {bound // 60000} min its topic allows)"
+            )
+        elif superseded:
+            left.append(
+                f"{where} ({what}; superseded, but the topic sets no max.compaction.lag.ms:"
+                " nothing bounds when its log cleaner removes it)"
+            )
+        else:
+            left.append(f"{where} ({what}; nothing supersedes it)")
+
     hashes = list(erased)
     # PostgreSQL: rows of an erased session from before its erasure
     rows = conn.execute(
@@ -100,23 +150,20 @@ def erased_leftovers(
     left += [f"agent_sessions: the session {h[:19]}…" for (h,) in rows]
     # the events topic: any record (a value, not a tombstone) at or before the erasure
     records = read_topic(settings, settings.events_topic)
-    tombstoned = {r.key for r in records if r.value is None}
+    latest = _latest(records)
     for r in records:
         sid = _sid(r.key, 2)
         if sid is None or r.value is None:
             continue
         h = _hash(sid)
-        if h in erased and any(
-            r.partition == e.partition and r.offset <= e.offset for e in erased[h]
-        ):
-            why = (
-                "behind a tombstone, awaiting the log cleaner"
-                if r.key in tombstoned
-                else ("no tombstone")
-            )
-            left.append(f"{settings.events_topic}[{r.partition}]@{r.offset} ({why})")
+        hit = [e for e in erased.get(h, ()) if r.partition == e.partition and r.offset <= e.offset]
+        if hit:
+            superseded = latest[(r.partition, r.key)] > r.offset
+            found(settings.events_topic, r, "an event", superseded, _last(hit))
     # the state topic: content from before the erasure (the marker has none)
-    for r in read_topic(settings, settings.state_topic):
+    records = read_topic(settings, settings.state_topic)
+    latest = _latest(records)
+    for r in records:
         sid = _sid(r.key, 0)
         if sid is None or r.value is None or _hash(sid) not in erased:
             continue
@@ -128,10 +175,13 @@ def erased_leftovers(
             continue
         content = st.active or st.queue or st.finished or st.last_checkpoint
         if content and st.clock <= e.erased_at:
-            left.append(f"{settings.state_topic}[{r.partition}]@{r.offset}: state before erasure")
+            superseded = latest[(r.partition, r.key)] > r.offset
+            found(settings.state_topic, r, "state before erasure", superseded, e)
     # dedup and open runs: records decided before the erasure
     for topic, parts in ((settings.dedup_topic, 1), (settings.open_runs_topic, 0)):
-        for r in read_topic(settings, topic):
+        records = read_topic(settings, topic)
+        latest = _latest(records)
+        for r in records:
             sid = _sid(r.key, parts)
             if sid is None or r.value is None or _hash(sid) not in erased:
                 continue
@@ -142,14 +192,26 @@ def erased_leftovers(
                 else r.timestamp
             )
             if at <= e.erased_at:
-                left.append(f"{topic}[{r.partition}]@{r.offset}: {_hash(sid)[:19]}…")
+                superseded = latest[(r.partition, r.key)] > r.offset
+                found(topic, r, f"a record of {_hash(sid)[:19]}…", superseded, e)
     notes.append(
         f"{sum(len(v) for v in erased.values())} erasures of {len(hashes)} sessions checked in"
         " PostgreSQL and the events, state, dedup and open-runs topics"
     )
+    for topic, until in sorted(pending.items()):
+        by = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(max(until) / 1000))
+        notes.append(
+            f"pending: {len(until)} superseded records of erased sessions in {topic} await"
+            f" its log cleaner, within what the topic's configuration allows (by {by})"
+        )
     if left:
         notes.append(
             "records still in a topic's log are removed by its log cleaner after the"
             " tombstone (max.compaction.lag.ms bounds when); rows by the sink"
+        )
+    if any("sets no max.compaction.lag.ms" in x for x in left):
+        notes.append(
+            "`sessionstream topics create --align` sets the lag where this version creates"
+            " topics with one (the events topic: a day)"
         )
     return len(erased), left, notes

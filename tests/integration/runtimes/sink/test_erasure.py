@@ -21,11 +21,17 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 
 from sessionstream.adapters.kafka import read_topic
 from sessionstream.adapters.postgres import connect
+from sessionstream.adapters.topics import check_topics
 from sessionstream.client import SessionClient
 from sessionstream.core.decider._erase import session_hash
 from sessionstream.core.state import FinishedRun, SessionState
 from sessionstream.core.state_codec import decode_state, encode_state
 from sessionstream.runtimes.sink.audit import run_audit
+from sessionstream.runtimes.sink.audit_erasure import (
+    CLEANER_SLACK_MS,
+    compaction_bound_ms,
+    erased_leftovers,
+)
 from sessionstream.runtimes.sink.replay import rebuild
 from sessionstream.settings import Settings
 from tests.integration.conftest import WorldFactory
@@ -35,6 +41,7 @@ from tests.integration.procs import Proc, processor, sink, wait_processed, wait_
 pytestmark = pytest.mark.integration
 
 SEGMENT_MS = 1000
+DAY_MS = 24 * 3600 * 1000
 FAST_COMPACTION = {
     "segment.ms": str(SEGMENT_MS),
     "min.cleanable.dirty.ratio": "0.01",
@@ -44,16 +51,28 @@ FAST_COMPACTION = {
 
 
 def _compact_quickly(admin: AdminClient, topics: list[str]) -> None:
+    for t in topics:
+        _set(admin, t, FAST_COMPACTION)
+
+
+def _wait_config(s: Settings, topic: str, key: str, value: str) -> None:
+    wait_until(
+        lambda: check_topics(s).configs[topic].get(key) == value,
+        timeout=30,
+        what=f"the broker to apply {topic}'s {key}={value}",
+    )
+
+
+def _set(admin: AdminClient, topic: str, config: dict[str, str]) -> None:
     resources = [
         ConfigResource(
             ConfigResource.Type.TOPIC,
-            t,
+            topic,
             incremental_configs=[
                 ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
-                for k, v in FAST_COMPACTION.items()
+                for k, v in config.items()
             ],
         )
-        for t in topics
     ]
     for fut in admin.incremental_alter_configs(resources).values():
         fut.result(timeout=30)
@@ -177,6 +196,33 @@ def test_an_erased_session_leaves_nothing_readable(
             nine = run_audit(s, conn)[8]
             assert nine.title == "nothing of an erased session is readable"
             assert nine.ok, nine.evidence
+            assert not any(e.startswith("pending:") for e in nine.evidence), nine.evidence
+            # a record of the session superseded but not compacted yet (the state topic's
+            # segments now roll after a day: the cleaner cannot reach it): a leftover while
+            # the topic sets no max.compaction.lag.ms (nothing bounds when it goes), pending
+            # within the lag once it does, a leftover past that
+            _set(kafka_admin, s.state_topic, {"segment.ms": str(DAY_MS)})
+            _wait_config(s, s.state_topic, "segment.ms", str(DAY_MS))
+            _plant_state(s, sid, runs[0], erased_at - 1)
+            _plant_state(s, sid, None, erased_at + 1)  # the marker's shape: no content
+            nine = run_audit(s, conn)[8]
+            assert not nine.ok and any(
+                "sets no max.compaction.lag.ms" in e and "state before erasure" in e
+                for e in nine.evidence
+            ), nine.evidence
+            _set(kafka_admin, s.state_topic, {"max.compaction.lag.ms": str(DAY_MS)})
+            _wait_config(s, s.state_topic, "max.compaction.lag.ms", str(DAY_MS))
+            nine = run_audit(s, conn)[8]
+            assert nine.ok, nine.evidence
+            assert any(
+                e.startswith(f"pending: 1 superseded records of erased sessions in {s.state_topic}")
+                for e in nine.evidence
+            ), nine.evidence
+            bound = compaction_bound_ms({"max.compaction.lag.ms": str(DAY_MS)})
+            assert bound == DAY_MS + CLEANER_SLACK_MS
+            _n, left, _notes = erased_leftovers(s, conn, now_ms=erased_at + bound + 60_000)
+            assert len(left) == 1 and left[0].startswith(s.state_topic), left
+            assert "superseded, still readable" in left[0] and "state before erasure" in left[0]
             _plant(conn, sid, runs[0])
             nine = run_audit(s, conn)[8]
             assert not nine.ok and any("agent_run_events" in e for e in nine.evidence)
@@ -198,13 +244,17 @@ def test_an_erased_session_leaves_nothing_readable(
             p.stop()
 
 
-def _plant_state(s: Settings, sid: str, run: str, clock: int) -> None:
+def _plant_state(s: Settings, sid: str, run: str | None, clock: int) -> None:
+    """A state record of `sid`: a finished `run` (content), or without one (None: the
+    erasure marker's shape)."""
     state = SessionState(
         session_id=sid,
         tenant_id="acme",
         clock=clock,
         runs_started=1,
-        finished=(FinishedRun(run_id=run, status="completed", generation=1),),
+        finished=()
+        if run is None
+        else (FinishedRun(run_id=run, status="completed", generation=1),),
     )
     p = Producer({"bootstrap.servers": s.kafka_bootstrap})
     p.produce(s.state_topic, key=sid.encode(), value=encode_state(state), partition=0)
