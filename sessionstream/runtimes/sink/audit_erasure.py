@@ -107,7 +107,7 @@ def erased_leftovers(
     now = int(time.time() * 1000) if now_ms is None else now_ms
     configs = check_topics(settings).configs
     left: list[str] = []
-    pending: dict[str, list[int]] = defaultdict(list)  # topic -> erasure times
+    pending: dict[str, list[int]] = defaultdict(list)  # topic -> when each must be gone
 
     def found(topic: str, r: Any, what: str, superseded: bool, e: _Erasure) -> None:
         where = f"{topic}[{r.partition}]@{r.offset}"
