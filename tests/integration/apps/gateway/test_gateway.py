@@ -789,3 +789,108 @@ def test_an_unreadable_event_fails_only_its_sessions_waiting_command(settings: S
         w.gateway.wait_log("this version cannot read", 10)
     finally:
         w.stop()
+
+
+class _Tarpit(threading.Thread):
+    """A TCP relay to `target` that can stop relaying: once `flowing` is cleared, what
+    either side sends is swallowed, on the connections it holds and on new ones (a
+    server that hangs with its sockets open)."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        import socket
+
+        super().__init__(daemon=True)
+        self.target = target
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.flowing = threading.Event()
+        self.flowing.set()
+
+    def run(self) -> None:
+        import socket
+
+        while True:
+            try:
+                down, _ = self.server.accept()
+            except OSError:
+                return  # closed
+            up = socket.create_connection(self.target)
+            for a, b in ((down, up), (up, down)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, a: Any, b: Any) -> None:
+        try:
+            while data := a.recv(65536):
+                if self.flowing.is_set():
+                    b.sendall(data)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def test_a_record_held_for_a_registry_that_hangs_holds_its_command_but_never_the_gateway(
+    settings: Settings,
+) -> None:
+    """An event record of a schema id the gateway has not met arrives while the registry
+    hangs: the command whose outcome is behind it waits (its events cannot be read before
+    the schema is), and the registry is asked off the gateway's event loop, so other
+    requests are answered meanwhile. Its own world: the sink stops on such an event."""
+    from urllib.parse import urlsplit
+
+    from confluent_kafka import Producer
+
+    real = urlsplit(settings.schema_registry_url)
+    tarpit = _Tarpit((real.hostname or "127.0.0.1", real.port or 80))
+    tarpit.start()
+    w = gateway_world(
+        settings,
+        "gwhang",
+        schema_registry_url=f"http://127.0.0.1:{tarpit.port}{real.path}",
+    )
+    answers: list[httpx.Response | Exception] = []
+    try:
+        w.start()
+        s = w.settings
+        w.procs[1].stop()  # the sink: it would stop at the record
+        x = _sid()
+        with w.client(w.key("acme"), timeout=5) as c:
+            # the gateway reads x's partition, and has met this version's schemas
+            first = c.post(f"/v1/sessions/{x}/commands?wait=30", json=_prompt(), timeout=60)
+            assert first.status_code == 200, first.text
+            sent = c.get("/healthz").json()["commandsSent"]
+            p = Producer({"bootstrap.servers": s.kafka_bootstrap})
+            p.produce(
+                s.events_topic,
+                key=f"acme:{x}/r-unknown/0000000001".encode(),
+                value=b"\x00" + (987654).to_bytes(4, "big") + b"\x02",
+                partition=partition_for(f"acme:{x}".encode(), s.partitions),
+            )
+            assert p.flush(30) == 0
+            tarpit.flowing.clear()
+
+            def post() -> None:
+                with w.client(w.key("acme"), timeout=120) as c2:
+                    try:
+                        answers.append(
+                            c2.post(f"/v1/sessions/{x}/commands?wait=60", json=_prompt("again"))
+                        )
+                    except httpx.HTTPError as e:  # the gateway stopped under it
+                        answers.append(e)
+
+            waiting = threading.Thread(target=post, daemon=True)
+            waiting.start()
+            wait_until(
+                lambda: c.get("/healthz").json()["commandsSent"] > sent,
+                timeout=30,
+                what="the second command produced",
+            )
+            for _ in range(10):  # each within the client's 5 s, the command still waiting
+                assert c.get("/healthz").status_code in (200, 503)
+                assert c.get("/v1/sessions").status_code == 200
+            assert waiting.is_alive() and not answers, answers
+    finally:
+        tarpit.flowing.set()
+        w.stop()
+        tarpit.close()
