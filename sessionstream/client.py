@@ -66,26 +66,12 @@ from sessionstream.schemas.events import Event
 from sessionstream.schemas.sessions import scoped_session_id
 from sessionstream.settings import Settings, get_settings
 
-__all__ = ["KNOWN_RUN", "CommandHandle", "Outcome", "SessionClient", "WouldWait", "outcome_of"]
+__all__ = ["KNOWN_RUN", "CommandHandle", "Outcome", "SessionClient", "outcome_of"]
 
 log = logging.getLogger("sessionstream.client")
 
 #: events the outcome tail takes from librdkafka per call
 _DRAIN_BATCH: Final = 500
-
-
-#: `submit_many(wait=False)` leaves the sending to a caller that may wait past this many
-#: records in the producer's local queue (a broker that does not take them)
-_QUEUED_MAX: Final = 1000
-
-
-class WouldWait(SessionstreamError):
-    """A call made with ``wait=False`` would first have had to ask Kafka or the schema
-    registry (a partition's end, the partition count, a schema by id): nothing was sent,
-    and the caller makes the call again where waiting is allowed (a server's event loop
-    hands it to a thread)."""
-
-
 #: sessions whose active run a client remembers (`known_run`), at most
 _RUNS_MAX: Final = 100_000
 
@@ -131,9 +117,6 @@ class SessionClient(ProducerCommands):
         #: forgotten), at most `_RUNS_MAX` sessions (the least recently started go first)
         self._runs: OrderedDict[str, str] = OrderedDict()
         self._admin: Admin | None = None
-        #: records read but not yet taken in: a `wait=False` drain stopped at the first
-        #: one that needs a schema from the registry
-        self._held: list[Message] = []
 
     # -- producing --------------------------------------------------------------------------
     @property
@@ -204,7 +187,7 @@ class SessionClient(ProducerCommands):
             return self._produce(CommandHandle(command))
         return self.submit_many([command])[0]
 
-    def submit_many(self, commands: list[Command], *, wait: bool = True) -> list[CommandHandle]:
+    def submit_many(self, commands: list[Command]) -> list[CommandHandle]:
         """`submit(track=True)` for several commands at once. What a gateway sends in one
         round.
 
@@ -214,20 +197,9 @@ class SessionClient(ProducerCommands):
         last fetch reported (librdkafka keeps it: no request); for the others the ends are
         read once for all. What lies between that point and the true end under the same
         session and command id is still not taken for the command's unless it also
-        carries the command's `ts`: an earlier send of the same id is not this one.
-
-        With `wait=False` it raises `WouldWait`, having sent nothing, where it would first
-        have to ask Kafka or the registry (the first commands to a partition, or of the
-        client)."""
+        carries the command's `ts`: an earlier send of the same id is not this one."""
         if not commands:
             return []
-        if not wait:
-            queued = None if self._producer is None else len(self._producer)
-            if self._partitions is None or queued is None:
-                raise WouldWait("the partition count or the producer is not ready")
-            if queued + len(commands) > _QUEUED_MAX:
-                # the broker is not taking records: a full local queue would block produce
-                raise WouldWait(f"{queued} records wait in the producer's queue")
         n = self._partition_count()
         wanted = {partition_for(c.session_id.encode(), n) for c in commands}
         out_topic, ev_topic = self.settings.outcomes_topic, self.settings.events_topic
@@ -241,8 +213,6 @@ class SessionClient(ProducerCommands):
                 else:
                     ends[(topic, p)] = end
         if unknown:
-            if not wait:
-                raise WouldWait(f"the ends of partitions {sorted(unknown)} are not known")
             ends.update(self._ends(unknown, (out_topic, ev_topic)))
         handles = []
         for c in commands:
@@ -253,15 +223,13 @@ class SessionClient(ProducerCommands):
             self._track(h)
             handles.append(h)
         for h in handles:
-            self._produce(h, poll=False, attempts=20 if wait else 1)
+            self._produce(h, poll=False)
         # the delivery reports once for the lot: a poll per record was a tenth of the
         # gateway's commands thread at 64 commands in flight
         self.producer.poll(0)
         return handles
 
-    def _produce(
-        self, handle: CommandHandle, *, poll: bool = True, attempts: int = 20
-    ) -> CommandHandle:
+    def _produce(self, handle: CommandHandle, *, poll: bool = True) -> CommandHandle:
         command = handle.command
 
         def delivered(err: KafkaFailed | None, msg: Message) -> None:
@@ -279,7 +247,6 @@ class SessionClient(ProducerCommands):
                 key=command.session_id.encode(),
                 value=self.codec.encode_command(command),
                 on_delivery=delivered,
-                attempts=attempts,
             )
         except KafkaFailed as e:  # e.g. a record larger than the producer takes
             self.release(handle)
@@ -352,43 +319,16 @@ class SessionClient(ProducerCommands):
             self._tail.incremental_assign(assign)
         self._matcher.track(handle)
 
-    def _drain(self, timeout: float, wait: bool = True) -> None:
+    def _drain(self, timeout: float) -> None:
         """Read what the tail has; keep the outcomes and events of tracked commands. In
         batches: each call into librdkafka lets go of the GIL, and in a busy process (a
-        gateway) getting it back can take a switch interval (5 ms) per call. With `wait`
-        False it stops at a record whose schema the registry would have to be asked for,
-        and holds it and what follows for a drain that may wait (`held`)."""
+        gateway) getting it back can take a switch interval (5 ms) per call."""
         assert self._tail is not None
-        if self._held:
-            held, self._held = self._held, []
-            if not self._drain_batch(held, wait):
-                return
         batch = take(self._tail, _DRAIN_BATCH, timeout)
         while batch:
-            if not self._drain_batch(batch, wait):
-                return
+            for msg in batch:
+                self._drain_one(msg)
             batch = take(self._tail, _DRAIN_BATCH, 0) if len(batch) == _DRAIN_BATCH else []
-
-    def _drain_batch(self, batch: list[Message], wait: bool) -> bool:
-        for i, msg in enumerate(batch):
-            if not wait and self._would_fetch(msg):
-                self._held = batch[i:]
-                return False
-            self._drain_one(msg)
-        return True
-
-    def _would_fetch(self, msg: Message) -> bool:
-        value = msg.value()
-        if msg.error() is not None or not value:
-            return False
-        kind = "outcome" if msg.topic() == self.settings.outcomes_topic else "event"
-        return self.codec.would_fetch(kind, value)
-
-    @property
-    def held(self) -> bool:
-        """A `collect(wait=False)` left records that need the registry: the next
-        `collect` that may wait reads them first."""
-        return bool(self._held)
 
     def _drain_one(self, msg: Message) -> None:
         err = record_failure(msg)
@@ -434,11 +374,7 @@ class SessionClient(ProducerCommands):
         assert self._tail is not None
         position = int(self._tail.position([TopicPartition(topic, partition)])[0].offset)
         # nothing consumed yet: the tail stands where it was assigned
-        position = position if position >= 0 else self._tailing[(topic, partition)]
-        for msg in self._held:  # consumed, not yet read: the tail stands before them
-            if msg.partition() == partition and msg.topic() == topic:
-                return min(position, msg.offset() or 0)
-        return position
+        return position if position >= 0 else self._tailing[(topic, partition)]
 
     def wait(self, handle: CommandHandle, timeout: float = 30.0) -> Outcome:
         """Block until the command's outcome is known, or raise `CommandTimeout`."""
@@ -465,17 +401,14 @@ class SessionClient(ProducerCommands):
             self.release(handle)
 
     def collect(
-        self, handles: list[CommandHandle], timeout: float = 0.01, *, wait: bool = True
+        self, handles: list[CommandHandle], timeout: float = 0.01
     ) -> list[tuple[CommandHandle, Outcome | SessionstreamError]]:
         """One round of `wait` for many tracked commands at once, waiting at most
         `timeout` for new records: the outcomes (or errors) known now. Those handles are
-        released; the others stay tracked for the next round (or `release`). With `wait`
-        False (and `timeout` 0) nothing in it waits on the network: records that need the
-        registry are left `held`."""
-        if wait or self._producer is not None:
-            self.producer.poll(0)
+        released; the others stay tracked for the next round (or `release`)."""
+        self.producer.poll(0)
         if self._tail is not None:
-            self._drain(timeout, wait)
+            self._drain(timeout)
         elif timeout > 0:
             time.sleep(timeout)
         out: list[tuple[CommandHandle, Outcome | SessionstreamError]] = []

@@ -256,15 +256,6 @@ class Codec:
             if schema_id is not None:
                 kind.use_id(schema_id)
 
-    def would_fetch(self, kind: str, data: bytes) -> bool:
-        """Reading `data` as an ``event`` or ``outcome`` record would first ask the registry
-        for its writer schema (an id this codec has not met): a caller that must not wait
-        on the network reads it elsewhere."""
-        if self._schemas is None or data[:1] != CONFLUENT_MAGIC or len(data) < 5:
-            return False
-        k = self._out if kind == "outcome" else self._evt
-        return data[:5] not in k.current_headers and int.from_bytes(data[1:5], "big") not in k.by_id
-
     @property
     def framing(self) -> str:
         """What the codec writes: ``confluent`` (registry ids) or ``single-object``."""

@@ -249,13 +249,11 @@ class _RoundClient:
     def prepare(self) -> None:
         pass
 
-    held = False
-
-    def submit_many(self, commands: list[Command], *, wait: bool = True) -> list[CommandHandle]:
+    def submit_many(self, commands: list[Command]) -> list[CommandHandle]:
         return [CommandHandle(c) for c in commands]
 
     def collect(
-        self, handles: list[CommandHandle], timeout: float, *, wait: bool = True
+        self, handles: list[CommandHandle], timeout: float
     ) -> list[tuple[CommandHandle, Outcome | SessionstreamError]]:
         self.rounds += 1
         if self is _RoundClient.made[0]:
@@ -294,113 +292,6 @@ def test_a_failed_round_fails_its_requests_and_a_new_client_serves_the_next(
     assert isinstance(third, SessionstreamError) and "stopped" in str(third)
     assert b.restarts == 1 and len(_RoundClient.made) == 2
     assert all(c.closed for c in _RoundClient.made)
-
-
-class _SlowClient:
-    """A `SessionClient` whose calls that may wait block until the test opens their gate
-    (a partition's end the broker is slow to give, a schema the registry is slow to send):
-    `submit_many(wait=False)` raises `WouldWait` until one waiting submit has run, and the
-    first `collect(wait=False)` leaves a record held. Records every call's thread, and any
-    two calls that overlap."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.overlaps = 0
-        self.threads: dict[str, set[str]] = {}
-        self.gates = {"submit": threading.Event(), "collect": threading.Event()}
-        self.ready = False
-        self.held = False
-        self.collects = 0
-
-    def _enter(self, what: str) -> None:
-        if not self.lock.acquire(blocking=False):
-            self.overlaps += 1
-            self.lock.acquire()
-        self.threads.setdefault(what, set()).add(threading.current_thread().name)
-
-    def prepare(self) -> None:
-        self._enter("prepare")
-        self.lock.release()
-
-    def submit_many(self, commands: list[Command], *, wait: bool = True) -> list[CommandHandle]:
-        from sessionstream.client import WouldWait
-
-        self._enter("submit" if wait else "submit-nowait")
-        try:
-            if not wait and not self.ready:
-                raise WouldWait("not ready")
-            if wait:
-                assert self.gates["submit"].wait(10)
-                self.ready = True
-            return [CommandHandle(c) for c in commands]
-        finally:
-            self.lock.release()
-
-    def collect(
-        self, handles: list[CommandHandle], timeout: float, *, wait: bool = True
-    ) -> list[tuple[CommandHandle, Outcome | SessionstreamError]]:
-        self._enter("collect" if wait else "collect-nowait")
-        try:
-            self.collects += 1
-            if not wait:
-                self.held = self.collects == 1
-                return []
-            assert self.gates["collect"].wait(10)
-            self.held = False
-            return [(h, Outcome("accepted", h.command.command_id, run_id="r")) for h in handles]
-        finally:
-            self.lock.release()
-
-    def release(self, handle: CommandHandle) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def test_what_would_wait_runs_off_the_event_loop_and_never_beside_another_call(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The loop keeps turning while the client waits on the network (a slow first send,
-    then a record held for the registry), and the client is never in two calls at once."""
-    from sessionstream.apps.gateway import bridge as bridge_mod
-
-    made: list[_SlowClient] = []
-
-    def new_client(*args: object, **kwargs: object) -> _SlowClient:
-        made.append(_SlowClient())
-        return made[-1]
-
-    monkeypatch.setattr(bridge_mod, "SessionClient", new_client)
-    b = bridge_mod.CommandBridge(Settings(), round_s=0.001)
-
-    async def turns_while_blocked(client: _SlowClient, call: str) -> None:
-        while call not in client.threads:  # the helper thread is in the call
-            await asyncio.sleep(0)
-        for _ in range(100):  # a loop the call held would never get past this
-            await asyncio.sleep(0)
-        assert not client.gates[call].is_set()
-        client.gates[call].set()
-
-    async def go() -> list[object]:
-        b.start(asyncio.get_running_loop())
-        sending = asyncio.gather(
-            *(b.execute(build_command(f"s{i}", {"type": "abort"}, WHO), 5) for i in range(3))
-        )
-        while not made:
-            await asyncio.sleep(0)
-        await turns_while_blocked(made[0], "submit")
-        await turns_while_blocked(made[0], "collect")
-        results = list(await sending)
-        b.close()
-        return results
-
-    results = asyncio.run(asyncio.wait_for(go(), 20))
-    assert all(isinstance(r, Outcome) and r.status == "accepted" for r in results), results
-    [client] = made
-    assert client.overlaps == 0
-    assert client.threads["submit"] == client.threads["collect"] == {"gateway-commands"}
-    assert client.threads["collect-nowait"] == {threading.main_thread().name}
 
 
 # -- catch-ups: paged, a tenant's reads bounded, threads never held by a client -------------
