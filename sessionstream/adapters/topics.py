@@ -56,8 +56,14 @@ class TopicSpec:
     preferred: dict[str, str] = field(default_factory=dict)
 
 
+#: how long the log cleaner may leave a superseded record of a compacted topic (an erased
+#: session's, behind its tombstone or a later record) once its segment is closed
+ERASURE_LAG_MS = 24 * 3600 * 1000
+
+
 def topic_specs(settings: Settings) -> list[TopicSpec]:
     n = settings.partitions
+    within_a_day = {"max.compaction.lag.ms": str(ERASURE_LAG_MS)}
     commands = {
         "cleanup.policy": "delete",
         "retention.ms": str(7 * 24 * 3600 * 1000),
@@ -82,10 +88,7 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
             # replay by time: the broker's append time, monotonic per partition; an erased
             # session's records leave the log within a day of their tombstones (the cleaner
             # never compacts the active segment: this rolls it)
-            preferred={
-                "message.timestamp.type": "LogAppendTime",
-                "max.compaction.lag.ms": str(24 * 3600 * 1000),
-            },
+            preferred={"message.timestamp.type": "LogAppendTime", **within_a_day},
         ),
         # one record per session matters; compact often so a restore reads little. Sized
         # to the largest state the decider's bounds allow (sessionstream.core.step)
@@ -98,6 +101,9 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
                 "min.cleanable.dirty.ratio": "0.1",
                 "max.message.bytes": str(4 * 1024 * 1024),
             },
+            # an erased session's earlier states go within a day, however few sessions
+            # change (the dirty ratio alone may not be reached for a long time)
+            preferred=dict(within_a_day),
         ),
         # a record per decided command id; compaction keeps the latest per id, deletion
         # forgets ids older than the dedup window (24 h) plus a day of margin
@@ -109,6 +115,7 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
                 "retention.ms": str(2 * 24 * 3600 * 1000),
                 "segment.ms": str(3600 * 1000),
             },
+            preferred=dict(within_a_day),
         ),
         # one record per command read; unique keys (compaction only drops re-emitted copies),
         # kept longer than the dedup window (24 h): a duplicate's first outcome is still there
@@ -134,6 +141,7 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
                 "delete.retention.ms": "60000",
                 "max.message.bytes": str(2 * 1024 * 1024),
             },
+            preferred=dict(within_a_day),
         ),
         # token deltas: a short-lived view of streaming answers, written outside any
         # transaction; on the session's partition like its events

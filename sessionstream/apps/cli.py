@@ -122,7 +122,8 @@ def topics_create(
         bool,
         typer.Option(
             help="also set the protocol's required settings (cleanup policy, timestamp type, "
-            "record size) on topics that exist with others"
+            "record size) on topics that exist with others, and the ones set at creation "
+            "(the compaction lag that bounds erasure)"
         ),
     ] = False,
 ) -> None:

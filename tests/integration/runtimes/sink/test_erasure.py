@@ -63,14 +63,15 @@ def _wait_config(s: Settings, topic: str, key: str, value: str) -> None:
     )
 
 
-def _set(admin: AdminClient, topic: str, config: dict[str, str]) -> None:
+def _set(admin: AdminClient, topic: str, config: dict[str, str], *, delete: bool = False) -> None:
+    """Set `config` on `topic` (with `delete`: remove those keys, back to the defaults)."""
+    op = AlterConfigOpType.DELETE if delete else AlterConfigOpType.SET
     resources = [
         ConfigResource(
             ConfigResource.Type.TOPIC,
             topic,
             incremental_configs=[
-                ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
-                for k, v in config.items()
+                ConfigEntry(k, v, incremental_operation=op) for k, v in config.items()
             ],
         )
     ]
@@ -135,6 +136,11 @@ def test_an_erased_session_leaves_nothing_readable(
     t0 = time.monotonic()
     s = worlds("erasure", partitions=1)
     compacted = [s.events_topic, s.state_topic, s.dedup_topic, s.open_runs_topic]
+    # every compacted topic is created with a bound on how long a superseded record stays
+    configs = check_topics(s).configs
+    assert {t: configs[t]["max.compaction.lag.ms"] for t in compacted} == dict.fromkeys(
+        compacted, str(DAY_MS)
+    )
     _compact_quickly(kafka_admin, compacted)
     procs: list[Proc] = [processor(s), sink(s)]
     try:
@@ -199,10 +205,13 @@ def test_an_erased_session_leaves_nothing_readable(
             assert not any(e.startswith("pending:") for e in nine.evidence), nine.evidence
             # a record of the session superseded but not compacted yet (the state topic's
             # segments now roll after a day: the cleaner cannot reach it): a leftover while
-            # the topic sets no max.compaction.lag.ms (nothing bounds when it goes), pending
-            # within the lag once it does, a leftover past that
+            # the topic sets no max.compaction.lag.ms (one created before it was set at
+            # creation: nothing bounds when it goes), pending within the lag once it does,
+            # a leftover past that
             _set(kafka_admin, s.state_topic, {"segment.ms": str(DAY_MS)})
             _wait_config(s, s.state_topic, "segment.ms", str(DAY_MS))
+            _set(kafka_admin, s.state_topic, {"max.compaction.lag.ms": ""}, delete=True)
+            _wait_config(s, s.state_topic, "max.compaction.lag.ms", str(2**63 - 1))
             _plant_state(s, sid, runs[0], erased_at - 1)
             _plant_state(s, sid, None, erased_at + 1)  # the marker's shape: no content
             nine = run_audit(s, conn)[8]
