@@ -17,6 +17,7 @@ __all__ = [
     "EVENTS",
     "FORWARDED",
     "LEASE_EXPIRIES",
+    "PROCESSOR_CONSUMER_REPLACED",
     "REJECTIONS",
     "SINK_BATCH_SECONDS",
     "SINK_CONSUMER_REPLACED",
@@ -74,6 +75,13 @@ COMMAND_AGE = Histogram(
     "sessionstream_command_age_seconds",
     "Producer timestamp of a command -> its events committed",
     buckets=_LATENCY_BUCKETS,
+)
+
+PROCESSOR_CONSUMER_REPLACED = Counter(
+    "sessionstream_processor_consumer_replaced",
+    "Times the processor replaced its group consumer, by why: fenced by its own session "
+    "timeout, or absent from the group after a revoke",
+    ["why"],
 )
 
 # -- sink --------------------------------------------------------------------------------

@@ -258,12 +258,22 @@ class Verifier(threading.Thread):
 
 
 def _wait_for_outcomes(s: Settings, ids: set[str], pipe: Pipeline) -> None:
+    left: set[str] = set(ids)
+
     def missing() -> bool:
         pipe.assert_alive()
         got = set(check_log(read_topic(s, s.events_topic, timeout=READ_S)).outcomes)
-        return not (ids - got)
+        left.intersection_update(ids - got)
+        return not left
 
-    wait_until(missing, timeout=180, interval=1.0, what="an outcome for every acknowledged command")
+    def say() -> str:
+        tail = pipe.proc.log_text()[-3000:] if pipe.proc is not None else ""
+        return (
+            f"an outcome for every acknowledged command: {len(left)} of {len(ids)} missing,"
+            f" e.g. {sorted(left)[:5]}; the processor's log ends with:\n{tail}"
+        )
+
+    wait_until(missing, timeout=180, interval=1.0, what=say)
 
 
 def _runs_settled(s: Settings, pipe: Pipeline, unsettled: list[str] | None = None) -> bool:

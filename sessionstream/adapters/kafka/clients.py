@@ -9,6 +9,8 @@ librdkafka refuses is a `ConfigurationError` naming the role."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -46,6 +48,7 @@ __all__ = [
     "Reader",
     "RebalanceCallback",
     "TransactionalProducer",
+    "close_in_background",
     "new_admin",
     "new_command_producer",
     "new_group_consumer",
@@ -366,6 +369,18 @@ def new_group_consumer(settings: Settings, group_id: str, **overrides: Any) -> G
             group_consumer_config(settings, group_id, **overrides),
         )
     )
+
+
+def close_in_background(consumer: GroupConsumer) -> None:
+    """Close a group consumer given up for stuck, on a daemon thread of its own: a client
+    stuck in its group membership may not close promptly, and the caller already runs a
+    new one. Whatever the close raises is of no use to anyone."""
+
+    def close() -> None:
+        with contextlib.suppress(KafkaFailed, SystemError, RuntimeError):
+            consumer.close()
+
+    threading.Thread(target=close, name="close-stuck-consumer", daemon=True).start()
 
 
 def new_command_producer(settings: Settings, **overrides: Any) -> CommandProducer:

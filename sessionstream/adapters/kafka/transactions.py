@@ -44,6 +44,7 @@ __all__ = [
     "consumer_fence_is_foreign",
     "init_transactions",
     "stable_offsets",
+    "static_members",
 ]
 
 log = logging.getLogger("sessionstream.adapters.kafka")
@@ -175,6 +176,22 @@ def stable_offsets(
                 said.add(text)
                 log.warning("committed offsets of group %r: %s; asking again", group, text)
             time.sleep(0.5)
+
+
+def static_members(
+    config: dict[str, Any], group: str, *, timeout_s: float = 10.0
+) -> set[str] | None:
+    """The group.instance.ids of `group`'s members as its coordinator lists them (a member
+    that sent JoinGroup is listed while the group rebalances); None when the coordinator
+    does not answer within `timeout_s` (a broker still restarting). `config`: the client's."""
+    admin = AdminClient(config)
+    try:
+        found = admin.describe_consumer_groups([group], request_timeout=timeout_s)[group]
+        described = found.result(timeout=timeout_s + 5)
+    except Exception as e:  # KafkaException, or the future's TimeoutError
+        log.info("cannot describe group %r: %s", group, e)
+        return None
+    return {m.group_instance_id for m in described.members if m.group_instance_id}
 
 
 class GroupLog:

@@ -11,11 +11,14 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from sessionstream.adapters import metrics
 from sessionstream.adapters.kafka import (
     GroupConsumer,
+    RebalanceCallback,
     TopicPartition,
     TransactionalProducer,
     client_config,
+    close_in_background,
 )
 from sessionstream.adapters.kafka.transactions import (
     RENEW_WINDOW_S,
@@ -24,6 +27,7 @@ from sessionstream.adapters.kafka.transactions import (
     abort_transaction,
     consumer_fence_is_foreign,
     stable_offsets,
+    static_members,
 )
 from sessionstream.errors import KafkaFailed, KafkaUnavailable, SingleWriterViolation
 from sessionstream.runtimes.processor.batch import Batch
@@ -32,7 +36,7 @@ from sessionstream.runtimes.processor.stats import StatsObserver
 from sessionstream.schemas.commands import CommandClass
 from sessionstream.settings import Settings
 
-__all__ = ["OUTCOME_LIMIT_S", "RENEW_PATIENCE_S", "WEDGED_AFTER", "Recovery"]
+__all__ = ["OUTCOME_LIMIT_S", "REJOIN_CHECK_S", "RENEW_PATIENCE_S", "WEDGED_AFTER", "Recovery"]
 
 log = logging.getLogger("sessionstream.processor")
 
@@ -44,12 +48,18 @@ RENEW_PATIENCE_S = 600.0
 OUTCOME_LIMIT_S = 120.0
 #: transactions in a row that time out on one producer before it is replaced (`_wedged`)
 WEDGED_AFTER = 3
+#: how long the consumer may go without an assignment after a revoke before the group's
+#: coordinator is asked whether it is a member at all, and then between two such questions
+#: (`_watch_rejoin`): five session timeouts, past the coordinator's own expiry of a member
+#: that stopped heartbeating
+REJOIN_CHECK_S = 30.0
 
 
 class Recovery:
     """The failure paths of `TransactionalProcessor`."""
 
     settings: Settings
+    instance_id: str
     classes: dict[str, CommandClass]
     partitions: dict[int, PartitionState]
     observer: StatsObserver
@@ -62,6 +72,10 @@ class Recovery:
     #: slot -> when its producer was last renewed (a fence is judged per transactional id)
     _renewed_at: dict[int, float]
     _consumer_renewed_at: float | None
+    #: since when the consumer has held no partitions after a revoke (None: assigned)
+    _unassigned_since: float | None
+    #: when `_watch_rejoin` last asked the coordinator
+    _rejoin_asked_at: float
     _group_log: GroupLog
     #: slot -> transactions in a row that timed out (`_wedged`)
     _timeouts: dict[int, int]
@@ -75,6 +89,8 @@ class Recovery:
         def _group_consumer(self) -> GroupConsumer: ...
 
         def _on_revoke(self, consumer: GroupConsumer, partitions: list[TopicPartition]) -> None: ...
+
+        def _on_assign(self, consumer: GroupConsumer, partitions: list[TopicPartition]) -> None: ...
 
         def _committed(self, commit: TransactionCommit[Batch]) -> None: ...
 
@@ -313,6 +329,7 @@ class Recovery:
                 bootstrap=self.settings.kafka_bootstrap,
             ) from error
         log.warning("consumer failed (%s); a new consumer rejoins the group", error)
+        metrics.PROCESSOR_CONSUMER_REPLACED.labels("fenced").inc()
         self._consumer_renewed_at = now
         assert self._consumer is not None
         owned = [TopicPartition(t, p) for t in self.classes for p in self.partitions]
@@ -320,3 +337,52 @@ class Recovery:
         with contextlib.suppress(KafkaFailed, SystemError, RuntimeError):
             self._consumer.close()
         self._consumer = self._group_consumer()
+
+    def _callbacks(self) -> dict[str, RebalanceCallback]:
+        """A new consumer's rebalance callbacks: they keep `_unassigned_since` (from now, as
+        the new consumer holds nothing yet), and ignore a consumer given up by
+        `_watch_rejoin`, which may call back as it closes."""
+        self._unassigned_since = time.monotonic()
+
+        def assign(consumer: GroupConsumer, partitions: list[TopicPartition]) -> None:
+            if consumer is self._consumer:
+                self._on_assign(consumer, partitions)
+                self._unassigned_since = None
+
+        def revoke(consumer: GroupConsumer, partitions: list[TopicPartition]) -> None:
+            if consumer is self._consumer:
+                self._on_revoke(consumer, partitions)
+                if not self.partitions and self._unassigned_since is None:
+                    self._unassigned_since = time.monotonic()
+
+        return {"on_assign": assign, "on_revoke": revoke, "on_lost": revoke}
+
+    def _watch_rejoin(self) -> None:
+        """After a broker restart librdkafka can fail to rejoin: seen in CI, the consumer's
+        session timed out while the broker loaded, its partitions were revoked, and it
+        never sent JoinGroup again; the coordinator expired the member six seconds later
+        and the processor, alive, decided nothing for three minutes. So between a revoke
+        and the next assignment, every `REJOIN_CHECK_S` the coordinator is asked whether
+        our group.instance.id is a member (a member waiting in a rebalance is). If not, a
+        new consumer joins under the same id. The old one is closed on a thread of its
+        own: its close may wait on the same stuck state."""
+        since = self._unassigned_since
+        now = time.monotonic()
+        if since is None or now - max(since, self._rejoin_asked_at) < REJOIN_CHECK_S:
+            return
+        self._rejoin_asked_at = now
+        s = self.settings
+        members = static_members(client_config(s), s.processor_group)
+        ours = f"processor-{self.instance_id}"
+        if members is None or ours in members:
+            return
+        log.warning(
+            "the consumer has had no partitions for %.0f s since a revoke and the group's "
+            "coordinator does not list %s as a member: a new consumer joins the group",
+            now - since,
+            ours,
+        )
+        metrics.PROCESSOR_CONSUMER_REPLACED.labels("absent").inc()
+        stuck, self._consumer = self._consumer, self._group_consumer()
+        if stuck is not None:
+            close_in_background(stuck)

@@ -168,7 +168,8 @@ class TransactionalProcessor(Recovery):
         self._stop, self._consumer = threading.Event(), None  # the stop: run()'s, once it runs
         self._renewed_at, self._timeouts = {}, {}  # per slot (`failures.Recovery`)
         self._born: dict[int, float] = {}  # slot -> when its producer was made
-        self._consumer_renewed_at: float | None = None
+        self._consumer_renewed_at = self._unassigned_since = None
+        self._rejoin_asked_at = 0.0  # `failures.Recovery._watch_rejoin`
         self._group_log = GroupLog()
         self._forward_logged_at = 0.0
         #: the transaction committing on its own thread while the next batch is decided
@@ -238,12 +239,7 @@ class TransactionalProcessor(Recovery):
                 "logger": self._group_log,
             },
         )
-        consumer.subscribe(
-            list(self.classes),
-            on_assign=self._on_assign,
-            on_revoke=self._on_revoke,
-            on_lost=self._on_revoke,
-        )
+        consumer.subscribe(list(self.classes), **self._callbacks())
         return consumer
 
     def _transactional_producer(self, slot: int, patience_s: float = 0.0) -> TransactionalProducer:
@@ -383,6 +379,7 @@ class TransactionalProcessor(Recovery):
     def _poll(self) -> list[Message] | None:
         """The next batch (up to `batch_size`); waits a little only when nothing commits,
         and gathers until `processor_linger_ms` after the last transaction began."""
+        self._watch_rejoin()
         assert self._consumer is not None
         consumer, size = self._consumer, self.batch_size
         first = consumer.poll(0 if self._inflight is not None else 0.05)

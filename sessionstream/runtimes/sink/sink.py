@@ -31,6 +31,7 @@ from sessionstream.adapters.kafka import (
     GroupConsumer,
     Message,
     TopicPartition,
+    close_in_background,
     data_messages,
     new_command_producer,
     new_group_consumer,
@@ -177,9 +178,7 @@ class Sink:
         self.stats.consumers_replaced += 1
         old, self._consumer = self._consumer, None
         if old is not None:
-            threading.Thread(
-                target=_close_quietly, args=(old,), name="close-stuck-consumer", daemon=True
-            ).start()
+            close_in_background(old)
         self._subscribe()
 
     def _on_assign(self, consumer: GroupConsumer, partitions: list[TopicPartition]) -> None:

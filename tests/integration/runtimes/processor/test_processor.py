@@ -19,7 +19,7 @@ from sessionstream.adapters.registry import reader_codec
 from sessionstream.client import CommandHandle, SessionClient, acknowledged
 from sessionstream.core.log_check import state_table
 from sessionstream.core.partitioning import partition_for
-from sessionstream.runtimes.processor import TransactionalProcessor
+from sessionstream.runtimes.processor import TransactionalProcessor, failures
 from sessionstream.runtimes.processor.batch import Batch
 from sessionstream.schemas.commands import Command
 from sessionstream.schemas.events import Event
@@ -844,6 +844,51 @@ def test_failed_commits_under_light_load_read_their_batches_again(
     )
     assert light, "no records joined a batch after a commit"
     _assert_log(iso, sent)
+
+
+def test_a_consumer_that_stops_rejoining_its_group_is_replaced(
+    iso: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen in CI after a broker restart: the processor's consumer lost its partitions and
+    never sent JoinGroup again; the coordinator expired the member and the processor, alive,
+    decided nothing for three minutes. Here the consumer leaves the same way, unsubscribed
+    behind the processor's back (a static member sends no LeaveGroup: the coordinator
+    expires it after the session timeout). The processor finds itself missing from the
+    group and a new consumer takes the partitions back; a command sent meanwhile is
+    decided. Without the watch the command waits forever."""
+    # a shorter watch than the default 30 s, still past the coordinator's 6 s expiry
+    monkeypatch.setattr(failures, "REJOIN_CHECK_S", 10.0)
+    proc = TransactionalProcessor(iso, instance_id=f"rejoin-{uuid.uuid4().hex[:6]}")
+    leave, left = threading.Event(), []
+    watch = proc._watch_rejoin
+
+    def unsubscribe_then_watch() -> None:  # on the processor's thread, before each poll
+        if leave.is_set() and not left:
+            assert proc._consumer is not None
+            left.append(proc._consumer)
+            proc._consumer.driver.unsubscribe()
+        watch()
+
+    monkeypatch.setattr(proc, "_watch_rejoin", unsubscribe_then_watch)
+    stop = threading.Event()
+    runner = threading.Thread(target=proc.run, args=(stop,), daemon=True)
+    runner.start()
+    try:
+        wait_until(
+            lambda: len(proc.partitions) == iso.partitions, timeout=60, what="partitions assigned"
+        )
+        leave.set()
+        wait_until(lambda: not proc.partitions, timeout=30, what="the partitions revoked")
+        stuck = left[0]
+        with SessionClient("t", iso) as c:
+            out = c.wait(c.submit(c.command("rejoin-s", "prompt", {"text": "x"})), 60)
+        assert out.status == "accepted", out
+        assert proc._consumer is not stuck
+        assert len(proc.partitions) == iso.partitions
+    finally:
+        stop.set()
+        runner.join(60)
+    assert not runner.is_alive()
 
 
 def test_a_commit_whose_outcome_was_lost_counts_as_committed(iso: Settings) -> None:
