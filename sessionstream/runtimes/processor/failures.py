@@ -137,8 +137,9 @@ class Recovery:
         assert self._consumer is not None
         renewed = True
         if error.fatal:
-            self._renew_producer(error, slot, stuck=self._timed_out(error, commit))
-            if not error.fenced:
+            timed_out = self._timed_out(error, commit)
+            self._renew_producer(error, slot, stuck=timed_out)
+            if timed_out or not error.fenced:
                 self._renew_siblings(slot, commit)
         else:
             # Anything else is aborted and the batch decided again: abortable errors (our
@@ -152,7 +153,12 @@ class Recovery:
                 self._producers[slot], bootstrap=self.settings.kafka_bootstrap
             )
             if failed is not None:
-                self._renew_producer(failed.error, slot, stuck=failed.stuck)
+                # fenced by the coordinator's transaction timeout (a broker outage): a
+                # broker fault, like an abort that cannot finish
+                stuck = failed.stuck or self._timed_out(failed.error, commit)
+                self._renew_producer(failed.error, slot, stuck=stuck)
+                if stuck or not failed.error.fenced:
+                    self._renew_siblings(slot, commit)
             elif self._wedged(error, slot):
                 self._renew_producer(error, slot, stuck=True)
             renewed = failed is not None
@@ -172,14 +178,17 @@ class Recovery:
         return False
 
     def _renew_siblings(self, slot: int, commit: TransactionCommit[Batch] | None) -> None:
-        """The producer of `slot` failed fatally, and not by a fence (a fence is about its
-        transactional id alone): a broker or coordinator fault. The other producers made
+        """The producer of `slot` failed fatally by a broker or coordinator fault: not by a
+        fence (a fence is about its transactional id alone), unless the coordinator fenced
+        it for outliving the transaction timeout during an outage. The other producers made
         before its transaction began are renewed too, while they have no transaction in
         flight: after a broker restart the producers connected before it wedge one after
         the other — seen twice in the broker-restart fault test: slot 1 stuck in
         send_offsets (once), failed with INVALID_TXN_STATE (once) and renewed, then slot 0's
         next transaction stuck in send_offsets for the whole commit bound (librdkafka#5456),
-        the leases expiring meanwhile. A new producer costs one init_transactions."""
+        the leases expiring meanwhile; and after a fence by the transaction timeout, the
+        other producer stuck in send_offsets for 60 s in most runs of that test. A new
+        producer costs one init_transactions."""
         since = commit.begun_at if commit is not None else time.monotonic()
         busy = {c.slot for c in (self._inflight, self._older) if c is not None}
         for other in range(len(self._producers)):
@@ -367,8 +376,10 @@ class Recovery:
         new consumer joins under the same id. The old one is closed on a thread of its
         own: its close may wait on the same stuck state."""
         since = self._unassigned_since
+        if since is None:  # assigned: the common case, on every poll
+            return
         now = time.monotonic()
-        if since is None or now - max(since, self._rejoin_asked_at) < REJOIN_CHECK_S:
+        if now - max(since, self._rejoin_asked_at) < REJOIN_CHECK_S:
             return
         self._rejoin_asked_at = now
         s = self.settings

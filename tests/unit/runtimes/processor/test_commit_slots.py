@@ -703,6 +703,42 @@ def test_a_coordinator_fault_renews_the_idle_producers_made_before_it_and_a_fenc
     assert fakes(owning)[0].name == "new" and owning._producers[1].driver is p1
 
 
+def test_a_fence_by_the_transaction_timeout_renews_the_idle_producers_made_before_it(
+    owning: TransactionalProcessor,
+) -> None:
+    """A broker outage longer than the transaction timeout: the coordinator aborts the open
+    transaction and fences its producer. That is a broker fault, not another instance: the
+    idle producer connected before it is renewed too (kept, it stuck in send_offsets for a
+    whole commit bound in most runs of the broker-restart fault test). Both ways the fence
+    arrives: at the commit, and at the abort of a transaction that failed otherwise."""
+    timeout_s = owning.settings.transaction_timeout_ms / 1000
+    owning._consumer = OffsetsConsumer({(C, 0): 0})  # type: ignore[assignment]
+    fakes(owning)[0].fail["commit"] = masked(fenced())
+    owning._begin(read({(C, 0): 0}, {(C, 0): 4}), 0.0)
+    assert owning._inflight is not None
+    owning._inflight.begun_at -= timeout_s + 1
+    assert not owning._settle()
+    assert [p.name for p in fakes(owning)] == ["new", "new"]
+
+    owning._producers = wrap(FakeProducer("p0"), FakeProducer("p1"))
+    owning._born.clear()
+    owning._renewed_at.clear()
+    owning._slot = 0
+    p0 = fakes(owning)[0]
+    p0.fail["commit"] = KafkaException(
+        KafkaError(
+            KafkaError._INCONSISTENT, "9 message(s) failed delivery", txn_requires_abort=True
+        )
+    )
+    p0.fail["abort"] = masked(fenced())
+    owning._begin(read({(C, 0): 0}, {(C, 0): 4}), 0.0)
+    assert owning._inflight is not None
+    owning._inflight.begun_at -= timeout_s + 1
+    assert not owning._settle()
+    assert p0.calls[-1] == "abort"
+    assert [p.name for p in fakes(owning)] == ["new", "new"]
+
+
 class OutcomesGatedProducer(FakeProducer):
     """The second flush (the outcome records' acknowledgement) waits for `gate`."""
 
