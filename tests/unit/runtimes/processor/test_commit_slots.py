@@ -680,6 +680,15 @@ def test_a_producer_made_after_the_stuck_commit_began_is_kept(
     assert fakes(owning)[0].name == "new" and owning._producers[1].driver is p1
 
 
+def fresh_producers(p: TransactionalProcessor) -> list[FakeProducer]:
+    """Two new stand-in producers, as if just started: none made or renewed lately."""
+    p._producers = wrap(FakeProducer("p0"), FakeProducer("p1"))
+    p._born.clear()
+    p._renewed_at.clear()
+    p._slot = 0
+    return fakes(p)
+
+
 def test_a_coordinator_fault_renews_the_idle_producers_made_before_it_and_a_fence_does_not(
     owning: TransactionalProcessor,
 ) -> None:
@@ -692,10 +701,7 @@ def test_a_coordinator_fault_renews_the_idle_producers_made_before_it_and_a_fenc
     owning._begin(read({(C, 0): 0}, {(C, 0): 4}), 0.0)
     assert not owning._settle()
     assert [p.name for p in fakes(owning)] == ["new", "new"]
-    owning._producers = wrap(FakeProducer("p0"), FakeProducer("p1"))
-    owning._born.clear()
-    owning._renewed_at.clear()
-    owning._slot = 0
+    fresh_producers(owning)
     p1 = fakes(owning)[1]
     fakes(owning)[0].fail["commit"] = masked(fenced())
     owning._begin(read({(C, 0): 0}, {(C, 0): 4}), 0.0)
@@ -720,10 +726,7 @@ def test_a_fence_by_the_transaction_timeout_renews_the_idle_producers_made_befor
     assert not owning._settle()
     assert [p.name for p in fakes(owning)] == ["new", "new"]
 
-    owning._producers = wrap(FakeProducer("p0"), FakeProducer("p1"))
-    owning._born.clear()
-    owning._renewed_at.clear()
-    owning._slot = 0
+    fresh_producers(owning)
     p0 = fakes(owning)[0]
     p0.fail["commit"] = KafkaException(
         KafkaError(

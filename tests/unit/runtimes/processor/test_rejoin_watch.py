@@ -80,20 +80,15 @@ def test_the_coordinator_is_asked_only_after_the_check_interval(
     assert asked == [proc.settings.processor_group]
 
 
-def test_a_listed_member_is_waiting_in_a_rebalance_and_keeps_its_consumer(
-    proc: TransactionalProcessor, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    "answer",
+    [{"processor-unit", "processor-other"}, None],
+    ids=["listed: waiting in a rebalance", "no answer: a broker still restarting"],
+)
+def test_a_listed_member_or_no_answer_keeps_the_consumer(
+    proc: TransactionalProcessor, monkeypatch: pytest.MonkeyPatch, answer: set[str] | None
 ) -> None:
-    coordinator(monkeypatch, {"processor-unit", "processor-other"})
-    first = proc._consumer
-    unassigned_for(proc, 300)
-    proc._watch_rejoin()
-    assert proc._consumer is first
-
-
-def test_no_answer_from_the_coordinator_keeps_the_consumer(
-    proc: TransactionalProcessor, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    coordinator(monkeypatch, None)
+    coordinator(monkeypatch, answer)
     first = proc._consumer
     unassigned_for(proc, 300)
     proc._watch_rejoin()
