@@ -76,6 +76,8 @@ class Recovery:
     _unassigned_since: float | None
     #: when `_watch_rejoin` last asked the coordinator
     _rejoin_asked_at: float
+    #: when the consumer last lost its partitions, until its producers are renewed
+    _lost_at: float | None
     _group_log: GroupLog
     #: slot -> transactions in a row that timed out (`_wedged`)
     _timeouts: dict[int, int]
@@ -190,15 +192,17 @@ class Recovery:
         other producer stuck in send_offsets for 60 s in most runs of that test. A new
         producer costs one init_transactions."""
         since = commit.begun_at if commit is not None else time.monotonic()
+        why = f"was made before producer {slot}'s failed transaction: renewed too"
+        self._renew_idle(since, why, skip=slot)
+
+    def _renew_idle(self, made_before: float, why: str, skip: int | None = None) -> None:
+        """Renew every producer made before `made_before` that has no transaction in
+        flight (and is not `skip`), each with a WARNING `producer N {why}`."""
         busy = {c.slot for c in (self._inflight, self._older) if c is not None}
         for other in range(len(self._producers)):
-            if other == slot or other in busy or self._born.get(other, 0.0) > since:
+            if other == skip or other in busy or self._born.get(other, 0.0) > made_before:
                 continue
-            log.warning(
-                "producer %s was made before producer %s's failed transaction: renewed too",
-                other,
-                slot,
-            )
+            log.warning("producer %s %s", other, why)
             self._renewed_at[other] = time.monotonic()
             self._producers[other] = self._transactional_producer(
                 other, patience_s=RENEW_PATIENCE_S
@@ -339,7 +343,7 @@ class Recovery:
             ) from error
         log.warning("consumer failed (%s); a new consumer rejoins the group", error)
         metrics.PROCESSOR_CONSUMER_REPLACED.labels("fenced").inc()
-        self._consumer_renewed_at = now
+        self._consumer_renewed_at = self._lost_at = now
         assert self._consumer is not None
         owned = [TopicPartition(t, p) for t in self.classes for p in self.partitions]
         self._on_revoke(self._consumer, owned)
@@ -357,6 +361,8 @@ class Recovery:
             if consumer is self._consumer:
                 self._on_assign(consumer, partitions)
                 self._unassigned_since = None
+                if self._lost_at is not None:  # before any transaction on the new partitions
+                    self._renew_after_loss(self._lost_at)
 
         def revoke(consumer: GroupConsumer, partitions: list[TopicPartition]) -> None:
             if consumer is self._consumer:
@@ -364,7 +370,12 @@ class Recovery:
                 if not self.partitions and self._unassigned_since is None:
                     self._unassigned_since = time.monotonic()
 
-        return {"on_assign": assign, "on_revoke": revoke, "on_lost": revoke}
+        def lost(consumer: GroupConsumer, partitions: list[TopicPartition]) -> None:
+            revoke(consumer, partitions)
+            if consumer is self._consumer:
+                self._lost_at = time.monotonic()
+
+        return {"on_assign": assign, "on_revoke": revoke, "on_lost": lost}
 
     def _watch_rejoin(self) -> None:
         """After a broker restart librdkafka can fail to rejoin: seen in CI, the consumer's
@@ -397,3 +408,14 @@ class Recovery:
         stuck, self._consumer = self._consumer, self._group_consumer()
         if stuck is not None:
             close_in_background(stuck)
+
+    def _renew_after_loss(self, lost_at: float) -> None:
+        """The consumer lost its partitions (its session timed out: a broker fault, or it
+        missed `max.poll.interval.ms`) and has them again: in the assignment's callback,
+        before any transaction on them, the producers made before the loss are renewed.
+        Kept, the first transaction after a broker restart stuck in send_offsets for a
+        whole 60 s commit bound (librdkafka's coordinator request queued for good; seen in
+        CI with no transaction failing before it). A new producer costs one
+        init_transactions, at a moment the broker answers."""
+        self._lost_at = None
+        self._renew_idle(lost_at, "was made before the consumer lost its partitions: renewed")

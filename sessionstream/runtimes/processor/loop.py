@@ -168,7 +168,7 @@ class TransactionalProcessor(Recovery):
         self._stop, self._consumer = threading.Event(), None  # the stop: run()'s, once it runs
         self._renewed_at, self._timeouts = {}, {}  # per slot (`failures.Recovery`)
         self._born: dict[int, float] = {}  # slot -> when its producer was made
-        self._consumer_renewed_at = self._unassigned_since = None
+        self._consumer_renewed_at = self._unassigned_since = self._lost_at = None
         self._rejoin_asked_at = 0.0  # `failures.Recovery._watch_rejoin`
         self._group_log = GroupLog()
         self._forward_logged_at = 0.0

@@ -125,3 +125,36 @@ def test_a_given_up_consumer_cannot_call_back(proc: TransactionalProcessor) -> N
     callbacks["on_revoke"](given_up, [])  # type: ignore[arg-type]
     callbacks["on_lost"](given_up, [])  # type: ignore[arg-type]
     assert calls == ["assign", "revoke"]
+
+
+def test_after_a_loss_the_producers_made_before_it_are_renewed_once_assigned(
+    proc: TransactionalProcessor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lost assignment (the consumer's session timed out: a broker restart) renews the
+    producers made before it, in the callback of the next assignment, before any
+    transaction on it; not while unassigned (the broker may still be loading), not a
+    producer made after the loss, not after a plain revoke, and only once."""
+    renewed: list[int] = []
+    monkeypatch.setattr(
+        proc, "_transactional_producer", lambda slot, patience_s=0.0: renewed.append(slot)
+    )
+    proc._producers = [object(), object()]  # type: ignore[list-item]
+    proc._on_assign = lambda c, parts: None  # type: ignore[method-assign]
+    proc._on_revoke = lambda c, parts: None  # type: ignore[method-assign]
+    callbacks = proc._callbacks()
+    current = proc._consumer
+    proc._born = {0: time.monotonic() - 60, 1: time.monotonic() - 60}
+    callbacks["on_assign"](current, [])  # type: ignore[arg-type]
+    callbacks["on_revoke"](current, [])  # type: ignore[arg-type]
+    callbacks["on_assign"](current, [])  # type: ignore[arg-type]
+    assert renewed == [], "a plain revoke is a rebalance, not a broker fault"
+
+    callbacks["on_lost"](current, [])  # type: ignore[arg-type]
+    proc._born[1] = time.monotonic() + 1  # made after the loss
+    proc._watch_rejoin()
+    assert renewed == [], "not while unassigned"
+    callbacks["on_assign"](current, [])  # type: ignore[arg-type]
+    assert renewed == [0]
+    callbacks["on_revoke"](current, [])  # type: ignore[arg-type]
+    callbacks["on_assign"](current, [])  # type: ignore[arg-type]
+    assert renewed == [0]
