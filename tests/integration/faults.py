@@ -263,7 +263,7 @@ def _wait_for_outcomes(s: Settings, ids: set[str], pipe: Pipeline) -> None:
     def missing() -> bool:
         pipe.assert_alive()
         got = set(check_log(read_topic(s, s.events_topic, timeout=READ_S)).outcomes)
-        left.intersection_update(ids - got)
+        left.difference_update(got)
         return not left
 
     def say() -> str:

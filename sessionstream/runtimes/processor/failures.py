@@ -351,10 +351,16 @@ class Recovery:
             self._consumer.close()
         self._consumer = self._group_consumer()
 
+    @property
+    def _member(self) -> str:
+        """Our consumer's group.instance.id (and client.id)."""
+        return f"processor-{self.instance_id}"
+
     def _callbacks(self) -> dict[str, RebalanceCallback]:
         """A new consumer's rebalance callbacks: they keep `_unassigned_since` (from now, as
-        the new consumer holds nothing yet), and ignore a consumer given up by
-        `_watch_rejoin`, which may call back as it closes."""
+        the new consumer holds nothing yet) and `_lost_at` (`_renew_after_loss`, at the next
+        assignment), and ignore a consumer given up by `_watch_rejoin`, which may call back
+        as it closes."""
         self._unassigned_since = time.monotonic()
 
         def assign(consumer: GroupConsumer, partitions: list[TopicPartition]) -> None:
@@ -395,7 +401,7 @@ class Recovery:
         self._rejoin_asked_at = now
         s = self.settings
         members = static_members(client_config(s), s.processor_group)
-        ours = f"processor-{self.instance_id}"
+        ours = self._member
         if members is None or ours in members:
             return
         log.warning(

@@ -229,11 +229,11 @@ class TransactionalProcessor(Recovery):
             s,
             s.processor_group,
             **{
-                "client.id": f"processor-{self.instance_id}",
+                "client.id": self._member,
                 # static membership: a restarted instance gets its partitions back at
                 # once instead of after the dead member's session timeout; a second
                 # process with the same instance id is fenced by the coordinator
-                "group.instance.id": f"processor-{self.instance_id}",
+                "group.instance.id": self._member,
                 "max.poll.interval.ms": MAX_POLL_INTERVAL_MS,
                 "fetch.wait.max.ms": 10,
                 "logger": self._group_log,
