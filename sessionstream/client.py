@@ -40,6 +40,7 @@ from sessionstream._outcomes import (
     outcome_of,
 )
 from sessionstream.adapters.kafka import (
+    LIVE_FETCH_WAIT_MS,
     Admin,
     CommandProducer,
     Message,
@@ -89,7 +90,7 @@ class SessionClient(ProducerCommands):
         producer_overrides: dict[str, Any] | None = None,
         clock: Any = time.time,
         actor: str | None = None,
-        fetch_wait_ms: int = 100,
+        fetch_wait_ms: int = LIVE_FETCH_WAIT_MS,
     ) -> None:
         self.tenant_id = tenant_id
         #: recorded as who asked, on every command this client sends (unless overridden)
@@ -111,7 +112,7 @@ class SessionClient(ProducerCommands):
         #: what the tail read, matched to the tracked commands
         self._matcher = OutcomeMatcher(self.settings.outcomes_topic)
         self._partitions: int | None = None
-        #: the tail's fetch.wait.max.ms (a server waiting on many commands: lower)
+        #: the tail's fetch.wait.max.ms (`LIVE_FETCH_WAIT_MS`: it costs an outcome nothing)
         self._fetch_wait_ms = fetch_wait_ms
         #: session -> the run last seen active; only while it is (a finished run is
         #: forgotten), at most `_RUNS_MAX` sessions (the least recently started go first)

@@ -22,6 +22,7 @@ from sessionstream.adapters.kafka.clients import (
 )
 from sessionstream.adapters.kafka.config import (
     KAFKA_LOG,
+    LIVE_FETCH_WAIT_MS,
     aiokafka_config,
     client_config,
     command_producer_config,
@@ -55,6 +56,7 @@ from sessionstream.adapters.kafka.reader import (
 
 __all__ = [
     "KAFKA_LOG",
+    "LIVE_FETCH_WAIT_MS",
     "METADATA_WAIT_S",
     "OFFSET_BEGINNING",
     "OFFSET_END",

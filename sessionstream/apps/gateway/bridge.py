@@ -133,9 +133,10 @@ class CommandBridge:
         over after `RESTART_S`: one bad round never leaves the gateway without commands."""
         waiting: list[_Waiter] = []
         while not self._stop.is_set():
-            # the tail of outcomes waits 5 ms at the broker, not the SDK's 100 ms: many
-            # requests wait on it
-            client = SessionClient("gateway", self.settings, fetch_wait_ms=5)
+            # its tail's fetches wait at the broker as the SDK's do (LIVE_FETCH_WAIT_MS):
+            # a commit answers a parked fetch at once, so a shorter wait gained no outcome
+            # any time and cost the broker ~170 fetches a second while the gateway idled
+            client = SessionClient("gateway", self.settings)
             failed = False
             try:
                 try:

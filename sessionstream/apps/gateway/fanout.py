@@ -34,6 +34,7 @@ from typing import Any
 
 from sessionstream.adapters.access import CLIENT_GROUP_PREFIX
 from sessionstream.adapters.kafka import (
+    LIVE_FETCH_WAIT_MS,
     Message,
     Reader,
     TopicPartition,
@@ -332,7 +333,7 @@ class EventFanout:
             consumer = new_reader(
                 self.settings,
                 group_id=f"{CLIENT_GROUP_PREFIX}sse-{uuid.uuid4()}",
-                fetch_wait_ms=5,
+                fetch_wait_ms=LIVE_FETCH_WAIT_MS,
             )
             topic = self.settings.events_topic
             consumer.assign(

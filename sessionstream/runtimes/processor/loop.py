@@ -54,6 +54,7 @@ import rocksdict
 
 from sessionstream.adapters import metrics
 from sessionstream.adapters.kafka import (
+    LIVE_FETCH_WAIT_MS,
     OFFSET_BEGINNING,
     GroupConsumer,
     Message,
@@ -235,7 +236,9 @@ class TransactionalProcessor(Recovery):
                 # process with the same instance id is fenced by the coordinator
                 "group.instance.id": self._member,
                 "max.poll.interval.ms": MAX_POLL_INTERVAL_MS,
-                "fetch.wait.max.ms": 10,
+                # a command appended answers a parked fetch at once: the wait only sets
+                # how often an idle consumer asks
+                "fetch.wait.max.ms": LIVE_FETCH_WAIT_MS,
                 "logger": self._group_log,
             },
         )

@@ -26,6 +26,7 @@ import psycopg
 
 from sessionstream.adapters import metrics
 from sessionstream.adapters.kafka import (
+    LIVE_FETCH_WAIT_MS,
     OFFSET_BEGINNING,
     CommandProducer,
     GroupConsumer,
@@ -131,7 +132,7 @@ class Sink:
             self.settings,
             self.group,
             **{
-                "fetch.wait.max.ms": 20,
+                "fetch.wait.max.ms": LIVE_FETCH_WAIT_MS,
                 "statistics.interval.ms": int(min(5.0, self.stall_s / 3) * 1000),
                 "stats_cb": self._on_stats,
             },

@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from sessionstream.adapters.kafka import (
+    LIVE_FETCH_WAIT_MS,
     Reader,
     TopicPartition,
     end_offset,
@@ -195,7 +196,7 @@ class ControlFeed(_Thread):
         self.codec = codec or Codec()
         self._requests: queue.Queue[tuple[int, asyncio.Future[None]]] = queue.Queue()
         self._watching: set[int] = set()
-        self.consumer = _reader(settings, fetch_wait_ms=5)
+        self.consumer = _reader(settings, fetch_wait_ms=LIVE_FETCH_WAIT_MS)
 
     async def watch(self, partition: int) -> None:
         """Return once the partition is followed from (at the latest) its end now."""
