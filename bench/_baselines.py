@@ -30,6 +30,7 @@ from psycopg.types.json import Jsonb
 from bench._harness import percentiles
 from bench._sink_harness import connect, delete_groups, fresh_schema
 from sessionstream.adapters.kafka import (
+    LIVE_FETCH_WAIT_MS,
     client_config,
     command_producer_config,
     reader_config,
@@ -196,7 +197,7 @@ def passthrough_latency(
     def loop() -> None:
         try:
             producer = Producer(transactional_producer_config(s, f"{group}-0"))
-            consumer = Consumer(reader_config(s, group_id=group, fetch_wait_ms=10))
+            consumer = Consumer(reader_config(s, group_id=group, fetch_wait_ms=LIVE_FETCH_WAIT_MS))
             producer.init_transactions(60)
             consumer.subscribe([t_in])
             while not halt.is_set():
@@ -236,7 +237,7 @@ def passthrough_latency(
 
     def tail() -> None:
         try:
-            consumer = Consumer(reader_config(s, fetch_wait_ms=10))
+            consumer = Consumer(reader_config(s, fetch_wait_ms=LIVE_FETCH_WAIT_MS))
             consumer.assign([TopicPartition(t_out, p, 0) for p in range(s.partitions)])
             while not halt.is_set():
                 batch = take(consumer, 1000, 0.05)

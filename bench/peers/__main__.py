@@ -34,6 +34,8 @@ def _loop_factory() -> Any:
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 ALL = ("sessionstream-sdk", "sessionstream-http", "restate", "temporal")
 SESSIONS = 1000
+#: seconds of nothing measured after each system's phases
+IDLE_S = 10.0
 
 NOTES = """Notes on what differs between the systems:
 - Durability: sessionstream's outcome is a committed Kafka transaction (one local broker,
@@ -107,6 +109,7 @@ async def run_system(system: System, pool: Pool, warm: float, secs: float) -> di
                 file=sys.stderr,
                 flush=True,
             )
+        out["idle"] = await idle(system, IDLE_S)
         out["sessions_left_broken"] = len(pool.broken)
         if pool.broken:  # keep the servers' logs to see why
             system.keep_logs = True  # type: ignore[attr-defined]
@@ -117,6 +120,18 @@ async def run_system(system: System, pool: Pool, warm: float, secs: float) -> di
     finally:
         await system.stop()
     return out
+
+
+async def idle(system: System, secs: float) -> dict[str, Any]:
+    """The system's CPU with nothing to do, after its phases (its readers assigned, its
+    JIT warm): what a deployment costs while its sessions are quiet. In cores, per process;
+    the driver counts too (the SDK system's client lives in it)."""
+    await asyncio.sleep(2.0)  # the last phase's stragglers settle
+    meter = PhaseMeter(system.processes())
+    await asyncio.sleep(secs)
+    m = meter.read(0)
+    cores = {n: round(v["cpu_s"] / m["seconds"], 3) for n, v in m["processes"].items()}
+    return {"seconds": m["seconds"], "cores": cores, "total_cores": round(sum(cores.values()), 3)}
 
 
 def warm_broker(secs: float) -> float:

@@ -84,6 +84,21 @@ def _cpu_floor(pt: dict[str, Any], systems: dict[str, Any]) -> str:
     )
 
 
+def _idle(systems: dict[str, Any]) -> str:
+    """Each system's CPU (cores) with no load, after its phases."""
+    cells = []
+    for name, s in systems.items():
+        got = s.get("idle")
+        if got:
+            parts = " + ".join(f"{n} {c:.3f}" for n, c in got["cores"].items())
+            cells.append(f"{name} {got['total_cores']:.3f} ({parts})")
+    return _paragraph(
+        "Idle, after the phases (no load, the driver's process included), CPU in cores: ",
+        cells,
+        "; ",
+    )
+
+
 def rss(sys_: dict[str, Any]) -> dict[str, float]:
     """Peak RSS (MiB) per process over the run, the load driver left out."""
     out: dict[str, float] = {}
@@ -104,13 +119,14 @@ def derived(sys_: dict[str, Any]) -> dict[str, Any]:
         "p50_500": ph.get("open-500", {}).get("p50_ms"),
         "p99_500": ph.get("open-500", {}).get("p99_ms"),
         "cpu_ms_per_cmd": cpu_per_command(sys_),
+        "idle_cores": sys_.get("idle", {}).get("total_cores"),
         "rss_mb": round(sum(rss(sys_).values()), 1) if ph else None,
     }
 
 
 def ratios(systems: dict[str, Any]) -> dict[str, dict[str, float | None]]:
     """Each system's figure divided by Restate's (throughput: higher is better; latency,
-    CPU and RSS: lower is better)."""
+    CPU, idle CPU and RSS: lower is better)."""
     if BASE not in systems:
         return {}
     base = derived(systems[BASE])
@@ -169,6 +185,9 @@ def markdown(doc: dict[str, Any]) -> str:
             f"other: {odd}" + ("" if chk.get("ok", True) else "; LOG CHECK FAILED")
         )
         lines.append("| " + " | ".join(cells) + " |")
+    idle = _idle(systems)
+    if idle:
+        lines.append(idle)
     pt = doc.get("passthrough") or {}
     if pt:
         lines.append(
@@ -186,7 +205,7 @@ def markdown(doc: dict[str, Any]) -> str:
     if rt:
         lines.append(
             "\nRatios to Restate, same run (cmd/s: higher is better; latency, CPU, "
-            "RSS: lower is better):\n"
+            "idle CPU, RSS: lower is better):\n"
         )
         keys = [
             "c16_cmd_s",
@@ -196,6 +215,7 @@ def markdown(doc: dict[str, Any]) -> str:
             "p50_500",
             "p99_500",
             "cpu_ms_per_cmd",
+            "idle_cores",
             "rss_mb",
         ]
         lines.append("| system | " + " | ".join(keys) + " |")

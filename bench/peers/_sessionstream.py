@@ -146,7 +146,7 @@ class SdkSystem:
 
     async def start(self) -> None:
         self.world.start()
-        self.client = SessionClient("bench", self.world.s, actor="bench", fetch_wait_ms=10)
+        self.client = SessionClient("bench", self.world.s, actor="bench")
         self.client.prepare()
         self.bridge = _Bridge(self.client, asyncio.get_running_loop())
         self.bridge.start()
