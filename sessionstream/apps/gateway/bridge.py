@@ -134,8 +134,8 @@ class CommandBridge:
         waiting: list[_Waiter] = []
         while not self._stop.is_set():
             # its tail's fetches wait at the broker as the SDK's do (LIVE_FETCH_WAIT_MS):
-            # a commit answers a parked fetch at once, so a shorter wait gained no outcome
-            # any time and cost the broker ~170 fetches a second while the gateway idled
+            # a commit answers a parked fetch at once, so 5 ms brought no outcome sooner
+            # and cost the broker ~170 fetches a second while the gateway idled
             client = SessionClient("gateway", self.settings)
             failed = False
             try:
