@@ -30,6 +30,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from sessionstream.adapters.kafka.config import (
+    END_FETCH_WAIT_MS,
     client_config,
     command_producer_config,
     group_consumer_config,
@@ -345,7 +346,7 @@ def new_reader(
     group_id: str | None = None,
     read_committed: bool = True,
     eof: bool = False,
-    fetch_wait_ms: int = 10,
+    fetch_wait_ms: int = END_FETCH_WAIT_MS,
     **overrides: Any,
 ) -> Reader:
     """A consumer that is only ever assigned partitions (`reader_config`)."""

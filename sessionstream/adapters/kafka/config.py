@@ -18,6 +18,7 @@ from typing import Any
 from sessionstream.settings import Settings
 
 __all__ = [
+    "END_FETCH_WAIT_MS",
     "KAFKA_LOG",
     "LIVE_FETCH_WAIT_MS",
     "aiokafka_config",
@@ -125,17 +126,14 @@ def command_producer_config(settings: Settings, **overrides: Any) -> dict[str, A
 
 #: `fetch.wait.max.ms` of a reader that follows live topics for as long as it runs (the
 #: processor's consumer, the gateway's outcome tail and live events, the sink, a worker's
-#: feeds, the SDK's tail). The broker answers a parked fetch as soon as one of its
-#: partitions has records to hand over (a read_committed reader's when a transaction
-#: commits, not at the end of the wait), so the wait costs a live record nothing: it only
-#: sets how often an idle reader asks. At 5-10 ms an idle processor and gateway sent ~425
-#: fetches a second, and the broker spent 0.16 of a core answering them; at 100 ms, 0.04.
-#: What it does delay: librdkafka keeps one fetch in flight per broker, so a partition
-#: assigned or sought while a fetch is parked is first fetched when that one returns, up to
-#: this long if the other partitions stay idle. Readers that stop at a partition's end
-#: (replays, pages, audits) keep short waits: their last fetch is answered only at the end
-#: of its wait.
+#: feeds, the SDK's tail). A parked fetch is answered as soon as a record (for a
+#: read_committed reader, a commit) arrives, so the wait only sets how often an idle reader
+#: asks; what it costs and saves: docs/operations.md, "What a quiet deployment asks of the
+#: brokers".
 LIVE_FETCH_WAIT_MS = 100
+#: the wait of a reader that stops at a partition's end (replays, pages, audits): its last
+#: fetch is answered only at the end of its wait
+END_FETCH_WAIT_MS = 10
 
 
 def reader_config(
@@ -144,7 +142,7 @@ def reader_config(
     group_id: str | None = None,
     read_committed: bool = True,
     eof: bool = False,
-    fetch_wait_ms: int = 10,
+    fetch_wait_ms: int = END_FETCH_WAIT_MS,
     **overrides: Any,
 ) -> dict[str, Any]:
     """A consumer that is only ever assigned partitions: its group id is never joined nor

@@ -20,7 +20,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message
 from confluent_kafka import TopicPartition as _TP
 
 from sessionstream.adapters.kafka.clients import Reader, new_reader
-from sessionstream.adapters.kafka.config import LIVE_FETCH_WAIT_MS
+from sessionstream.adapters.kafka.config import END_FETCH_WAIT_MS, LIVE_FETCH_WAIT_MS
 from sessionstream.adapters.kafka.errors import failure
 from sessionstream.errors import KafkaFailed, KafkaUnavailable
 from sessionstream.settings import Settings
@@ -260,7 +260,7 @@ def read_messages(
         eof=True,
         # a follower asks as seldom as a live reader does once it is at the end; its
         # catching up (the ends it must see) waits one such fetch
-        fetch_wait_ms=10 if follow is None else LIVE_FETCH_WAIT_MS,
+        fetch_wait_ms=END_FETCH_WAIT_MS if follow is None else LIVE_FETCH_WAIT_MS,
         # large fetches: a reader is after throughput (the processor's own consumer
         # keeps the defaults)
         **{"max.partition.fetch.bytes": 8 << 20},
