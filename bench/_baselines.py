@@ -165,8 +165,15 @@ def passthrough(s: Settings, out_topic: str, n: int, batch_size: int = 500) -> d
 #: record, then its outcome record, which names the offsets the first got, so it waits
 #: for their acknowledgement (a second produce round inside the transaction). "ours": the
 #: processor's shape — the events and three changelogs (states, open runs, command ids)
-#: on the record's partition, then the outcome records.
-SHAPES: dict[str, tuple[int, bool]] = {"raw": (1, False), "outcome": (1, True), "ours": (4, True)}
+#: on the record's partition, then the outcome records. "one-changelog": the same with one
+#: changelog topic in place of three (events and a changelog, then the outcome records):
+#: what that layout could reach (decision 0003, tenth pass).
+SHAPES: dict[str, tuple[int, bool]] = {
+    "raw": (1, False),
+    "outcome": (1, True),
+    "one-changelog": (2, True),
+    "ours": (4, True),
+}
 
 
 def passthrough_latency(

@@ -153,7 +153,8 @@ def passthrough(rates: list[float], secs: float, shape: str = "raw") -> dict[str
     per record. "raw" is the Kafka floor under the CPU goal: one transaction per poll, one
     output partition per input partition and the offsets per transaction. The other
     shapes (`bench._baselines.SHAPES`) add what our transactions carry, still without
-    logic: the outcome records' second produce round, then the three changelogs."""
+    logic: the outcome records' second produce round, then the three changelogs (or
+    one, where a single changelog topic would put them)."""
     from bench._baselines import passthrough_latency
     from bench._harness import broker_pid
     from sessionstream.settings import Settings
@@ -227,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         doc["passthrough"] = passthrough([100, 500], 5 if args.quick else 10)
         doc["passthrough_shapes"] = {
             shape: passthrough([100, 500], 5 if args.quick else 10, shape)
-            for shape in ("outcome", "ours")
+            for shape in ("outcome", "one-changelog", "ours")
         }
     doc["ratios_to_restate"] = ratios(doc["systems"])
     doc["wall_s"] = round(time.time() - started, 1)
