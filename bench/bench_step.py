@@ -2,8 +2,8 @@
 
 The processor's main thread does, per poll batch: `decide_batch` (decode each command,
 check placement, look up its dedup record, decide, fold, encode the events, stage the
-states), `produce` (a confluent-kafka `produce()` per record: events, state and dedup
-changelogs, open runs) and, once the transaction committed, the store write (RocksDB batch,
+states), `produce` (a confluent-kafka `produce()` per record: events, the state
+changelog, open runs) and, once the transaction committed, the store write (RocksDB batch,
 timer wheel). This script runs exactly that code on records built in memory, one core, with
 a real `Producer` pointed at a closed loopback port (its `produce()` queues as it would;
 nothing is sent) and a real store in a temporary directory. No broker, no other process:
@@ -147,7 +147,7 @@ def measure(s: Settings, recs: list[Record], batch_size: int) -> dict[str, Any]:
                 root / f"p{p}", p, cache_sessions=100_000, dedup_ttl_s=3600, block_cache=cache
             ),
             state_topic_id="state",
-            dedup_topic_id="dedup",
+            outcomes_topic_id="dedup",
         )
         for p in range(PARTITIONS)
     }

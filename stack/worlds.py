@@ -11,6 +11,7 @@ from typing import Any
 from sessionstream.settings import Settings
 
 __all__ = [
+    "OLDER_TOPIC_FIELDS",
     "STATIC_MEMBER_PATIENCE_S",
     "TOPIC_FIELDS",
     "delete_groups",
@@ -18,15 +19,18 @@ __all__ = [
     "world_topics",
 ]
 
-#: every topic the settings name (commands, events, state, ...)
+#: every topic the settings name (commands, events, state, ...): a world names each its own
 TOPIC_FIELDS = tuple(f for f in Settings.model_fields if f.endswith("_topic"))
+#: topics named but no longer created: an older version's, read while they exist
+OLDER_TOPIC_FIELDS = ("dedup_topic",)
 #: how long `delete_world` asks again for a group a stopped static member still holds: the
 #: processors' session timeout (6 s, `sessionstream.adapters.kafka.config`) and some
 STATIC_MEMBER_PATIENCE_S = 10.0
 
 
 def world_topics(s: Settings) -> list[str]:
-    return [getattr(s, f) for f in TOPIC_FIELDS]
+    """The topics a world has once `topics create` ran."""
+    return [getattr(s, f) for f in TOPIC_FIELDS if f not in OLDER_TOPIC_FIELDS]
 
 
 def delete_groups(admin: Any, groups: list[str], *, patience_s: float = 0.0) -> list[str]:

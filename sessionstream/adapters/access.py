@@ -78,9 +78,10 @@ class Grant:
 
 
 def processor_own_topics(settings: Settings) -> list[str]:
-    """Topics only the processor reads and writes besides state: its dedup changelog and
-    its fired timers (no one else may write a `timer.fired`; an administrator, a super
-    user, writes `session.erase` there)."""
+    """Topics only the processor reads and writes besides state: the dedup changelog of
+    versions before the outcome records carried the dedup records (read on a full restore
+    while it exists) and its fired timers (no one else may write a `timer.fired`; an
+    administrator, a super user, writes `session.erase` there)."""
     return [settings.dedup_topic, settings.timers_topic]
 
 
@@ -111,8 +112,9 @@ def kafka_grants(settings: Settings) -> dict[str, list[Grant]]:
             # READ: the state changelog is restored on assignment
             *_topic("processor", state, "READ", "WRITE", "DESCRIBE", "DESCRIBE_CONFIGS"),
             *_topic("processor", dlq, "WRITE", "DESCRIBE", "DESCRIBE_CONFIGS"),
-            # one outcome record per command read
-            *_topic("processor", s.outcomes_topic, "WRITE", "DESCRIBE", "DESCRIBE_CONFIGS"),
+            # one outcome record per command read; READ: its dedup store is restored from
+            # them on assignment
+            *_topic("processor", s.outcomes_topic, "READ", "WRITE", "DESCRIBE", "DESCRIBE_CONFIGS"),
             # the runs that need a holder, for workers; it only checks the presence topic
             *_topic("processor", s.open_runs_topic, "WRITE", "DESCRIBE", "DESCRIBE_CONFIGS"),
             *_topic("processor", s.workers_topic, "DESCRIBE", "DESCRIBE_CONFIGS"),

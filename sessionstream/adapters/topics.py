@@ -5,7 +5,7 @@
 | session.commands | session_id                  | delete  | input; long retention                 |
 | session.events   | session/run/seq (unique)    | compact | the log: compaction only drops copies |
 | session.state    | session_id                  | compact | the processor's state changelog       |
-| session.dedup    | session_id/digest           | compact,delete | command ids remembered, 24 h+  |
+| session.outcomes | session_id/command_id       | compact,delete | an outcome per command, 7 days |
 | session.open-runs| session_id                  | compact | runs that need a holder (workers)     |
 | session.workers  | worker id                   | compact,delete | worker presence                |
 | session.dlq      | the original key            | delete  | dead letters with their bytes         |
@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from confluent_kafka import KafkaException, TopicCollection
+from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from sessionstream.adapters.kafka import client_config
@@ -105,20 +105,9 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
             # change (the dirty ratio alone may not be reached for a long time)
             preferred=dict(within_a_day),
         ),
-        # a record per decided command id; compaction keeps the latest per id, deletion
-        # forgets ids older than the dedup window (24 h) plus a day of margin
-        TopicSpec(
-            settings.dedup_topic,
-            n,
-            {
-                "cleanup.policy": "compact,delete",
-                "retention.ms": str(2 * 24 * 3600 * 1000),
-                "segment.ms": str(3600 * 1000),
-            },
-            preferred=dict(within_a_day),
-        ),
         # one record per command read; unique keys (compaction only drops re-emitted copies),
-        # kept longer than the dedup window (24 h): a duplicate's first outcome is still there
+        # kept longer than twice the dedup window (24 h): a duplicate's first outcome is
+        # still there, and the processor restores its dedup store from these records
         TopicSpec(
             settings.outcomes_topic,
             n,
@@ -199,8 +188,11 @@ def _admin(settings: Settings) -> AdminClient:
     return AdminClient(client_config(settings))
 
 
-def topic_ids(settings: Settings, topics: list[str], timeout: float = 30.0) -> dict[str, str]:
-    """Each topic's id: a topic deleted and created again under its name has a new one."""
+def topic_ids(
+    settings: Settings, topics: list[str], timeout: float = 30.0, *, missing_ok: bool = False
+) -> dict[str, str]:
+    """Each topic's id: a topic deleted and created again under its name has a new one.
+    With `missing_ok`, a topic that does not exist is left out instead of raising."""
 
     admin = _admin(settings)
     out: dict[str, str] = {}
@@ -210,6 +202,8 @@ def topic_ids(settings: Settings, topics: list[str], timeout: float = 30.0) -> d
         try:
             out[name] = str(fut.result(timeout=timeout).topic_id)
         except KafkaException as e:
+            if missing_ok and e.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                continue
             raise KafkaUnavailable(
                 f"describing topic {name}: {e.args[0]}", bootstrap=settings.kafka_bootstrap
             ) from e

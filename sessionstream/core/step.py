@@ -27,6 +27,7 @@ from sessionstream.schemas.errors import DecodeError
 from sessionstream.schemas.events import Event
 
 __all__ = [
+    "FORGET",
     "FORWARDED_HEADER",
     "CommandStep",
     "DedupRecord",
@@ -37,6 +38,8 @@ __all__ = [
     "dedup_key",
     "encode_dedup",
     "encode_state",
+    "read_remembered",
+    "remembered",
 ]
 
 #: header a forwarded command carries: `{topic}/{partition}/{offset}` it was first read at
@@ -111,6 +114,30 @@ def decode_dedup(key: bytes, value: bytes) -> DedupRecord:
     session_id, _, h = key.decode().rpartition("/")
     digest, at = _DEDUP.unpack(value)
     return DedupRecord(session_id, int(h, 16), digest, at)
+
+
+#: an erasure's outcome says so in place of a record: every id its session remembered
+#: before it is forgotten
+FORGET: Final = "forget"
+
+
+def remembered(record: DedupRecord) -> str:
+    """A dedup record as the outcome record carries it (`CommandOutcome.dedup`):
+    `{id hash}:{content digest}:{decided at}`, the digests as 16 hex digits each."""
+    return f"{record.id_hash:016x}:{record.digest:016x}:{record.at}"
+
+
+def read_remembered(session_id: str, text: str) -> DedupRecord | None:
+    """The dedup record an outcome record carries, or None if `text` is not one (the
+    caller treats `FORGET` first)."""
+    h, _, rest = text.partition(":")
+    digest, _, at = rest.partition(":")
+    try:
+        if len(h) != 16 or len(digest) != 16:
+            return None
+        return DedupRecord(session_id, int(h, 16), int(digest, 16), int(at))
+    except ValueError:
+        return None
 
 
 #: (session id, command id digest) -> (content digest, decided at), or None

@@ -172,13 +172,16 @@ class TopicSettings(Part):
     """Compacted topic of worker presence, keyed by worker id (who is alive to take a run)."""
 
     dedup_topic: str = "session.dedup"
-    """Changelog of the command ids each session remembers (duplicate detection), keyed
-    ``{session_id}/{digest}``; compacted, and deleted after the dedup window."""
+    """The dedup changelog of versions before the outcome records carried what each
+    command id is remembered as: no longer written or created; a processor's full restore
+    still reads it while it exists (its records go within two days of an upgrade, then it
+    may be deleted)."""
 
     outcomes_topic: str = "session.outcomes"
     """One record per command the processor reads (accepted, rejected, duplicate, dead
     letter, forwarded), in the transaction of its events; keyed ``{session_id}/{command_id}``
-    on the command's partition (co-partitioned with the commands)."""
+    on the command's partition (co-partitioned with the commands). Each also says what its
+    command id is remembered as: the processor's dedup store is restored from this topic."""
 
     deltas_topic: str = "session.deltas"
     """Token deltas: pieces of a model's answer as it streams, published by the workers
@@ -212,9 +215,10 @@ class ProcessorSettings(Part):
     store_dir: Path | None = None
     """The processor's local state store (RocksDB, one per assigned partition, under
     ``{store_dir}/{processor_group}/{instance}/``); default
-    ``$XDG_STATE_HOME/sessionstream/store`` (``~/.local/state/...``). A copy of the state and
-    dedup changelogs with a checkpoint, so a restart reads only the changelogs' tail; safe
-    to delete (the next start restores in full)."""
+    ``$XDG_STATE_HOME/sessionstream/store`` (``~/.local/state/...``). A copy of the states
+    and the remembered command ids (from the state and outcomes topics) with a checkpoint,
+    so a restart reads only the topics' tail; safe to delete (the next start restores in
+    full)."""
 
     state_cache_sessions: int = Field(default=20_000, ge=1)
     """Decoded session states the processor keeps in memory (least recently used go; the

@@ -30,6 +30,7 @@ __all__ = [
     "data_messages",
     "end_offset",
     "log_bounds",
+    "offsets_at",
     "partitions_of",
     "read_messages",
     "read_records",
@@ -201,6 +202,30 @@ def log_bounds(
         raise KafkaUnavailable(
             f"log offsets: {e.reason}",
             bootstrap=settings.kafka_bootstrap,
+        ) from e
+    finally:
+        consumer.close()
+
+
+def offsets_at(settings: Settings, topic: str, partitions: list[int], ts_ms: int) -> dict[int, int]:
+    """Per partition of `topic`, the first offset whose record's timestamp is at or after
+    `ts_ms` (epoch ms), or the partition's end when none is (Kafka's `offsets_for_times`)."""
+    consumer = new_reader(settings)
+    try:
+        asked = [_TP(topic, p, ts_ms) for p in partitions]
+        out = {}
+        for tp in consumer.offsets_for_times(asked, timeout=METADATA_WAIT_S):
+            if tp.offset < 0:  # nothing at or after the time: the partition's end
+                _low, high = consumer.get_watermark_offsets(
+                    _TP(topic, tp.partition), timeout=METADATA_WAIT_S, cached=False
+                )
+                out[tp.partition] = int(high)
+            else:
+                out[tp.partition] = int(tp.offset)
+        return out
+    except KafkaFailed as e:
+        raise KafkaUnavailable(
+            f"offsets of {topic} at {ts_ms}: {e.reason}", bootstrap=settings.kafka_bootstrap
         ) from e
     finally:
         consumer.close()

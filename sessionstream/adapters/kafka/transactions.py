@@ -330,8 +330,22 @@ class TransactionCommit(Generic[B]):
                     self._wait(self.after.appended)
                 put = producer.produce
                 topic = self.follow_topic
-                for p, key, value, headers in self.follow():
-                    put(topic, key=key, value=value, partition=p, headers=headers)
+                records = self.follow()
+                # the last record of each partition reports its offset (`delivered`: a
+                # store's checkpoint may be one of this topic)
+                last = {r[0]: i for i, r in enumerate(records)}
+                for i, (p, key, value, headers) in enumerate(records):
+                    if last[p] == i:
+                        put(
+                            topic,
+                            key=key,
+                            value=value,
+                            partition=p,
+                            headers=headers,
+                            on_delivery=self.on_delivery,
+                        )
+                    else:
+                        put(topic, key=key, value=value, partition=p, headers=headers)
             # every record acknowledged (commit_transaction would wait for them anyway):
             # the next transaction's follow-up records may follow ours
             self.step = "flush"

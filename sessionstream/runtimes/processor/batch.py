@@ -17,16 +17,16 @@ from typing import Any, Final
 
 from sessionstream.adapters.kafka import Message, TransactionalProducer, dead_letter_headers
 from sessionstream.core.open_runs import open_run, opening_key
-from sessionstream.core.state import SessionState
+from sessionstream.core.state import SessionState, command_hash
 from sessionstream.core.step import (
+    FORGET,
     FORWARDED_HEADER,
     CommandStep,
     DedupRecord,
     StepOutcome,
-    dedup_key,
-    encode_dedup,
     encode_state,
 )
+from sessionstream.core.step import remembered as remembered_text
 from sessionstream.runtimes.processor.cloudevents import (
     CloudEventHeaders,
 )
@@ -61,6 +61,8 @@ class Batch:
     messages: list[Message]
     timers: list[tuple[int, Command]]
     outcomes: list[StepOutcome] = field(default_factory=list)
+    #: what each outcome record says its command id is remembered as (`CommandOutcome.dedup`)
+    carried: list[str | None] = field(default_factory=list)
     #: the command record each outcome is of (revoked partitions' records have none)
     sources: list[Message] = field(default_factory=list)
     #: (partition, key, value, the event) of every event, in decision order (its
@@ -106,6 +108,7 @@ class Batch:
         self.messages += later.messages
         self.timers += later.timers
         self.outcomes += later.outcomes
+        self.carried += later.carried
         self.sources += later.sources
         self.events += later.events
         self.staged.update(later.staged)
@@ -213,6 +216,7 @@ def decide_batch(
     views: dict[int, View] = {}
     outcomes, events, staged = batch.outcomes, batch.events, batch.staged
     remembered, offsets, first = batch.remembered, batch.offsets, batch.first
+    carried = batch.carried
     for msg in messages:
         topic, p, offset = msg.topic(), msg.partition(), msg.offset()
         assert topic is not None and p is not None and offset is not None
@@ -239,17 +243,25 @@ def decide_batch(
         )
         outcomes.append(outcome)
         batch.sources.append(msg)
+        erased = bool(outcome.events) and outcome.events[-1].type == "session.erased"
         if outcome.records:
             for (key, value), event in zip(outcome.records, outcome.events, strict=True):
                 events.append((p, key, value, event))
             state = outcome.state
             if state is not None:
                 staged[(p, state.session_id)] = state
-        if outcome.events and outcome.events[-1].type == "session.erased":
+        if erased:
             view.forget(outcome.events[-1].session_id)
         r = outcome.remember
         if r is not None:
             remembered[(p, r.session_id, r.id_hash)] = r
+            carried.append(remembered_text(r))
+        elif erased:
+            carried.append(FORGET)
+        elif outcome.forward_to is not None:
+            carried.append(None)  # decided, and remembered, on its own partition
+        else:
+            carried.append(_still_remembered(view, outcome, msg, step))
         if outcome.dead_letter is not None:
             batch.dead_letters.append((msg, outcome))
         elif outcome.forward_to is not None:
@@ -262,6 +274,32 @@ def decide_batch(
                 None if o is None else o.model_dump_json(by_alias=True).encode()
             )
     return batch
+
+
+def _still_remembered(
+    view: View, outcome: StepOutcome, msg: Message, step: CommandStep
+) -> str | None:
+    """What the session remembers of the command id of a record that remembered nothing
+    new (a duplicate, a refused reuse, another tenant's or a misplaced command, a dead
+    letter): its outcome record carries it, since compaction keeps only the last record
+    under an outcome key and the dedup store is restored from them."""
+    c = outcome.command
+    tenant: str | None = None
+    if c is not None:
+        sid, cid, tenant = c.session_id, c.command_id, c.tenant_id
+    else:
+        peeked, peeked_id = step.codec.peek_ids(msg.value() or b"")
+        if peeked is None or peeked_id is None:
+            return None
+        sid, cid = peeked, peeked_id
+    state = view.state(sid)
+    # the session's owner: another tenant's commands never take an id from it
+    owner = state.tenant_id if state is not None and state.tenant_id is not None else tenant
+    if owner is None:
+        return None
+    h = command_hash(cid, owner)
+    seen = view.seen(sid, h)
+    return None if seen is None else remembered_text(DedupRecord(sid, h, *seen))
 
 
 def produce(
@@ -321,22 +359,11 @@ def produce(
                 put(state_topic, key=key, value=value, partition=p)
     for (p, sid), record in batch.open_runs.items():
         put(s.open_runs_topic, key=sid.encode(), value=record, partition=p)
+    # the command ids to remember go to the store at the commit; the outcome records
+    # carry them (`Batch.carried`): no topic of their own
     dedup_by_p = batch.dedup = {}
     for (p, _sid, _h), r in batch.remembered.items():
         dedup_by_p.setdefault(p, []).append(r)
-    dedup_topic = s.dedup_topic
-    for p, rs in dedup_by_p.items():
-        last = len(rs) - 1
-        for i, r in enumerate(rs):
-            key, value = dedup_key(r.session_id, r.id_hash), encode_dedup(r)
-            if i == last:
-                put(dedup_topic, key=key, value=value, partition=p, on_delivery=on_delivery)
-            else:
-                put(dedup_topic, key=key, value=value, partition=p)
-    # an erased session's remembered ids: tombstones (`View.forget`)
-    for p, forgotten in batch.forgotten_by_partition().items():
-        for sid, h in forgotten:
-            put(dedup_topic, key=dedup_key(sid, h), value=None, partition=p)
     # timers become commands on the session's own partition of the processor's topic
     for p, cmd in batch.timers:
         put(
@@ -406,7 +433,7 @@ def outcome_records(
     out = []
     taken: dict[int, int] = {}
     placed: dict[int, list[int] | None] = {}
-    for o, msg in zip(batch.outcomes, batch.sources, strict=True):
+    for o, msg, carried in zip(batch.outcomes, batch.sources, batch.carried, strict=True):
         topic, p, offset = msg.topic() or "", msg.partition() or 0, msg.offset() or 0
         n = len(o.records)
         first = last = None
@@ -440,6 +467,7 @@ def outcome_records(
             first,
             last,
         )
+        row.dedup = carried
         if o.dead_letter is not None:
             row.status, row.reason = "dead_letter", o.dead_letter.reason
             row.detail = o.dead_letter.error[:1000]
@@ -494,6 +522,7 @@ class _OutcomeRow:
         self.detail: str | None = None
         self.first_decided_at: int | None = None
         self.forwarded_to: int | None = None
+        self.dedup: str | None = None
 
 
 def outcome_headers(o: Any, key: bytes, source: bytes) -> list[tuple[str, str | bytes | None]]:

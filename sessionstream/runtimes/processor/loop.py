@@ -6,11 +6,12 @@ p of all three, so a session has one writer; a command of the wrong class for it
 rejected `not_allowed_here`.
 
 Each batch of commands is one Kafka transaction holding the events (on the command's
-partition number), the new session states (changelog `session.state`), the command ids to
-remember (`session.dedup`), the runs that now need a holder (`session.open-runs`), dead
-letters, forwarded misplaced commands, fired timers (`session.timers`) and the input offsets
-(`send_offsets_to_transaction` with the group metadata, KIP-447). Either all of it is
-visible to `read_committed` readers or none of it is.
+partition number), the new session states (changelog `session.state`), the runs that now
+need a holder (`session.open-runs`), dead letters, forwarded misplaced commands, fired
+timers (`session.timers`), the input offsets (`send_offsets_to_transaction` with the group
+metadata, KIP-447) and, once the events' offsets are known, an outcome record per command
+(`session.outcomes`), which also says what the session remembers of its command id. Either
+all of it is visible to `read_committed` readers or none of it is.
 
 Time: the decider's "now" is each command record's timestamp, which the broker stamps at
 append (`message.timestamp.type=LogAppendTime` on the input topics), so the same log
@@ -34,9 +35,10 @@ librdkafka's errors mean) is `sessionstream/adapters/kafka/transactions.py`'s; w
 about failures is `failures.py`'s.
 
 Restore (`restore.py`): on assignment, the committed offsets (stable), then each
-partition's store (`store.py`) reads the state and dedup changelogs from its checkpoint to
-their ends. A committed transaction's states and dedup records go to the store with the
-changelog offsets they reach: the store is never ahead of the committed log.
+partition's store (`store.py`) reads its changelogs (`session.state`, and for the dedup
+records `session.outcomes`) from its checkpoint to their ends. A committed transaction's
+states and dedup records go to the store with the offsets they reach: the store is never
+ahead of the committed log.
 """
 
 from __future__ import annotations
@@ -544,7 +546,7 @@ class TransactionalProcessor(Recovery):
                     batch.records.get(p, ()),
                     batch.dedup.get(p, ()),
                     commit.delivered.get((s.state_topic, p)),
-                    commit.delivered.get((s.dedup_topic, p)),
+                    commit.delivered.get((s.outcomes_topic, p)),
                     forgotten.get(p, ()),
                 )
                 if delta:

@@ -26,14 +26,15 @@ class PartitionState:
         store: PartitionStore,
         *,
         state_topic_id: str,
-        dedup_topic_id: str,
+        outcomes_topic_id: str,
         private: bool = False,
         retention_ms: int | None = None,
     ) -> None:
         self.partition = partition
         self.store = store
         self.state_topic_id = state_topic_id
-        self.dedup_topic_id = dedup_topic_id
+        #: the dedup records' changelog is the outcomes topic (`CommandOutcome.dedup`)
+        self.outcomes_topic_id = outcomes_topic_id
         self.private = private
         self.timers = TimerWheel(retention_ms=retention_ms)
         #: sessions with an active run
@@ -87,7 +88,7 @@ class PartitionState:
                 *((dedup_key(sid, h), None) for sid, h in forgotten),
                 *((dedup_key(r.session_id, r.id_hash), encode_dedup(r)) for r in remembered),
             ],
-            None if dedup_offset is None else Checkpoint(self.dedup_topic_id, dedup_offset),
+            None if dedup_offset is None else Checkpoint(self.outcomes_topic_id, dedup_offset),
         )
         self.active += delta
         return delta

@@ -1,13 +1,18 @@
 """A partition's sessions at assignment: its local store, brought up to the changelogs' end.
 
 State and offsets come from one transaction, so they agree. Each of the partition's two
-databases (states, dedup records) holds a checkpoint: the changelog's topic id and the
-offset up to which it reflects it. A checkpoint of this topic, not past its end, means only
-the changelog's tail is read (a restart costs the changes since the last checkpoint, not
-the number of sessions); anything else — no store, a topic created again, a store ahead of
-its log — empties that database and reads its changelog from the beginning, with a progress
-line. A state this version cannot read (written by an older one) is folded again from the
-events log, the source of truth.
+databases holds a checkpoint: its changelog's topic id and the offset up to which it
+reflects it. The states' changelog is `session.state`; the dedup records' is
+`session.outcomes`, whose every record says what its command id is remembered as
+(`CommandOutcome.dedup`; `forget` on an erasure's). A checkpoint of this topic, not past
+its end, means only the changelog's tail is read (a restart costs the changes since the
+last checkpoint, not the number of sessions); anything else — no store, a topic created
+again, a store ahead of its log, a store of an older version — empties that database and
+reads its changelog in full, with a progress line: `session.state` from its beginning, the
+outcomes from twice the dedup window ago (older ids are never looked at), after what an
+older version's `session.dedup` topic still holds, if it exists. A state this version
+cannot read (written by an older one) is folded again from the events log, the source of
+truth.
 """
 
 from __future__ import annotations
@@ -19,18 +24,20 @@ from pathlib import Path
 
 import rocksdict
 
-from sessionstream.adapters.kafka import OFFSET_BEGINNING, log_bounds, read_records
+from sessionstream.adapters.kafka import OFFSET_BEGINNING, log_bounds, offsets_at, read_records
 from sessionstream.adapters.topics import topic_ids
 from sessionstream.core.decider import DeciderConfig, evolve
 from sessionstream.core.state import SessionState
 from sessionstream.core.state_codec import decode_if_active, decode_state, encode_state, is_current
+from sessionstream.core.step import FORGET, dedup_key, encode_dedup, read_remembered
 from sessionstream.core.timers import next_due
+from sessionstream.errors import SessionstreamError
 from sessionstream.runtimes.processor.partition import PartitionState
 from sessionstream.runtimes.processor.store import Checkpoint, Db, open_partition_store
 from sessionstream.schemas.codec import Codec
 from sessionstream.settings import Settings
 
-__all__ = ["RestoreReport", "restore"]
+__all__ = ["RestoreReport", "apply_outcome", "restore"]
 
 log = logging.getLogger("sessionstream.processor")
 
@@ -69,7 +76,7 @@ def restore(
     parts: dict[int, PartitionState] = {}
     if not partitions:
         return parts, report
-    ids = topic_ids(s, [s.state_topic, s.dedup_topic])
+    ids = topic_ids(s, [s.state_topic, s.outcomes_topic])
     per_partition = max(64, cache_sessions // len(partitions))
     dedup_ttl_s = 2 * config.dedup_ttl_ms // 1000
     try:
@@ -85,17 +92,15 @@ def restore(
                 p,
                 store,
                 state_topic_id=ids[s.state_topic],
-                dedup_topic_id=ids[s.dedup_topic],
+                outcomes_topic_id=ids[s.outcomes_topic],
                 private=private,
                 retention_ms=s.session_retention_ms,
             )
-        bounds = log_bounds(s, [(t, p) for t in (s.state_topic, s.dedup_topic) for p in partitions])
+        topics = (s.state_topic, s.outcomes_topic)
+        bounds = log_bounds(s, [(t, p) for t in topics for p in partitions])
         start: dict[tuple[str, int], int] = {}
         for p, part in parts.items():
-            for topic, db in (
-                (s.state_topic, part.store.state_db),
-                (s.dedup_topic, part.store.dedup_db),
-            ):
+            for topic, db in zip(topics, (part.store.state_db, part.store.dedup_db), strict=True):
                 first, why = _start(db, ids[topic], bounds[(topic, p)])
                 start[(topic, p)] = first
                 if why is not None:
@@ -105,7 +110,14 @@ def restore(
                 "restoring in full: %s",
                 ", ".join(f"{t}[{p}] ({why})" for (t, p), why in sorted(report.full.items())),
             )
-        stale = _catch_up(s, parts, start, bounds, ids, report)
+        full_dedup = sorted(p for p in parts if (s.outcomes_topic, p) in report.full)
+        if full_dedup:
+            # ids decided longer ago than twice the dedup window are never looked at
+            since = int(time.time() * 1000) - 2 * config.dedup_ttl_ms
+            for p, o in offsets_at(s, s.outcomes_topic, full_dedup, since).items():
+                start[(s.outcomes_topic, p)] = o
+            report.records += _older_dedup(s, parts, full_dedup)
+        stale = _catch_up(s, parts, start, bounds, ids, report, codec)
         if stale:
             report.rebuilt = _rebuild(settings, parts, stale, config, codec)
         for part in parts.values():
@@ -134,7 +146,7 @@ def _start(db: Db, topic_id: str, bounds: tuple[int, int]) -> tuple[int, str | N
     if cp is None:
         why = "no local store" if _empty(db) else "the store has no checkpoint"
     elif cp.topic_id != topic_id:
-        why = "the topic was created again"
+        why = "another topic's checkpoint (created again, or an older version's)"
     elif cp.offset > high:
         why = f"the store is ahead of the log (checkpoint {cp.offset} > end {high})"
     elif cp.offset < low:
@@ -151,6 +163,50 @@ def _empty(db: Db) -> bool:
     return next(iter(db.prefix(b"")), None) is None
 
 
+def _older_dedup(s: Settings, parts: dict[int, PartitionState], partitions: list[int]) -> int:
+    """A full restore first takes what `session.dedup`, the dedup changelog of versions
+    before the outcome records carried the dedup records, still holds (its records go
+    within two days): ids decided before an upgrade stay duplicates. Returns the records
+    read; none when the topic is gone."""
+    if not topic_ids(s, [s.dedup_topic], missing_ok=True):
+        return 0  # deleted (or never there): nothing older to take
+    n = 0
+    chunk: dict[int, list[tuple[bytes, bytes | None]]] = {}
+    group = f"{s.processor_group}-restore"
+    for r in read_records(s, {s.dedup_topic: partitions}, timeout=600, group_id=group):
+        n += 1
+        chunk.setdefault(r.partition, []).append((r.key or b"", r.value))
+        if n % _CHUNK == 0:
+            for p, recs in chunk.items():
+                parts[p].store.write_dedup(recs, None)
+            chunk.clear()
+    for p, recs in chunk.items():
+        parts[p].store.write_dedup(recs, None)
+    if n:
+        log.info("took %s dedup records of %s (an older version's)", n, s.dedup_topic)
+    return n
+
+
+def apply_outcome(
+    pending: dict[bytes, bytes | None], part: PartitionState, session_id: str, carried: str
+) -> None:
+    """What an outcome record says its command id is remembered as (`carried`), applied
+    to `pending` (dedup key -> value, None: delete; on top of `part`'s store)."""
+    if carried == FORGET:
+        # an erasure: every id the session remembered before it is forgotten
+        prefix = f"{session_id}/".encode()
+        width = len(prefix) + 16
+        for key in pending:
+            if len(key) == width and key.startswith(prefix):
+                pending[key] = None
+        for h in part.remembered_ids(session_id):
+            pending[dedup_key(session_id, h)] = None
+        return
+    record = read_remembered(session_id, carried)
+    if record is not None:
+        pending[dedup_key(session_id, record.id_hash)] = encode_dedup(record)
+
+
 def _catch_up(
     s: Settings,
     parts: dict[int, PartitionState],
@@ -158,36 +214,43 @@ def _catch_up(
     bounds: dict[tuple[str, int], tuple[int, int]],
     ids: dict[str, str],
     report: RestoreReport,
+    codec: Codec,
 ) -> set[tuple[int, str]]:
     """Apply the changelogs from `start` to their ends, in atomic chunks that each carry
     their checkpoint. Returns the (partition, session) whose state this version cannot read."""
     stale: set[tuple[int, str]] = set()
     states: dict[int, list[tuple[SessionState | None, str, bytes | None, int | None]]] = {}
-    dedup: dict[int, list[tuple[bytes, bytes | None]]] = {}
+    dedup: dict[int, dict[bytes, bytes | None]] = {}
     last: dict[tuple[str, int], int] = {}
     pending = 0
     next_line = time.monotonic() + _PROGRESS_S
+    outcomes = s.outcomes_topic
 
     def flush() -> None:
         for p, rows in states.items():
             off = last.get((s.state_topic, p))
             cp = None if off is None else Checkpoint(ids[s.state_topic], off + 1)
             parts[p].store.write_states(rows, cp)
-        for p, recs in dedup.items():
-            off = last.get((s.dedup_topic, p))
-            cp = None if off is None else Checkpoint(ids[s.dedup_topic], off + 1)
-            parts[p].store.write_dedup(recs, cp)
+        for p in parts:
+            off = last.get((outcomes, p))
+            if off is None and p not in dedup:
+                continue
+            cp = None if off is None else Checkpoint(ids[outcomes], off + 1)
+            parts[p].store.write_dedup(list(dedup.get(p, {}).items()), cp)
         states.clear()
         dedup.clear()
 
     group = f"{s.processor_group}-restore"
-    topics = {s.state_topic: sorted(parts), s.dedup_topic: sorted(parts)}
+    topics = {s.state_topic: sorted(parts), outcomes: sorted(parts)}
     for r in read_records(s, topics, start=start, timeout=600, group_id=group):
         report.records += 1
         pending += 1
         last[(r.topic, r.partition)] = r.offset
-        if r.topic == s.dedup_topic:
-            dedup.setdefault(r.partition, []).append((r.key or b"", r.value))
+        if r.topic == outcomes:
+            carried = _carried(codec, r.value, r.partition, r.offset)
+            if carried is not None:
+                p = r.partition
+                apply_outcome(dedup.setdefault(p, {}), parts[p], *carried)
         else:
             sid = (r.key or b"").decode()
             stale.discard((r.partition, sid))
@@ -202,13 +265,22 @@ def _catch_up(
     flush()
     # an empty or fully read log: the checkpoint says so, so the next restart starts there
     for p, part in parts.items():
-        for topic, db in (
-            (s.state_topic, part.store.state_db),
-            (s.dedup_topic, part.store.dedup_db),
-        ):
+        for topic, db in ((s.state_topic, part.store.state_db), (outcomes, part.store.dedup_db)):
             if (topic, p) not in last and db.checkpoint() is None:
                 db.write((), checkpoint=Checkpoint(ids[topic], bounds[(topic, p)][1]))
     return stale
+
+
+def _carried(codec: Codec, value: bytes | None, p: int, offset: int) -> tuple[str, str] | None:
+    """(session, what its command id is remembered as) of an outcome record, or None."""
+    if value is None:
+        return None
+    try:
+        o = codec.decode_outcome(value)
+    except SessionstreamError as e:  # not ours to judge: the dedup store skips it
+        log.warning("outcome record %s@%s unreadable, skipped: %s", p, offset, e)
+        return None
+    return None if o.dedup is None else (o.session_id, o.dedup)
 
 
 def _state_row(

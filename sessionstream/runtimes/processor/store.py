@@ -1,13 +1,16 @@
 """One partition's sessions on local disk (RocksDB via rocksdict), under a cache of the hot ones.
 
-The changelog topics (`session.state`, `session.dedup`) stay the source of truth; the store
-is a local copy of them that makes a restart cheap. Two databases per assigned partition:
+The topics stay the source of truth (`session.state` for the states; for the dedup
+records `session.outcomes`, whose records say what each command id is remembered as); the
+store is a local copy of them that makes a restart cheap. Two databases per assigned
+partition:
 
 - `state/`: `s{session}` -> the state record (the changelog value, byte for byte),
   `a{session}` -> the session's earliest deadline (8 bytes, only sessions with an active
   run: what the timer wheel is rebuilt from without reading the idle ones);
-- `dedup/`: `d{session}/{digest}` -> the changelog value; opened with a TTL of twice the
-  dedup window, so RocksDB's compaction forgets ids the decider no longer looks at.
+- `dedup/`: `d{session}/{digest}` -> content digest and decision time (16 bytes); opened
+  with a TTL of twice the dedup window, so RocksDB's compaction forgets ids the decider no
+  longer looks at.
 
 Each database holds a checkpoint, `\\x00checkpoint` -> the changelog's topic id and the offset
 up to which the database reflects it, **written in the same atomic batch** as the records.
@@ -35,7 +38,6 @@ import rocksdict
 
 from sessionstream.core.state import SessionState
 from sessionstream.core.state_codec import decode_state
-from sessionstream.settings import Settings
 
 __all__ = ["Checkpoint", "Db", "PartitionStore", "StateCache"]
 
@@ -215,10 +217,6 @@ class PartitionStore:
         except Exception:
             self.state_db.close()
             raise
-
-    def databases(self, settings: Settings) -> tuple[tuple[str, Db], tuple[str, Db]]:
-        """(changelog topic, database) of both databases."""
-        return ((settings.state_topic, self.state_db), (settings.dedup_topic, self.dedup_db))
 
     # -- reads -------------------------------------------------------------------------------
     def state(self, sid: str) -> SessionState | None:

@@ -8,8 +8,10 @@ and where its `session.erased` sits in the events log. Then, for those sessions:
   tombstones, then the log cleaner, remove them);
 - the state topic holds no record with content from before it (the processor writes a
   marker with only the id, tenant, clock and counters);
-- the dedup and open-runs topics hold no record from before it (the processor tombstones
-  them).
+- the open-runs topic holds no record from before it (the processor tombstones it).
+
+The outcomes topic is not checked: its records hold ids and statuses, no content (nor the
+dedup records they carry: digests), and go by its retention (7 days).
 
 A record superseded (by a tombstone, or by a later record under its key) but not yet
 removed by the log cleaner is still readable from the log's start. The topic's own
@@ -177,26 +179,21 @@ def erased_leftovers(
         if content and st.clock <= e.erased_at:
             superseded = latest[(r.partition, r.key)] > r.offset
             found(settings.state_topic, r, "state before erasure", superseded, e)
-    # dedup and open runs: records decided before the erasure
-    for topic, parts in ((settings.dedup_topic, 1), (settings.open_runs_topic, 0)):
-        records = read_topic(settings, topic)
-        latest = _latest(records)
-        for r in records:
-            sid = _sid(r.key, parts)
-            if sid is None or r.value is None or _hash(sid) not in erased:
-                continue
-            e = _last(erased[_hash(sid)])
-            at = (
-                int.from_bytes(r.value[8:16], "big")
-                if topic == settings.dedup_topic and len(r.value) == 16
-                else r.timestamp
-            )
-            if at <= e.erased_at:
-                superseded = latest[(r.partition, r.key)] > r.offset
-                found(topic, r, f"a record of {_hash(sid)[:19]}…", superseded, e)
+    # open runs: records written before the erasure
+    topic = settings.open_runs_topic
+    records = read_topic(settings, topic)
+    latest = _latest(records)
+    for r in records:
+        sid = _sid(r.key, 0)
+        if sid is None or r.value is None or _hash(sid) not in erased:
+            continue
+        e = _last(erased[_hash(sid)])
+        if r.timestamp <= e.erased_at:
+            superseded = latest[(r.partition, r.key)] > r.offset
+            found(topic, r, f"a record of {_hash(sid)[:19]}…", superseded, e)
     notes.append(
         f"{sum(len(v) for v in erased.values())} erasures of {len(hashes)} sessions checked in"
-        " PostgreSQL and the events, state, dedup and open-runs topics"
+        " PostgreSQL and the events, state and open-runs topics"
     )
     for topic, until in sorted(pending.items()):
         by = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(max(until) / 1000))

@@ -15,14 +15,13 @@ import psycopg
 
 from sessionstream.adapters.kafka import (
     METADATA_WAIT_S,
-    TopicPartition,
     new_reader,
+    offsets_at,
     partitions_of,
     read_messages,
 )
 from sessionstream.adapters.registry import reader_codec
 from sessionstream.core.partitioning import partition_for
-from sessionstream.errors import KafkaFailed, KafkaUnavailable
 from sessionstream.runtimes.sink.rebuild import RebuildReport, rebuild
 from sessionstream.schemas.codec import Codec
 from sessionstream.schemas.events import SESSION_LOG, Event
@@ -213,28 +212,8 @@ def offsets_for_time(
     `ts_ms` (epoch ms): the partition's end when none was. The events topic is
     `LogAppendTime` (the broker stamps each record as it appends it), so the answer is exact;
     on a topic of an earlier version (`CreateTime`) it is the processor's clock instead."""
-    topic = settings.events_topic
-    consumer = new_reader(settings)
-    try:
-        parts = partitions if partitions is not None else _partitions(settings)
-        asked = [TopicPartition(topic, p, ts_ms) for p in parts]
-        got = consumer.offsets_for_times(asked, timeout=METADATA_WAIT_S)
-        out = {}
-        for tp in got:
-            if tp.offset < 0:  # nothing at or after the time: the partition's end
-                _low, high = consumer.get_watermark_offsets(
-                    TopicPartition(topic, tp.partition), timeout=METADATA_WAIT_S, cached=False
-                )
-                out[tp.partition] = int(high)
-            else:
-                out[tp.partition] = int(tp.offset)
-        return out
-    except KafkaFailed as e:
-        raise KafkaUnavailable(
-            f"offsets of {topic} at {ts_ms}: {e.reason}", bootstrap=settings.kafka_bootstrap
-        ) from e
-    finally:
-        consumer.close()
+    parts = partitions if partitions is not None else _partitions(settings)
+    return offsets_at(settings, settings.events_topic, parts, ts_ms)
 
 
 def parse_time(text: str) -> int:

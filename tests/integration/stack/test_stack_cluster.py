@@ -17,6 +17,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from sessionstream.adapters.topics import check_topics, ensure_topics
 from sessionstream.settings import Settings
+from stack.worlds import world_topics
 from tests.integration.helpers import wait_until
 from tests.integration.procs import TOPIC_FIELDS
 from tests.integration.stack_profiles import (
@@ -138,7 +139,7 @@ def test_three_brokers_replicate_everything(cluster: Profile, admin: AdminClient
     )
     ensure_topics(s)
     check_topics(s)
-    for name in [getattr(s, f) for f in TOPIC_FIELDS]:
+    for name in world_topics(s):
 
         def replicated(n: str = name) -> bool:
             return isr_full(admin, n, 3)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import shutil
 import uuid
 
 import pytest
@@ -125,7 +126,7 @@ def test_a_store_of_a_topic_created_again_is_not_trusted(iso: Settings, procs: l
     p2 = processor(iso, "st")
     procs.append(p2)
     records, from_checkpoint, full = _wait_restored(p2)
-    assert p2.log_text().count("(the topic was created again)") == 8
+    assert p2.log_text().count("another topic's checkpoint (created again") == 8
     assert full == 8 and from_checkpoint == 0 and records == 0
 
     # the old session is unknown to the new log: a steer has no run to go to
@@ -135,4 +136,48 @@ def test_a_store_of_a_topic_created_again_is_not_trusted(iso: Settings, procs: l
     wait_processed(iso, procs=[p2])
     report = check_log(read_topic(iso, iso.events_topic))
     assert [e.type for e in report.outcomes["steer-1"]] == ["command.rejected"]
+    _assert_log(iso)
+
+
+def test_a_store_restored_in_full_remembers_from_the_outcomes(
+    iso: Settings, procs: list[Proc]
+) -> None:
+    """The dedup records come back from `session.outcomes` (no other topic holds them):
+    after the store is lost, a re-sent command is still a duplicate, another content under
+    its id is still refused, and an erased session's earlier ids are still forgotten."""
+    p = processor(iso, "dd")
+    procs.append(p)
+    sid, gone = f"dd-{uuid.uuid4().hex[:6]}", f"gone-{uuid.uuid4().hex[:6]}"
+    with SessionClient("tenant-a", iso) as c:
+        first = c.wait(c.submit(c.command(sid, "prompt", {"text": "go"}, command_id="A")))
+        assert first.status == "accepted"
+        # a re-send before the loss: its outcome is the last record under A's key
+        dup = c.wait(c.submit(c.command(sid, "prompt", {"text": "go"}, command_id="A")))
+        assert dup.status == "duplicate"
+        assert c.wait(c.submit(c.command(sid, "abort", {}, command_id="B"))).status == "accepted"
+        before = c.wait(c.submit(c.command(gone, "prompt", {"text": "x"}, command_id="C")))
+        assert before.status == "accepted"
+        assert c.wait(c.submit(c.command(gone, "abort", {}, command_id="C2"))).status == "accepted"
+        erased = c.wait(c.submit(c.command(gone, "session.erase", {}, actor="ops")))
+        assert erased.status == "accepted"
+    wait_processed(iso, procs=procs)
+    assert p.stop() == 0
+    assert iso.store_dir is not None
+    store = iso.store_dir / iso.processor_group / "dd"
+    assert store.is_dir()
+    shutil.rmtree(store)
+
+    p2 = processor(iso, "dd")
+    procs.append(p2)
+    _records, from_checkpoint, full = _wait_restored(p2)
+    assert (from_checkpoint, full) == (0, 8)
+    with SessionClient("tenant-a", iso) as c:
+        again = c.wait(c.submit(c.command(sid, "prompt", {"text": "go"}, command_id="A")))
+        assert again.status == "duplicate", again
+        reused = c.wait(c.submit(c.command(sid, "steer", {"text": "no"}, command_id="A")))
+        assert (reused.status, reused.reason) == ("rejected", "command_id_reused")
+        assert c.wait(c.submit(c.command(sid, "abort", {}, command_id="B"))).status == "duplicate"
+        # the erasure forgot C: decided again, as a new session's first prompt
+        anew = c.wait(c.submit(c.command(gone, "prompt", {"text": "x"}, command_id="C")))
+        assert anew.status == "accepted" and anew.run_id != before.run_id
     _assert_log(iso)

@@ -120,13 +120,9 @@ def _leftovers(s: Settings, sid: str, erased_at: int) -> list[str]:
             st = decode_state(r.value)
             if st.active or st.queue or st.finished or st.last_checkpoint:
                 out.append(f"state with content at {r.offset}")
-    for topic in (s.dedup_topic, s.open_runs_topic):
-        for r in read_topic(s, topic):
-            key = r.key or b""
-            if (key == sid.encode() or key.startswith(prefix)) and r.value is not None:
-                if topic == s.dedup_topic and int.from_bytes(r.value[8:], "big") > erased_at:
-                    continue  # an id remembered after the erasure (none here)
-                out.append(f"{topic} {key!r}")
+    for r in read_topic(s, s.open_runs_topic):
+        if r.key == sid.encode() and r.value is not None and r.timestamp <= erased_at:
+            out.append(f"{s.open_runs_topic} {r.key!r}")
     return out
 
 
@@ -135,7 +131,7 @@ def test_an_erased_session_leaves_nothing_readable(
 ) -> None:
     t0 = time.monotonic()
     s = worlds("erasure", partitions=1)
-    compacted = [s.events_topic, s.state_topic, s.dedup_topic, s.open_runs_topic]
+    compacted = [s.events_topic, s.state_topic, s.open_runs_topic]
     # every compacted topic is created with a bound on how long a superseded record stays
     configs = check_topics(s).configs
     assert {t: configs[t]["max.compaction.lag.ms"] for t in compacted} == dict.fromkeys(

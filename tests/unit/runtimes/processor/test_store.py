@@ -44,7 +44,7 @@ def _active(sid: str, timeout_at: int = 5_000) -> SessionState:
 
 
 def _part(store: PartitionStore) -> PartitionState:
-    return PartitionState(0, store, state_topic_id="state-id", dedup_topic_id="dedup-id")
+    return PartitionState(0, store, state_topic_id="state-id", outcomes_topic_id="dedup-id")
 
 
 def test_a_commit_survives_a_reopen_with_its_checkpoint(tmp_path: Path) -> None:
@@ -107,7 +107,7 @@ def test_an_idle_sessions_retention_deadline_is_indexed_apart_from_the_active_ru
     """With retention set, a session whose run finished has a deadline (its erasure) but no
     active run: restored, the wheel watches it and the count of active runs stays right."""
     part = PartitionState(
-        0, _store(tmp_path), state_topic_id="s", dedup_topic_id="d", retention_ms=60_000
+        0, _store(tmp_path), state_topic_id="s", outcomes_topic_id="d", retention_ms=60_000
     )
     a = _active("a")
     part.commit([(a, encode_state(a))], [], 1, None)
@@ -116,7 +116,7 @@ def test_an_idle_sessions_retention_deadline_is_indexed_apart_from_the_active_ru
     assert list(part.store.deadlines()) == [(62_000, "a", False)]
     part.close()
     again = PartitionState(
-        0, _store(tmp_path), state_topic_id="s", dedup_topic_id="d", retention_ms=60_000
+        0, _store(tmp_path), state_topic_id="s", outcomes_topic_id="d", retention_ms=60_000
     )
     again.load_timers()
     assert again.active == 0 and again.timers.pending == 1
@@ -191,7 +191,12 @@ def test_a_store_held_by_another_process_gives_a_private_one(tmp_path: Path) -> 
     ("checkpoint", "bounds", "expected", "why"),
     [
         (None, (0, 10), OFFSET_BEGINNING, "the store has no checkpoint"),
-        (Checkpoint("other-id", 4), (0, 10), OFFSET_BEGINNING, "the topic was created again"),
+        (
+            Checkpoint("other-id", 4),
+            (0, 10),
+            OFFSET_BEGINNING,
+            "another topic's checkpoint",
+        ),
         (Checkpoint("id", 11), (0, 10), OFFSET_BEGINNING, "the store is ahead of the log"),
         (Checkpoint("id", 2), (3, 10), OFFSET_BEGINNING, "the log was truncated"),
         (Checkpoint("id", 4), (0, 10), 4, None),
