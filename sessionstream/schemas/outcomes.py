@@ -20,10 +20,11 @@ command id could be read (undecodable bytes) is keyed ``{record key}/@{partition
 and has no ``commandId``: its producer finds it by ``sourcePartition`` / ``sourceOffset``,
 which its delivery report gave it.
 
-Every record also says what the session remembers of its command id once it was decided
-(``dedup``): the processor's dedup store is restored from this topic. A later record under
-the same key (a duplicate, a refused reuse, another tenant's command) carries the record the
-session had, so compaction, which keeps the last, loses nothing.
+Every record also says, in its ``sessionstream.dedup`` header, what the session remembers of
+its command id once it was decided: the processor's dedup store is restored from this topic
+(docs/protocol.md, duplicates). A later record under the same key (a duplicate, a refused
+reuse, another tenant's command) carries the record the session had, so compaction, which
+keeps the last, loses nothing.
 """
 
 from __future__ import annotations
@@ -77,12 +78,6 @@ class CommandOutcome(WireModel):
     producer_ts: int | None = None
     #: when it was decided: the decider's clock (the command record's append time)
     ts: int
-    #: what the session's dedup store holds for this command id once it was decided, for
-    #: the processor (which restores that store from this topic; no other topic holds
-    #: it): `{idHash}:{digest}:{decidedAt}` (the command id's and the content's 64-bit
-    #: digests as 16 hex digits each, the decider's clock in ms), `forget` on an erasure's
-    #: outcome (the session's ids before it are forgotten), none: nothing
-    dedup: str | None = None
 
     @property
     def key(self) -> str:

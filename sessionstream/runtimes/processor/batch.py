@@ -39,6 +39,7 @@ from sessionstream.schemas.outcomes import OUTCOME_STATUSES, CommandOutcome, out
 from sessionstream.settings import Settings
 
 __all__ = [
+    "DEDUP_HEADER",
     "Batch",
     "View",
     "decide_batch",
@@ -61,7 +62,7 @@ class Batch:
     messages: list[Message]
     timers: list[tuple[int, Command]]
     outcomes: list[StepOutcome] = field(default_factory=list)
-    #: what each outcome record says its command id is remembered as (`CommandOutcome.dedup`)
+    #: what each outcome record says its command id is remembered as (`DEDUP_HEADER`)
     carried: list[str | None] = field(default_factory=list)
     #: the command record each outcome is of (revoked partitions' records have none)
     sources: list[Message] = field(default_factory=list)
@@ -467,7 +468,6 @@ def outcome_records(
             first,
             last,
         )
-        row.dedup = carried
         if o.dead_letter is not None:
             row.status, row.reason = "dead_letter", o.dead_letter.reason
             row.detail = o.dead_letter.error[:1000]
@@ -485,7 +485,7 @@ def outcome_records(
             row.status, row.first_decided_at = "duplicate", o.first_decided_at
         key = outcome_key(session_id, command_id, p, offset).encode()
         value = codec.encode_outcome(row)  # type: ignore[arg-type]
-        out.append((p, key, value, outcome_headers(row, key, source)))
+        out.append((p, key, value, outcome_headers(row, key, source, carried)))
     return out
 
 
@@ -522,12 +522,14 @@ class _OutcomeRow:
         self.detail: str | None = None
         self.first_decided_at: int | None = None
         self.forwarded_to: int | None = None
-        self.dedup: str | None = None
 
 
-def outcome_headers(o: Any, key: bytes, source: bytes) -> list[tuple[str, str | bytes | None]]:
+def outcome_headers(
+    o: Any, key: bytes, source: bytes, carried: str | None = None
+) -> list[tuple[str, str | bytes | None]]:
     """CloudEvents headers of an outcome record (binary mode), so a shell, a router or a
-    producer in any language learns the status without decoding the value."""
+    producer in any language learns the status without decoding the value; and what its
+    command id is remembered as (`carried`: `DEDUP_HEADER`), for the processor's restore."""
     headers: list[tuple[str, str | bytes | None]] = [
         ("ce_specversion", b"1.0"),
         ("ce_id", key),
@@ -541,7 +543,14 @@ def outcome_headers(o: Any, key: bytes, source: bytes) -> list[tuple[str, str | 
         headers.append(("ce_runid", o.run_id.encode()))
     if o.reason is not None:
         headers.append(("ce_reason", o.reason.encode()))
+    if carried is not None:
+        headers.append((DEDUP_HEADER, carried.encode()))
     return headers
 
+
+#: the outcome record's header that says what its command id is remembered as once decided:
+#: `{id hash}:{content digest}:{decided at}` or `forget` (`sessionstream.core.step`); the
+#: processor's dedup store is restored from these (`restore.py`), read without the value
+DEDUP_HEADER: Final = "sessionstream.dedup"
 
 _OUTCOME_TYPES: Final = {s: f"sessionstream.outcome.{s}".encode() for s in OUTCOME_STATUSES}

@@ -3,16 +3,16 @@
 State and offsets come from one transaction, so they agree. Each of the partition's two
 databases holds a checkpoint: its changelog's topic id and the offset up to which it
 reflects it. The states' changelog is `session.state`; the dedup records' is
-`session.outcomes`, whose every record says what its command id is remembered as
-(`CommandOutcome.dedup`; `forget` on an erasure's). A checkpoint of this topic, not past
-its end, means only the changelog's tail is read (a restart costs the changes since the
-last checkpoint, not the number of sessions); anything else — no store, a topic created
-again, a store ahead of its log, a store of an older version — empties that database and
-reads its changelog in full, with a progress line: `session.state` from its beginning, the
-outcomes from twice the dedup window ago (older ids are never looked at), after what an
-older version's `session.dedup` topic still holds, if it exists. A state this version
-cannot read (written by an older one) is folded again from the events log, the source of
-truth.
+`session.outcomes`, whose every record says what its command id is remembered as (its
+`sessionstream.dedup` header, read without decoding the value; `forget` on an erasure's).
+A checkpoint of this topic, not past its end, means only the changelog's tail is read (a
+restart costs the changes since the last checkpoint, not the number of sessions); anything
+else — no store, a topic created again, a store ahead of its log, a store of an older
+version — empties that database and reads its changelog in full, with a progress line:
+`session.state` from its beginning, the outcomes from twice the dedup window ago (older ids
+are never looked at), after what an older version's `session.dedup` topic still holds, if
+it exists. A state this version cannot read (written by an older one) is folded again from
+the events log, the source of truth.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from sessionstream.core.state import SessionState
 from sessionstream.core.state_codec import decode_if_active, decode_state, encode_state, is_current
 from sessionstream.core.step import FORGET, dedup_key, encode_dedup, read_remembered
 from sessionstream.core.timers import next_due
-from sessionstream.errors import SessionstreamError
+from sessionstream.runtimes.processor.batch import DEDUP_HEADER
 from sessionstream.runtimes.processor.partition import PartitionState
 from sessionstream.runtimes.processor.store import Checkpoint, Db, open_partition_store
 from sessionstream.schemas.codec import Codec
@@ -117,7 +117,7 @@ def restore(
             for p, o in offsets_at(s, s.outcomes_topic, full_dedup, since).items():
                 start[(s.outcomes_topic, p)] = o
             report.records += _older_dedup(s, parts, full_dedup)
-        stale = _catch_up(s, parts, start, bounds, ids, report, codec)
+        stale = _catch_up(s, parts, start, bounds, ids, report)
         if stale:
             report.rebuilt = _rebuild(settings, parts, stale, config, codec)
         for part in parts.values():
@@ -214,7 +214,6 @@ def _catch_up(
     bounds: dict[tuple[str, int], tuple[int, int]],
     ids: dict[str, str],
     report: RestoreReport,
-    codec: Codec,
 ) -> set[tuple[int, str]]:
     """Apply the changelogs from `start` to their ends, in atomic chunks that each carry
     their checkpoint. Returns the (partition, session) whose state this version cannot read."""
@@ -247,10 +246,12 @@ def _catch_up(
         pending += 1
         last[(r.topic, r.partition)] = r.offset
         if r.topic == outcomes:
-            carried = _carried(codec, r.value, r.partition, r.offset)
-            if carried is not None:
+            carried = r.headers.get(DEDUP_HEADER)
+            if carried is not None and r.key:
+                # the key is `{sessionId}/{commandId}`; a session id holds no "/"
+                sid = r.key.split(b"/", 1)[0].decode(errors="replace")
                 p = r.partition
-                apply_outcome(dedup.setdefault(p, {}), parts[p], *carried)
+                apply_outcome(dedup.setdefault(p, {}), parts[p], sid, carried.decode())
         else:
             sid = (r.key or b"").decode()
             stale.discard((r.partition, sid))
@@ -269,18 +270,6 @@ def _catch_up(
             if (topic, p) not in last and db.checkpoint() is None:
                 db.write((), checkpoint=Checkpoint(ids[topic], bounds[(topic, p)][1]))
     return stale
-
-
-def _carried(codec: Codec, value: bytes | None, p: int, offset: int) -> tuple[str, str] | None:
-    """(session, what its command id is remembered as) of an outcome record, or None."""
-    if value is None:
-        return None
-    try:
-        o = codec.decode_outcome(value)
-    except SessionstreamError as e:  # not ours to judge: the dedup store skips it
-        log.warning("outcome record %s@%s unreadable, skipped: %s", p, offset, e)
-        return None
-    return None if o.dedup is None else (o.session_id, o.dedup)
 
 
 def _state_row(

@@ -18,7 +18,12 @@ import rocksdict
 from sessionstream.core.partitioning import partition_for
 from sessionstream.core.state import command_hash
 from sessionstream.core.step import FORGET, CommandStep, encode_state
-from sessionstream.runtimes.processor.batch import decide_batch, input_classes, outcome_records
+from sessionstream.runtimes.processor.batch import (
+    DEDUP_HEADER,
+    decide_batch,
+    input_classes,
+    outcome_records,
+)
 from sessionstream.runtimes.processor.partition import PartitionState
 from sessionstream.runtimes.processor.restore import apply_outcome
 from sessionstream.runtimes.processor.store import PartitionStore
@@ -72,7 +77,8 @@ class World:
         self.codec = Codec()
         self.step = CommandStep(self.codec, partitions=1)
         self.part = _part(root)
-        self.outcomes: list[tuple[bytes, Any]] = []
+        #: (key, outcome, what its header says the id is remembered as)
+        self.outcomes: list[tuple[bytes, Any, str | None]] = []
         self.offset = 0
 
     def send(self, value: bytes, key: bytes, topic: str | None = None) -> Any:
@@ -93,11 +99,18 @@ class World:
             None,
             batch.forgotten_by_partition().get(0, ()),
         )
-        for _p, k, v, _h in outcome_records(
+        for _p, k, v, headers in outcome_records(
             batch, self.codec, lambda m: self.codec.peek_ids(m.value())
         ):
-            self.outcomes.append((k, self.codec.decode_outcome(v)))
+            carried = dict(headers).get(DEDUP_HEADER)
+            text = carried.decode() if isinstance(carried, bytes) else carried
+            self.outcomes.append((k, self.codec.decode_outcome(v), text))
         return self.outcomes[-1][1]
+
+    @property
+    def carried(self) -> str | None:
+        """What the last outcome record's header says."""
+        return self.outcomes[-1][2]
 
     def cmd(self, sid: str, type_: str, payload: dict[str, Any], cid: str, **kw: Any) -> Any:
         c = Command(
@@ -118,13 +131,14 @@ def _restored(w: World, root: Path, compacted: bool) -> PartitionState:
     compaction keeps (the last under each key, in its place)."""
     records = w.outcomes
     if compacted:
-        last = {k: i for i, (k, _o) in enumerate(records)}
+        last = {k: i for i, (k, _o, _c) in enumerate(records)}
         records = [r for i, r in enumerate(records) if last[r[0]] == i]
     part = _part(root)
-    for _k, o in records:
-        if o.dedup is not None:
+    for key, _o, carried in records:
+        if carried is not None:
             pending: dict[bytes, bytes | None] = {}
-            apply_outcome(pending, part, o.session_id, o.dedup)
+            # what the restore does: the session from the key, the record from the header
+            apply_outcome(pending, part, key.split(b"/", 1)[0].decode(), carried)
             part.store.write_dedup(list(pending.items()), None)
     return part
 
@@ -135,19 +149,23 @@ def test_a_store_restored_from_compacted_outcomes_remembers_what_the_live_one_do
     w = World(tmp_path / "live")
     first = w.cmd("s-1", "prompt", {"text": "go"}, "A")
     assert first.status == "accepted"
+    carried = [w.carried]
     # every later record under A's key carries A's record
     again = w.cmd("s-1", "prompt", {"text": "go"}, "A")
     assert again.status == "duplicate"
+    carried.append(w.carried)
     reused = w.cmd("s-1", "steer", {"text": "other"}, "A")
     assert (reused.status, reused.reason) == ("rejected", "command_id_reused")
+    carried.append(w.carried)
     foreign = w.cmd("s-1", "prompt", {"text": "go"}, "A", tenant="mallory")
     assert (foreign.status, foreign.reason) == ("rejected", "tenant_mismatch")
+    carried.append(w.carried)
     # bytes that cannot be decided, naming A: a dead letter under A's key
     broken = b'{"sessionId": "s-1", "commandId": "A", "type": "prompt"}'
     dead = w.send(broken, b"s-1")
     assert dead.status == "dead_letter" and dead.key == first.key
-    assert first.dedup == again.dedup == reused.dedup == foreign.dedup == dead.dedup
-    assert first.dedup is not None
+    carried.append(w.carried)
+    assert carried[0] is not None and carried == [carried[0]] * 5, carried
     assert w.cmd("s-1", "abort", {}, "B").status == "accepted"
 
     h = command_hash("A", "acme")
@@ -171,7 +189,7 @@ def test_an_erasure_forgets_in_the_restored_store_too(tmp_path: Path) -> None:
     # another session, its id beginning with this one's, keeps its ids
     assert w.cmd("s-2x", "prompt", {"text": "other"}, "X").status == "accepted"
     erased = w.cmd("s-2", "session.erase", {}, "E", actor="ops")
-    assert erased.status == "accepted" and erased.dedup == FORGET
+    assert erased.status == "accepted" and w.carried == FORGET
     assert w.cmd("s-2", "prompt", {"text": "after"}, "D").status == "accepted"
     for compacted in (False, True):
         part = _restored(w, tmp_path / f"restored-{compacted}", compacted)
