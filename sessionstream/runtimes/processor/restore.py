@@ -43,6 +43,8 @@ log = logging.getLogger("sessionstream.processor")
 
 #: changelog records applied to a store per atomic batch (each with its checkpoint)
 _CHUNK = 10_000
+#: an accepted command's outcome record (its CloudEvents type header)
+_ACCEPTED = b"sessionstream.outcome.accepted"
 #: seconds between two progress lines of a long restore
 _PROGRESS_S = 5.0
 
@@ -224,6 +226,8 @@ def _catch_up(
     pending = 0
     next_line = time.monotonic() + _PROGRESS_S
     outcomes = s.outcomes_topic
+    full = report.full
+    older = 0
 
     def flush() -> None:
         for p, rows in states.items():
@@ -252,6 +256,8 @@ def _catch_up(
                 sid = r.key.split(b"/", 1)[0].decode(errors="replace")
                 p = r.partition
                 apply_outcome(dedup.setdefault(p, {}), parts[p], sid, carried.decode())
+            elif r.headers.get("ce_type") == _ACCEPTED and (outcomes, r.partition) not in full:
+                older += 1  # every accepted command is remembered: an older processor's
         else:
             sid = (r.key or b"").decode()
             stale.discard((r.partition, sid))
@@ -264,6 +270,15 @@ def _catch_up(
                 next_line = time.monotonic() + _PROGRESS_S
                 log.info("restoring: %s changelog records so far", report.records)
     flush()
+    if older:
+        log.warning(
+            "%s accepted outcome records after this store's checkpoint carry no %s header:"
+            " a processor of an older version wrote them, and their command ids are not"
+            " remembered here (a re-send is decided again). Stop every processor of the"
+            " older version before starting this one (docs/operations.md, upgrading)",
+            older,
+            DEDUP_HEADER,
+        )
     # an empty or fully read log: the checkpoint says so, so the next restart starts there
     for p, part in parts.items():
         for topic, db in ((s.state_topic, part.store.state_db), (outcomes, part.store.dedup_db)):

@@ -10,13 +10,14 @@ import shutil
 import uuid
 
 import pytest
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from sessionstream.adapters.kafka import client_config, read_topic
 from sessionstream.adapters.topics import ensure_topics
 from sessionstream.client import SessionClient
 from sessionstream.core.log_check import state_table
+from sessionstream.core.partitioning import partition_for
 from sessionstream.errors import SessionstreamError
 from sessionstream.settings import Settings
 from stack.worlds import world_topics
@@ -181,3 +182,32 @@ def test_a_store_restored_in_full_remembers_from_the_outcomes(
         anew = c.wait(c.submit(c.command(gone, "prompt", {"text": "x"}, command_id="C")))
         assert anew.status == "accepted" and anew.run_id != before.run_id
     _assert_log(iso)
+
+
+def test_an_older_processors_outcomes_after_the_checkpoint_are_named(
+    iso: Settings, procs: list[Proc]
+) -> None:
+    """A partition that went to a processor of an older version (a rolling upgrade) comes
+    back with outcome records that carry no dedup header: the restore says so."""
+    p = processor(iso, "ov")
+    procs.append(p)
+    sid = f"ov-{uuid.uuid4().hex[:6]}"
+    _prompts(iso, [sid], "a")
+    wait_processed(iso, procs=procs)
+    assert p.stop() == 0
+    # what an older version writes for an accepted command: no sessionstream.dedup header
+    producer = Producer(client_config(iso))
+    producer.produce(
+        iso.outcomes_topic,
+        key=f"{sid}/older-1".encode(),
+        value=b"{}",
+        partition=partition_for(sid.encode(), iso.partitions),
+        headers=[("ce_type", b"sessionstream.outcome.accepted")],
+    )
+    assert producer.flush(10) == 0
+
+    p2 = processor(iso, "ov")
+    procs.append(p2)
+    _records, from_checkpoint, full = _wait_restored(p2)
+    assert (from_checkpoint, full) == (8, 0)
+    assert "1 accepted outcome records after this store's checkpoint" in p2.log_text()
