@@ -122,7 +122,7 @@ FORGET: Final = "forget"
 
 
 def remembered(record: DedupRecord) -> str:
-    """A dedup record as the outcome record carries it (`CommandOutcome.dedup`):
+    """A dedup record as the outcome record carries it (its `sessionstream.dedup` header):
     `{id hash}:{content digest}:{decided at}`, the digests as 16 hex digits each."""
     return f"{record.id_hash:016x}:{record.digest:016x}:{record.at}"
 

@@ -87,15 +87,15 @@ class Batch:
     records: dict[int, list[tuple[SessionState, bytes]]] = field(default_factory=dict)
     #: the command ids to remember by partition, filled in by `produce`
     dedup: dict[int, list[DedupRecord]] = field(default_factory=dict)
-    #: erased sessions: the ids they remembered before, whose records get tombstones
+    #: erased sessions: the ids they remembered before, which the store forgets
     forgotten: dict[tuple[int, str], set[int]] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.messages or self.timers)
 
     def forgotten_by_partition(self) -> dict[int, list[tuple[str, int]]]:
-        """(session, id hash) of the dedup records erasures tombstoned, by partition (an
-        id remembered again after the erasure keeps its new record)."""
+        """(session, id hash) of the dedup records erasures forgot, by partition (an id
+        remembered again after the erasure keeps its new record)."""
         out: dict[int, list[tuple[str, int]]] = {}
         for (p, sid), hashes in self.forgotten.items():
             out.setdefault(p, []).extend(
@@ -175,7 +175,7 @@ class View:
 
     def forget(self, sid: str) -> None:
         """`sid` was erased by the latest decision: every id it remembered is forgotten
-        (tombstoned in the dedup changelog with the erasure's transaction)."""
+        (the store deletes them at the commit; the erasure's outcome record says `forget`)."""
         p, remembered = self.p, self.batch.remembered
         hashes = {h for (q, s, h) in remembered if q == p and s == sid}
         for h in hashes:
