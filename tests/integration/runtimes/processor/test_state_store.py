@@ -11,13 +11,16 @@ import uuid
 
 import pytest
 from confluent_kafka import KafkaException, Producer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from sessionstream.adapters.kafka import client_config, read_topic
 from sessionstream.adapters.topics import ensure_topics
 from sessionstream.client import SessionClient
+from sessionstream.core.decider import command_digest
 from sessionstream.core.log_check import state_table
 from sessionstream.core.partitioning import partition_for
+from sessionstream.core.state import command_hash
+from sessionstream.core.step import DedupRecord, encode_dedup
 from sessionstream.errors import SessionstreamError
 from sessionstream.settings import Settings
 from stack.worlds import world_topics
@@ -211,3 +214,38 @@ def test_an_older_processors_outcomes_after_the_checkpoint_are_named(
     _records, from_checkpoint, full = _wait_restored(p2)
     assert (from_checkpoint, full) == (8, 0)
     assert "1 accepted outcome records after this store's checkpoint" in p2.log_text()
+
+
+def test_the_first_start_after_the_upgrade_takes_the_older_dedup_topic(
+    iso: Settings, procs: list[Proc]
+) -> None:
+    """What an older version remembered in `session.dedup` (its changelog, still there after
+    the upgrade) stays a duplicate: a full restore reads it before the outcomes."""
+    sid = f"up-{uuid.uuid4().hex[:6]}"
+    with SessionClient("tenant-a", iso) as c:
+        old = c.command(sid, "prompt", {"text": "decided before the upgrade"}, command_id="U")
+    admin = AdminClient(client_config(iso))
+    p = partition_for(sid.encode(), iso.partitions)
+    topic = NewTopic(iso.dedup_topic, num_partitions=iso.partitions, replication_factor=1)
+    admin.create_topics([topic])[iso.dedup_topic].result(timeout=30)
+    # the older version's record: key {session}/{id digest}, value content digest + time
+    record = DedupRecord(sid, command_hash("U", "tenant-a"), command_digest(old), old.ts)
+    producer = Producer(client_config(iso))
+    producer.produce(
+        iso.dedup_topic,
+        key=f"{sid}/{record.id_hash:016x}".encode(),
+        value=encode_dedup(record),
+        partition=p,
+    )
+    assert producer.flush(10) == 0
+
+    proc = processor(iso, "up")
+    procs.append(proc)
+    _records, _from_checkpoint, full = _wait_restored(proc)
+    assert full == 8
+    assert f"took 1 dedup records of {iso.dedup_topic}" in proc.log_text()
+    with SessionClient("tenant-a", iso) as c:
+        assert c.wait(c.submit(old)).status == "duplicate"
+        # another id on that session is decided as usual
+        fresh = c.command(sid, "prompt", {"text": "after"}, command_id="V")
+        assert c.wait(c.submit(fresh)).status == "accepted"
