@@ -164,15 +164,16 @@ def passthrough(s: Settings, out_topic: str, n: int, batch_size: int = 500) -> d
 #: topic. "outcome": the least a transaction keeping the stream contract needs — the
 #: record, then its outcome record, which names the offsets the first got, so it waits
 #: for their acknowledgement (a second produce round inside the transaction). "ours": the
-#: processor's shape — the events and three changelogs (states, open runs, command ids)
-#: on the record's partition, then the outcome records. "one-changelog": the same with one
-#: changelog topic in place of three (events and a changelog, then the outcome records):
-#: what that layout could reach (decision 0003, tenth pass).
+#: processor's shape — the events and two changelogs (states, open runs) on the record's
+#: partition, then the outcome records (which carry the command ids to remember; decision
+#: 0003, eleventh pass). "one-changelog": the same with one changelog topic in place of
+#: two (events and a changelog, then the outcome records): what putting the open runs
+#: into the states' topic could reach (decision 0003, tenth pass).
 SHAPES: dict[str, tuple[int, bool]] = {
     "raw": (1, False),
     "outcome": (1, True),
     "one-changelog": (2, True),
-    "ours": (4, True),
+    "ours": (3, True),
 }
 
 

@@ -153,8 +153,8 @@ def passthrough(rates: list[float], secs: float, shape: str = "raw") -> dict[str
     per record. "raw" is the Kafka floor under the CPU goal: one transaction per poll, one
     output partition per input partition and the offsets per transaction. The other
     shapes (`bench._baselines.SHAPES`) add what our transactions carry, still without
-    logic: the outcome records' second produce round, then the three changelogs (or
-    one, where a single changelog topic would put them)."""
+    logic: the outcome records' second produce round, then the two changelogs (or one,
+    where a single changelog topic would put them)."""
     from bench._baselines import passthrough_latency
     from bench._harness import broker_pid
     from sessionstream.settings import Settings

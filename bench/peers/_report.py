@@ -34,8 +34,8 @@ def _shapes(shapes: dict[str, Any], systems: dict[str, Any]) -> str:
     names = {
         "outcome": "the record, then its outcome record (a second produce round)",
         "one-changelog": "the record to two topics (events and one changelog topic in place of"
-        " three: a layout not built yet), then its outcome record",
-        "ours": "the record to four topics (events, three changelogs), then its outcome record",
+        " two: a layout not built yet), then its outcome record",
+        "ours": "the record to three topics (events, two changelogs), then its outcome record",
     }
     restate = systems.get("restate", {}).get("phases", {})
     lines = []
