@@ -406,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         for p in procs.values():
             p.start()
         procs["processor"].wait_for("assigned", 90)
-        procs["gateway"].wait_for("Application startup complete", 60)
+        procs["gateway"].wait_for("Uvicorn running on", 60)
         tail.start()
         tail.ready.wait(30)
         url = f"http://127.0.0.1:{s.gateway_port}"

@@ -209,7 +209,7 @@ class HttpSystem:
         self.world.processor.settings = s
         self.world.start()
         self.gateway.start()
-        self.gateway.wait_for("Application startup complete", 60)
+        self.gateway.wait_for("Uvicorn running on", 60)
         self.http = JsonPoster(
             f"http://127.0.0.1:{s.gateway_port}", {"Authorization": f"Bearer {key}"}
         )

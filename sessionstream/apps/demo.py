@@ -152,7 +152,7 @@ def run_demo(settings: Settings, keep: bool = False) -> int:
             services[w].wait_for("ready:")
         _say("started: processor (exactly-once), sink, worker-a, worker-b (reference agent)")
         if "gateway" in services:
-            services["gateway"].wait_for("Application startup complete")
+            services["gateway"].wait_for("Uvicorn running on")
         console_url, key_id = _console_url(s)
         console.print(
             f"  web console (tenant acme; live timelines, stats): [bold]{console_url}[/bold]",

@@ -74,7 +74,7 @@ class GatewayWorld:
         self.procs[1].wait_log("assigned", 90)
         self.gateway = Proc(s, "gateway", *gateway_args).start()
         self.procs.append(self.gateway)
-        self.gateway.wait_log("Application startup complete", 60)
+        self.gateway.wait_log("Uvicorn running on", 60)
         return self
 
     def stop(self) -> None:

@@ -367,7 +367,7 @@ def test_the_gateway_routes_create_list_and_delete_a_tenants_webhooks(
         globex, _ = create_key(conn, "globex")
     gateway = Proc(s, "gateway").start()
     procs.append(gateway)
-    gateway.wait_log("Application startup complete", 60)
+    gateway.wait_log("Uvicorn running on", 60)
     base = f"http://127.0.0.1:{s.gateway_port}/v1/webhooks"
 
     def call(key: str, method: str, url: str = base, **kw: Any) -> httpx.Response:
