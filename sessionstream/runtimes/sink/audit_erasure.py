@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,6 +97,20 @@ def _latest(records: list[Any]) -> dict[tuple[int, bytes | None], int]:
     return {(r.partition, r.key): r.offset for r in records}
 
 
+def _keyed_by_session(
+    settings: Settings, topic: str, erased: dict[str, list[_Erasure]]
+) -> Iterator[tuple[Any, _Erasure, bool]]:
+    """(record, the session's last erasure, superseded) of each record (not a tombstone)
+    of a topic keyed by session id whose session was erased."""
+    records = read_topic(settings, topic)
+    latest = _latest(records)
+    for r in records:
+        sid = _sid(r.key, 0)
+        if sid is None or r.value is None or _hash(sid) not in erased:
+            continue
+        yield r, _last(erased[_hash(sid)]), latest[(r.partition, r.key)] > r.offset
+
+
 def erased_leftovers(
     settings: Settings, conn: psycopg.Connection[Any], now_ms: int | None = None
 ) -> tuple[int, list[str], list[str]]:
@@ -163,34 +178,21 @@ def erased_leftovers(
             superseded = latest[(r.partition, r.key)] > r.offset
             found(settings.events_topic, r, "an event", superseded, _last(hit))
     # the state topic: content from before the erasure (the marker has none)
-    records = read_topic(settings, settings.state_topic)
-    latest = _latest(records)
-    for r in records:
-        sid = _sid(r.key, 0)
-        if sid is None or r.value is None or _hash(sid) not in erased:
-            continue
-        e = _last(erased[_hash(sid)])
+    topic = settings.state_topic
+    for r, e, superseded in _keyed_by_session(settings, topic, erased):
         try:
             st = decode_state(r.value)
         except ValueError:
-            left.append(f"{settings.state_topic}[{r.partition}]@{r.offset}: unreadable state")
+            left.append(f"{topic}[{r.partition}]@{r.offset}: unreadable state")
             continue
         content = st.active or st.queue or st.finished or st.last_checkpoint
         if content and st.clock <= e.erased_at:
-            superseded = latest[(r.partition, r.key)] > r.offset
-            found(settings.state_topic, r, "state before erasure", superseded, e)
+            found(topic, r, "state before erasure", superseded, e)
     # open runs: records written before the erasure
     topic = settings.open_runs_topic
-    records = read_topic(settings, topic)
-    latest = _latest(records)
-    for r in records:
-        sid = _sid(r.key, 0)
-        if sid is None or r.value is None or _hash(sid) not in erased:
-            continue
-        e = _last(erased[_hash(sid)])
+    for r, e, superseded in _keyed_by_session(settings, topic, erased):
         if r.timestamp <= e.erased_at:
-            superseded = latest[(r.partition, r.key)] > r.offset
-            found(topic, r, f"a record of {_hash(sid)[:19]}…", superseded, e)
+            found(topic, r, f"a record of {_hash(r.key.decode())[:19]}…", superseded, e)
     notes.append(
         f"{sum(len(v) for v in erased.values())} erasures of {len(hashes)} sessions checked in"
         " PostgreSQL and the events, state and open-runs topics"

@@ -56,6 +56,17 @@ def _prompts(s: Settings, sessions: list[str], tag: str) -> list[str]:
     return ids
 
 
+def _one_prompt_then_stop(s: Settings, procs: list[Proc], instance: str, prefix: str) -> str:
+    """A processor decides one session's prompt and stops; the session's id."""
+    p = processor(s, instance)
+    procs.append(p)
+    sid = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    _prompts(s, [sid], "a")
+    wait_processed(s, procs=procs)
+    assert p.stop() == 0
+    return sid
+
+
 def _assert_log(s: Settings) -> None:
     events = read_topic(s, s.events_topic)
     report = check_log(events)
@@ -117,12 +128,7 @@ def _recreate_topics(s: Settings) -> None:
 
 
 def test_a_store_of_a_topic_created_again_is_not_trusted(iso: Settings, procs: list[Proc]) -> None:
-    p = processor(iso, "st")
-    procs.append(p)
-    sid = f"old-{uuid.uuid4().hex[:6]}"
-    _prompts(iso, [sid], "a")
-    wait_processed(iso, procs=procs)
-    assert p.stop() == 0
+    sid = _one_prompt_then_stop(iso, procs, "st", "old")
 
     # the topics are deleted and created again (same names, new ids); the store stays
     _recreate_topics(iso)
@@ -192,12 +198,7 @@ def test_an_older_processors_outcomes_after_the_checkpoint_are_named(
 ) -> None:
     """A partition that went to a processor of an older version (a rolling upgrade) comes
     back with outcome records that carry no dedup header: the restore says so."""
-    p = processor(iso, "ov")
-    procs.append(p)
-    sid = f"ov-{uuid.uuid4().hex[:6]}"
-    _prompts(iso, [sid], "a")
-    wait_processed(iso, procs=procs)
-    assert p.stop() == 0
+    sid = _one_prompt_then_stop(iso, procs, "ov", "ov")
     # what an older version writes for an accepted command: no sessionstream.dedup header
     producer = Producer(client_config(iso))
     producer.produce(
