@@ -2,8 +2,9 @@
 
 The processor's transaction writes up to four topics of four partitions each (events, the
 state changelog, open runs, outcomes; five with the dedup changelog before decision 0003's
-eleventh pass) where the raw pass-through it is measured against writes one. This isolates that difference: the same transactional producer as the
-processor's (`transactional_producer_config`), `--records` records per transaction spread
+eleventh pass) where the raw pass-through it is measured against writes one. This
+isolates that difference: the same transactional producer as the processor's
+(`transactional_producer_config`), `--records` records per transaction spread
 over 4, 8, 12 or 16 partitions (1-4 topics of 4), the input offset joined with
 `send_offsets_to_transaction`, then the commit. Timed: `send_offsets_to_transaction` +
 `commit_transaction` (what the processor's commit thread does). The partition counts
