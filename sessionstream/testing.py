@@ -218,6 +218,7 @@ class AgentHarness:
         self._executions: dict[str, tuple[Execution, asyncio.Task[None]]] = {}
         self._changed = asyncio.Event()
         self._loop: asyncio.Task[None] | None = None
+        self._closing = False
 
     async def __aenter__(self) -> AgentHarness:
         self._start()
@@ -234,6 +235,7 @@ class AgentHarness:
             await asyncio.gather(task, return_exceptions=True)
         self._executions.clear()
         if self._loop is not None:
+            self._closing = True
             self._loop.cancel()
             await asyncio.gather(self._loop, return_exceptions=True)
             self._loop = None
@@ -382,6 +384,7 @@ class AgentHarness:
     # -- the processor's side ----------
     def _start(self) -> None:
         if self._loop is None:
+            self._closing = False
             self._loop = asyncio.get_running_loop().create_task(self._decide_loop())
 
     def _active(self) -> str:
@@ -414,7 +417,10 @@ class AgentHarness:
         return self._clock
 
     async def _decide_loop(self) -> None:
-        while True:
+        # `close` says so before it cancels: on Python 3.11 `asyncio.wait_for` swallows a
+        # cancel that comes as the command does (its get, a task of its own, is also what
+        # gives the executions a turn between two decisions)
+        while not self._closing:
             try:
                 cmd, via = await asyncio.wait_for(self._queue.get(), 0.01)
             except TimeoutError:
@@ -433,6 +439,8 @@ class AgentHarness:
         self.log.extend(d.events)
         for e in d.events:
             for ex, _ in list(self._executions.values()):
+                if ex.w.worker_id in self._dead:
+                    continue  # a crashed worker reads nothing more (its task is ending)
                 if e.run_id == ex.run_id or e.run_id == SESSION_LOG:
                     try:
                         ex.on_event(e)

@@ -230,12 +230,18 @@ class Execution(RunEvents):
         await self.w.control.watch(self.spec.partition)
         self.send("lease.acquire", {"leaseMs": self.w.lease_ms})
         try:
-            self.generation = await asyncio.wait_for(self._granted, self.w.acquire_timeout_s)
+            # not `asyncio.wait_for`: on Python 3.11 it returns the grant when the grant
+            # and a cancel (a shutdown, a crash) come in the same turn of the loop, and
+            # the handler would then run in a worker that was told to stop
+            async with asyncio.timeout(self.w.acquire_timeout_s):
+                self.generation = await self._granted
         except (TimeoutError, RunAborted) as e:
             # a TimeoutError says nothing of itself: the log line must
             why = str(e) or f"no answer to lease.acquire within {self.w.acquire_timeout_s:g} s"
             log.info("run %s: not acquired (%s)", self.run_id, why)
             return
+        if self.done.is_set():
+            return  # stopped (fenced: the lease expired) before the grant was taken in
         log.info(
             "run %s: lease granted to %s, generation %s",
             self.run_id,
@@ -246,7 +252,8 @@ class Execution(RunEvents):
         try:
             # the grant's transaction hands over the recorded steps right after it: the
             # handler starts once it has them all, so no recorded step is called again
-            await asyncio.wait_for(self.steps.all_delivered.wait(), self.w.acquire_timeout_s)
+            async with asyncio.timeout(self.w.acquire_timeout_s):
+                await self.steps.all_delivered.wait()
         except TimeoutError:
             log.warning(
                 "run %s: %s of %s recorded steps arrived; the rest run again",
@@ -394,7 +401,10 @@ class Execution(RunEvents):
             return
         log.warning("run %s: self-fenced at generation %s: %s", self.run_id, self.generation, why)
         metrics.WORKER_SELF_FENCES.inc()
-        self.send("lease.release", {})
+        if self.generation is not None:
+            # a release names the generation it gives up; before the grant was taken in
+            # there is none to give up (the processor ends that lease on its own clock)
+            self.send("lease.release", {})
         self._stop(f"self-fenced: {why}", fenced=True)
 
     async def _cancel(self, reason: str) -> None:

@@ -53,7 +53,10 @@ class AbortSignal:
     async def sleep(self, seconds: float) -> bool:
         """Sleep unless aborted first; True if the full time passed."""
         try:
-            await asyncio.wait_for(self._event.wait(), seconds)
+            # not `asyncio.wait_for`, which on Python 3.11 swallows a cancel that comes
+            # in the same turn as the abort
+            async with asyncio.timeout(seconds):
+                await self._event.wait()
         except TimeoutError:
             return True
         return False

@@ -117,6 +117,53 @@ async def test_a_cancel_that_comes_with_the_grant_is_acknowledged_at_once() -> N
     await asyncio.wait_for(task, 5)
 
 
+async def test_a_worker_stopped_as_its_grant_arrives_runs_nothing() -> None:
+    """A shutdown (or a crash in the harness) cancels the execution in the same turn of
+    the event loop as the grant arrives: the execution ends cancelled and the handler never
+    starts (Python 3.11's `asyncio.wait_for` returned the grant and ran on)."""
+    started = asyncio.Event()
+
+    async def handler(ctx: RunContext) -> str:
+        started.set()
+        return "ran"
+
+    host = Host(handler)
+    ex = Execution(host, SPEC)
+    task = asyncio.create_task(ex.main())
+    await until(lambda: "lease.acquire" in host.types())
+    ex.on_event(grant(host))
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 5)
+    await asyncio.sleep(0.05)  # a handler task, had one been made, would have started
+    assert not started.is_set(), "a cancelled execution must not call the handler"
+    assert host.types() == ["lease.acquire"]
+
+
+async def test_a_lease_expired_before_the_grant_was_taken_in_stops_without_a_release() -> None:
+    """The grant and the lease's expiry reach the execution before it took the grant in
+    (its generation is not known yet): it stops, fenced, sends no `lease.release` (a release
+    names a generation; the processor ends the lease itself) and never calls the handler."""
+    started = asyncio.Event()
+
+    async def handler(ctx: RunContext) -> str:
+        started.set()
+        return "ran"
+
+    host = Host(handler)
+    ex = Execution(host, SPEC)
+    task = asyncio.create_task(ex.main())
+    await until(lambda: "lease.acquire" in host.types())
+    ex.on_event(grant(host))
+    ex.on_event(
+        event("run.lease_expired", {"worker_id": "w1", "reason": "lease_expiry"}, generation=2)
+    )
+    await asyncio.wait_for(task, 5)
+    assert ex.fenced is not None and "lease expired" in ex.fenced
+    assert not started.is_set()
+    assert host.types() == ["lease.acquire"]
+
+
 async def test_an_unanswered_lease_fences_the_run_before_it_ends() -> None:
     signals: list[Any] = []
 
