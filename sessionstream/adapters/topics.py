@@ -24,6 +24,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from sessionstream.adapters.kafka import client_config
 from sessionstream.adapters.kafka.errors import unavailable
+from sessionstream.core.decider import DEFAULT_CONFIG
 from sessionstream.errors import KafkaUnavailable, TopicMisconfigured
 from sessionstream.schemas.commands import (
     ADMIN_COMMAND_TYPES,
@@ -349,8 +350,12 @@ class TopicReport:
     configs: dict[str, dict[str, str]]
 
 
-def check_topics(settings: Settings, timeout: float = 30.0) -> TopicReport:
-    """Verify the protocol's invariants; raise `TopicMisconfigured` naming the problem."""
+def check_topics(
+    settings: Settings, timeout: float = 30.0, *, dedup_ttl_ms: int = DEFAULT_CONFIG.dedup_ttl_ms
+) -> TopicReport:
+    """Verify the protocol's invariants; raise `TopicMisconfigured` naming the problem.
+    `dedup_ttl_ms`: the decider's dedup window, which the outcomes topic's retention must
+    cover twice (a full restore of the processor's dedup records reads that far back)."""
     admin = _admin(settings)
     specs = topic_specs(settings)
     # on a cluster, a topic just created (ensure_topics waited for its leaders, as one
@@ -387,6 +392,9 @@ def check_topics(settings: Settings, timeout: float = 30.0) -> TopicReport:
         raise unavailable("cannot read the topics' configs", e, settings) from e
     for spec in specs:
         _check_config(spec, configs[spec.name])
+    _check_outcomes_retention(
+        settings.outcomes_topic, configs[settings.outcomes_topic], dedup_ttl_ms
+    )
     partitions = {s.name: len(meta.topics[s.name].partitions) for s in specs}
     return TopicReport(partitions=partitions, configs=configs)
 
@@ -421,3 +429,25 @@ def _check_config(spec: TopicSpec, actual: dict[str, str]) -> None:
                 f"{want!r}: {_WHY[key]} (kafka-configs --alter --entity-type topics "
                 f"--entity-name {spec.name} --add-config {key}={want})",
             )
+
+
+def _check_outcomes_retention(topic: str, actual: dict[str, str], dedup_ttl_ms: int) -> None:
+    """The outcome records are the only copy of the processor's dedup records in Kafka: a
+    full restore reads the last two dedup windows of them. A shorter retention would let a
+    restored processor decide a retried command a second time."""
+    need = 2 * dedup_ttl_ms
+    got = actual.get("retention.ms", "")
+    try:
+        ms = int(got)
+    except ValueError:
+        ms = None
+    if ms is not None and (ms < 0 or ms >= need):
+        return
+    raise TopicMisconfigured(
+        topic,
+        f"retention.ms is {got!r}, must be at least {need} (twice the dedup window of "
+        f"{dedup_ttl_ms} ms): a restore of the processor's dedup records reads that far back, "
+        "and a command retried after a shorter retention would be decided again "
+        f"(kafka-configs --alter --entity-type topics --entity-name {topic} "
+        f"--add-config retention.ms={7 * 24 * 3600 * 1000})",
+    )

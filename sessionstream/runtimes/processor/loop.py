@@ -200,7 +200,7 @@ class TransactionalProcessor(Recovery):
         if stop is not None:
             self._stop = stop
         ensure_topics(s)
-        counts = check_topics(s).partitions
+        counts = check_topics(s, dedup_ttl_ms=self.config.dedup_ttl_ms).partitions
         # the ids of this version's schemas, once: a re-emitted event is byte-identical
         attach_registry(
             self.codec,

@@ -58,3 +58,25 @@ def test_a_topic_still_missing_after_the_grace_is_missing(
     with pytest.raises(TopicMisconfigured, match="missing") as refused:
         topics.check_topics(s)
     assert s.events_topic in str(refused.value) and admin.calls > 1
+
+
+@pytest.mark.parametrize(
+    ("retention", "refused"),
+    [
+        ("-1", False),  # kept for ever
+        (str(7 * 24 * 3600 * 1000), False),  # as created
+        (str(2 * 24 * 3600 * 1000), False),  # exactly two dedup windows
+        (str(2 * 24 * 3600 * 1000 - 1), True),
+        (str(24 * 3600 * 1000), True),  # one window: a full restore would miss the rest
+        ("", True),  # not reported: unknown is not enough
+    ],
+)
+def test_the_outcomes_retention_covers_two_dedup_windows(retention: str, refused: bool) -> None:
+    """The outcome records are the dedup records' only copy in Kafka, and a full restore
+    reads the last two dedup windows (24 h each by default) of them."""
+    config = {"retention.ms": retention} if retention else {}
+    if refused:
+        with pytest.raises(TopicMisconfigured, match="must be at least 172800000"):
+            topics._check_outcomes_retention("session.outcomes", config, 24 * 3600 * 1000)
+    else:
+        topics._check_outcomes_retention("session.outcomes", config, 24 * 3600 * 1000)

@@ -426,13 +426,22 @@ def _delete_topics(s: Settings) -> None:
 
 
 @pytest.mark.parametrize(
-    ("field", "partitions", "policy", "problem"),
+    ("field", "partitions", "policy", "problem", "extra"),
     [
-        ("events_topic", 2, "compact", "partition counts differ"),
-        ("events_topic", 4, "delete", "cleanup.policy is 'delete'"),
+        ("events_topic", 2, "compact", "partition counts differ", {}),
+        ("events_topic", 4, "delete", "cleanup.policy is 'delete'", {}),
         # the three input topics are co-partitioned: one processor owns p of all of them
-        ("worker_commands_topic", 2, "delete", "partition counts differ"),
-        ("timers_topic", 8, "delete", "partition counts differ"),
+        ("worker_commands_topic", 2, "delete", "partition counts differ", {}),
+        ("timers_topic", 8, "delete", "partition counts differ", {}),
+        # the outcome records hold the dedup records: a day is less than the two dedup
+        # windows a restore reads
+        (
+            "outcomes_topic",
+            4,
+            "compact,delete",
+            "retention.ms is '86400000', must be at least 172800000",
+            {"retention.ms": "86400000", "max.message.bytes": str(2 << 20)},
+        ),
     ],
 )
 def test_misconfigured_topics_stop_the_processor_at_startup(
@@ -442,6 +451,7 @@ def test_misconfigured_topics_stop_the_processor_at_startup(
     partitions: int,
     policy: str,
     problem: str,
+    extra: dict[str, str],
 ) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -455,7 +465,7 @@ def test_misconfigured_topics_stop_the_processor_at_startup(
     admin = AdminClient({"bootstrap.servers": s.kafka_bootstrap})
     # one topic exists first, wrongly; the processor creates the rest
     topic = getattr(s, field)
-    config = {"cleanup.policy": policy}
+    config = {"cleanup.policy": policy, **extra}
     if field != "events_topic":
         config["message.timestamp.type"] = "LogAppendTime"
     admin.create_topics([NewTopic(topic, partitions, 1, config=config)])[topic].result(timeout=30)
