@@ -106,7 +106,9 @@ def _starting_processor(monkeypatch: pytest.MonkeyPatch, init: Callable[..., obj
     s = Settings(schema_registry_url="")  # no registry: the test needs no stack
     monkeypatch.setattr(loop, "ensure_topics", lambda settings: [])
     monkeypatch.setattr(
-        loop, "check_topics", lambda settings: SimpleNamespace(partitions={s.commands_topic: 4})
+        loop,
+        "check_topics",
+        lambda settings, **_: SimpleNamespace(partitions={s.commands_topic: 4}),
     )
     monkeypatch.setattr(loop, "init_transactions", init)
     return loop.TransactionalProcessor(s, instance_id="t")
