@@ -95,21 +95,28 @@ def grant(host: Host, lease_ms: int = 3000) -> Event:
     )
 
 
-async def test_a_cancel_that_comes_with_the_grant_is_acknowledged_at_once() -> None:
+async def _granted_not_taken_in() -> tuple[Host, Execution, asyncio.Task[None], asyncio.Event]:
+    """An execution whose grant was handed to it in this turn of the event loop: it has
+    not taken it in (its generation is not known yet). `started` is set if the handler
+    is ever called."""
     started = asyncio.Event()
 
     async def handler(ctx: RunContext) -> str:
         started.set()
-        await asyncio.sleep(60)
-        return "never"
+        return "ran"
 
     host = Host(handler)
     ex = Execution(host, SPEC)
     task = asyncio.create_task(ex.main())
     await until(lambda: "lease.acquire" in host.types())
+    ex.on_event(grant(host))
+    return host, ex, task, started
+
+
+async def test_a_cancel_that_comes_with_the_grant_is_acknowledged_at_once() -> None:
     # the processor decided the grant and the user's abort in one batch: both arrive
     # before the execution had a chance to build its context
-    ex.on_event(grant(host))
+    host, ex, task, started = await _granted_not_taken_in()
     ex.on_event(event("run.cancel_requested", {"reason": "user", "cancel_deadline_at": 99}))
     await until(lambda: "cancel.ack" in host.types(), timeout=2.0)
     assert not started.is_set(), "the handler must not start for a cancelled run"
@@ -121,17 +128,7 @@ async def test_a_worker_stopped_as_its_grant_arrives_runs_nothing() -> None:
     """A shutdown (or a crash in the harness) cancels the execution in the same turn of
     the event loop as the grant arrives: the execution ends cancelled and the handler never
     starts (Python 3.11's `asyncio.wait_for` returned the grant and ran on)."""
-    started = asyncio.Event()
-
-    async def handler(ctx: RunContext) -> str:
-        started.set()
-        return "ran"
-
-    host = Host(handler)
-    ex = Execution(host, SPEC)
-    task = asyncio.create_task(ex.main())
-    await until(lambda: "lease.acquire" in host.types())
-    ex.on_event(grant(host))
+    host, _ex, task, started = await _granted_not_taken_in()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, 5)
@@ -141,20 +138,10 @@ async def test_a_worker_stopped_as_its_grant_arrives_runs_nothing() -> None:
 
 
 async def test_a_lease_expired_before_the_grant_was_taken_in_stops_without_a_release() -> None:
-    """The grant and the lease's expiry reach the execution before it took the grant in
-    (its generation is not known yet): it stops, fenced, sends no `lease.release` (a release
-    names a generation; the processor ends the lease itself) and never calls the handler."""
-    started = asyncio.Event()
-
-    async def handler(ctx: RunContext) -> str:
-        started.set()
-        return "ran"
-
-    host = Host(handler)
-    ex = Execution(host, SPEC)
-    task = asyncio.create_task(ex.main())
-    await until(lambda: "lease.acquire" in host.types())
-    ex.on_event(grant(host))
+    """The grant and the lease's expiry reach the execution before it took the grant in:
+    it stops, fenced, sends no `lease.release` (a release names a generation; the
+    processor ends the lease itself) and never calls the handler."""
+    host, ex, task, started = await _granted_not_taken_in()
     ex.on_event(
         event("run.lease_expired", {"worker_id": "w1", "reason": "lease_expiry"}, generation=2)
     )
