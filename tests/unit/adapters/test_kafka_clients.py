@@ -47,3 +47,17 @@ def test_every_role_s_profile_is_one_librdkafka_accepts() -> None:
     finally:
         reader.close()
         member.close()
+
+
+def test_a_command_producer_keeps_order_and_batches_what_queues_under_load() -> None:
+    from sessionstream.adapters.kafka import command_producer_config
+
+    conf = command_producer_config(S)
+    # idempotent: a retried request neither duplicates nor reorders a session's commands
+    assert conf["enable.idempotence"] is True and conf["acks"] == "all"
+    # sent at once at light load; one request in flight a broker, so what queues meanwhile
+    # goes out together (librdkafka's default of 5 sent one small request after another)
+    assert conf["linger.ms"] == 0
+    assert conf["max.in.flight.requests.per.connection"] == 1
+    # a caller's override still wins (the workers pass their own)
+    assert command_producer_config(S, **{"linger.ms": 3})["linger.ms"] == 3
