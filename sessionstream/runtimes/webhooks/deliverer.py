@@ -29,6 +29,7 @@ from typing import Any, Final, TypeVar
 import psycopg
 
 from sessionstream.adapters.kafka import (
+    LIVE_FETCH_WAIT_MS,
     GroupConsumer,
     Message,
     TopicPartition,
@@ -274,7 +275,9 @@ class Deliverer:
             self.group,
             **{
                 "partition.assignment.strategy": "cooperative-sticky",
-                "fetch.wait.max.ms": 50,
+                # a live reader: a parked fetch is answered at a commit, the wait only sets
+                # how often an idle deliverer asks (docs/operations.md)
+                "fetch.wait.max.ms": LIVE_FETCH_WAIT_MS,
             },
         )
         self._consumer.subscribe(
