@@ -39,7 +39,7 @@ from sessionstream.apps.gateway.commands import (
 from sessionstream.apps.gateway.db import Database
 from sessionstream.apps.gateway.errors import ApiError, database_refusal, error_response
 from sessionstream.apps.gateway.fanout import EventFanout
-from sessionstream.apps.gateway.fastpath import CommandsFastPath
+from sessionstream.apps.gateway.fastpath import CommandsFastPath, telemetry_config
 from sessionstream.apps.gateway.guard import DOCS_CSP, Guard
 from sessionstream.apps.gateway.limits import StreamCounts
 from sessionstream.apps.gateway.questions import add_question_routes
@@ -147,6 +147,7 @@ def create_app(settings: Settings, *, settle_gc: bool = False) -> FastAPI:
         lifespan=lifespan,
         docs_url=None,  # served below, from the package, when gateway_docs is on
         redoc_url=None,
+        **telemetry_config(),
     )
     app.state.gateway = gw
     _errors(app)

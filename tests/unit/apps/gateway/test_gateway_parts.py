@@ -465,3 +465,27 @@ async def test_the_key_cache_drops_the_least_recently_used_key(
     assert asked == keys
     await a._lookup(keys[0])  # still cached
     assert asked == keys
+
+
+def test_opentelemetry_is_on_only_for_the_signals_whose_provider_is_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from fastapi import FastAPI
+    from opentelemetry import trace
+
+    from sessionstream.apps.gateway.fastpath import telemetry_config
+
+    monkeypatch.delenv("FASTAPI_OTEL_AUTO_CONFIGURE", raising=False)
+    # nothing set up: FastAPI need not ask the environment on every request
+    off = {"tracing": False, "metrics": False, "logs": False}
+    assert telemetry_config() == {"telemetry": off}
+    FastAPI(**telemetry_config())  # a configuration this FastAPI takes
+
+    class TracerProvider:  # stands for an SDK's provider, set before the app is made
+        pass
+
+    monkeypatch.setattr(trace, "get_tracer_provider", TracerProvider)
+    assert telemetry_config() == {"telemetry": {**off, "tracing": True}}
+    # FastAPI told to set providers up itself keeps its own defaults
+    monkeypatch.setenv("FASTAPI_OTEL_AUTO_CONFIGURE", "true")
+    assert telemetry_config() == {}
