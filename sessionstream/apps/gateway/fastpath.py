@@ -12,6 +12,9 @@ response. Every other request — and this route's with a percent-encoded path, 
 `Guard` judges — goes down the usual stack; the route's OpenAPI description stays
 FastAPI's. Refusals take the shape the app's exception handlers give them (`ApiError`,
 `DatabaseUnavailable`).
+
+`telemetry_config` spares every request another of FastAPI's costs: its OpenTelemetry
+check, when nothing is set up to receive what it would record.
 """
 
 from __future__ import annotations
@@ -87,7 +90,7 @@ def telemetry_config() -> dict[str, Any]:
     provider is set when the app is made (`opentelemetry-instrument`, or the embedding
     program, set them first), off for the others. Nothing (FastAPI's defaults) when
     `FASTAPI_OTEL_AUTO_CONFIGURE` asks FastAPI to set providers up itself, or when this
-    FastAPI has no native telemetry (before 0.16x).
+    FastAPI has no native telemetry (an older release).
 
     FastAPI asks on every request whether each provider has been set since, and the
     OpenTelemetry API answers from the environment while none is: ~8 % of the event
